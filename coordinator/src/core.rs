@@ -1,0 +1,718 @@
+//! The coordinator's protocol state machine, sans-IO.
+//!
+//! [`Coordinator`] owns the job's membership (epoch, ordered members, pending
+//! newcomers) and the per-connection protocol state. It has no sockets and no
+//! clock: the driver (the tokio server in [`crate::server`], or a test) feeds it
+//! connection events, received bytes and the current time, and carries out the
+//! [`Action`]s it returns, in order. Timeouts are reported through
+//! [`Coordinator::next_deadline`] and fired by [`Coordinator::on_tick`].
+//!
+//! Invariant kept throughout: a refused message changes nothing but the
+//! refused connection's own state.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::RngCore;
+use tracing::{debug, error, info, warn};
+
+use crate::proto::{
+    ClientMsg, Epoch, ErrorCode, FrameReader, Member, NodeId, PendingNewcomer, Registration, Role, ServerMsg,
+    View, PROTOCOL_VERSION,
+};
+use crate::secret::{Secret, AUTH_CONTEXT};
+
+/// Exit code the coordinator finishes with when the launch (or the wait for
+/// `Restore`) does not complete within `launch_timeout`.
+pub const EXIT_LAUNCH_TIMEOUT: i32 = 3;
+
+/// Driver-chosen identifier of one connection; never reused by a driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// What the coordinator needs to know about its job.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Launch size N; `None` starts in recovery mode, waiting for `Restore`.
+    pub expected: Option<u32>,
+    /// How long launch registration (or the wait for `Restore`) may take.
+    pub launch_timeout: Duration,
+    /// How long a new connection may take to authenticate.
+    pub hello_timeout: Duration,
+    /// The job secret.
+    pub secret: Secret,
+}
+
+impl Config {
+    /// A coordinator for a fresh launch of `expected` nodes (60 s launch timeout).
+    pub fn launch(secret: Secret, expected: u32) -> Self {
+        Config { expected: Some(expected), ..Self::recovery(secret) }
+    }
+
+    /// A restarted coordinator that waits for node 0's `Restore`.
+    pub fn recovery(secret: Secret) -> Self {
+        Config {
+            expected: None,
+            launch_timeout: Duration::from_secs(60),
+            hello_timeout: Duration::from_secs(10),
+            secret,
+        }
+    }
+}
+
+/// What the driver must do, in the order given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send a message on a connection.
+    Send(ConnId, ServerMsg),
+    /// Close a connection once everything sent before on it is flushed.
+    Close(ConnId),
+    /// The job is over (shutdown barrier passed, or launch failed): flush, close everything, exit with `code`.
+    Finished {
+        /// Process exit code.
+        code: i32,
+    },
+}
+
+/// Coarse life-cycle stage of the coordinator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for the N launch members.
+    Launching,
+    /// Restarted; waiting for node 0's `Restore`.
+    Recovering,
+    /// A view exists: rescales and the shutdown barrier are possible.
+    Running,
+    /// Done; every further event is ignored.
+    Finished,
+}
+
+#[derive(Debug)]
+enum Peer {
+    Unauthenticated { nonce: [u8; 32], deadline: Instant },
+    /// Authenticated, not registered (also tools and replaced connections).
+    Idle,
+    LaunchWaiting { index: u32 },
+    Newcomer,
+    Member { uid: u64 },
+    /// Removed by a commit; its disconnect is expected.
+    Departed,
+}
+
+#[derive(Debug)]
+struct Conn {
+    reader: FrameReader,
+    peer: Peer,
+}
+
+#[derive(Debug)]
+struct Pending {
+    conn: ConnId,
+    /// Assigned when a view exists (deferred in recovery so it cannot collide with restored uids).
+    uid: Option<u64>,
+    reg: Registration,
+}
+
+type Refusal = (ErrorCode, String);
+
+/// The coordinator state machine. See the module docs.
+#[derive(Debug)]
+pub struct Coordinator {
+    cfg: Config,
+    rng: StdRng,
+    phase: Phase,
+    conns: BTreeMap<ConnId, Conn>,
+    view: Option<View>,
+    member_conn: HashMap<u64, ConnId>,
+    launch: BTreeMap<u32, (ConnId, Registration)>,
+    pending: Vec<Pending>,
+    fingerprint: Option<u64>,
+    next_uid: u64,
+    ready: BTreeMap<u64, i32>,
+    launch_deadline: Option<Instant>,
+    failure: Option<String>,
+}
+
+impl Coordinator {
+    /// A coordinator with `cfg`; nonces come from `rng` (seed it from the OS in
+    /// production, from a constant in tests).
+    pub fn new(cfg: Config, rng: StdRng) -> Self {
+        let phase = if cfg.expected.is_some() { Phase::Launching } else { Phase::Recovering };
+        Coordinator {
+            cfg,
+            rng,
+            phase,
+            conns: BTreeMap::new(),
+            view: None,
+            member_conn: HashMap::new(),
+            launch: BTreeMap::new(),
+            pending: Vec::new(),
+            fingerprint: None,
+            next_uid: 1,
+            ready: BTreeMap::new(),
+            launch_deadline: None,
+            failure: None,
+        }
+    }
+
+    /// The current view, once launch or restore is done.
+    pub fn view(&self) -> Option<&View> {
+        self.view.as_ref()
+    }
+
+    /// The life-cycle stage.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Why the coordinator finished unsuccessfully (launch timeout), if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Newcomers waiting for admission, in admission order (uid 0 until a view exists).
+    pub fn pending(&self) -> Vec<PendingNewcomer> {
+        self.pending
+            .iter()
+            .map(|p| PendingNewcomer { uid: p.uid.unwrap_or(0), pes: p.reg.pes, host: p.reg.host.clone(), pid: p.reg.pid })
+            .collect()
+    }
+
+    /// The earliest time at which `on_tick` has something to do.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        if self.phase == Phase::Finished {
+            return None;
+        }
+        let hello = self.conns.values().filter_map(|c| match c.peer {
+            Peer::Unauthenticated { deadline, .. } => Some(deadline),
+            _ => None,
+        });
+        let launch = match self.phase {
+            Phase::Launching | Phase::Recovering => self.launch_deadline,
+            _ => None,
+        };
+        hello.chain(launch).min()
+    }
+
+    fn arm(&mut self, now: Instant) {
+        if self.launch_deadline.is_none() && matches!(self.phase, Phase::Launching | Phase::Recovering) {
+            self.launch_deadline = Some(now + self.cfg.launch_timeout);
+        }
+    }
+
+    /// A new connection: the coordinator challenges it.
+    pub fn on_connect(&mut self, conn: ConnId, now: Instant) -> Vec<Action> {
+        self.arm(now);
+        if self.phase == Phase::Finished {
+            return vec![Action::Close(conn)];
+        }
+        let mut nonce = [0u8; 32];
+        self.rng.fill_bytes(&mut nonce);
+        let deadline = now + self.cfg.hello_timeout;
+        self.conns.insert(conn, Conn { reader: FrameReader::new(), peer: Peer::Unauthenticated { nonce, deadline } });
+        vec![Action::Send(conn, ServerMsg::Challenge { protocol: PROTOCOL_VERSION, nonce })]
+    }
+
+    /// Bytes received on `conn`, in any chunking; complete frames are handled in order.
+    pub fn on_frame(&mut self, conn: ConnId, bytes: &[u8], now: Instant) -> Vec<Action> {
+        self.arm(now);
+        let mut out = Vec::new();
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.reader.push(bytes);
+        }
+        while self.phase != Phase::Finished {
+            let Some(c) = self.conns.get_mut(&conn) else { break };
+            match c.reader.next_msg::<ClientMsg>() {
+                Ok(Some(msg)) => self.handle(conn, msg, now, &mut out),
+                Ok(None) => break,
+                Err(e) => {
+                    warn!(conn = conn.0, error = %e, "refusing bad frame");
+                    self.refuse_and_close(conn, e.code(), e.to_string(), &mut out);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// One decoded message from `conn` (drivers that decode themselves, and tests).
+    pub fn on_message(&mut self, conn: ConnId, msg: ClientMsg, now: Instant) -> Vec<Action> {
+        self.arm(now);
+        let mut out = Vec::new();
+        if self.phase != Phase::Finished && self.conns.contains_key(&conn) {
+            self.handle(conn, msg, now, &mut out);
+        }
+        out
+    }
+
+    /// The connection is gone (peer closed, I/O error).
+    pub fn on_disconnect(&mut self, conn: ConnId, now: Instant) -> Vec<Action> {
+        self.arm(now);
+        let mut out = Vec::new();
+        self.forget(conn, &mut out);
+        out
+    }
+
+    /// Time passed: fires the launch and authentication timeouts that are due.
+    pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
+        self.arm(now);
+        let mut out = Vec::new();
+        if self.phase == Phase::Finished {
+            return out;
+        }
+        let late: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.peer, Peer::Unauthenticated { deadline, .. } if deadline <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for conn in late {
+            let msg = format!("no Hello within {:?}", self.cfg.hello_timeout);
+            self.refuse_and_close(conn, ErrorCode::Unauthenticated, msg, &mut out);
+        }
+        let waiting = matches!(self.phase, Phase::Launching | Phase::Recovering);
+        if waiting && self.launch_deadline.is_some_and(|d| d <= now) {
+            let message = match self.cfg.expected {
+                Some(n) => {
+                    let missing: Vec<u32> = (0..n).filter(|i| !self.launch.contains_key(i)).collect();
+                    format!(
+                        "launch timed out after {:?}: {} of {} launch members registered; missing launch indices {:?}",
+                        self.cfg.launch_timeout,
+                        self.launch.len(),
+                        n,
+                        missing
+                    )
+                }
+                None => format!("recovery timed out after {:?}: node 0 never sent Restore", self.cfg.launch_timeout),
+            };
+            error!("{message}");
+            let conns: Vec<ConnId> = self.conns.keys().copied().collect();
+            for conn in conns {
+                out.push(Action::Send(conn, ServerMsg::Error { code: ErrorCode::LaunchTimeout, message: message.clone() }));
+                out.push(Action::Close(conn));
+            }
+            self.conns.clear();
+            self.phase = Phase::Finished;
+            self.failure = Some(message);
+            out.push(Action::Finished { code: EXIT_LAUNCH_TIMEOUT });
+        }
+        out
+    }
+
+    fn send(out: &mut Vec<Action>, conn: ConnId, msg: ServerMsg) {
+        out.push(Action::Send(conn, msg));
+    }
+
+    fn refuse(out: &mut Vec<Action>, conn: ConnId, code: ErrorCode, message: String) {
+        debug!(conn = conn.0, ?code, %message, "refused");
+        out.push(Action::Send(conn, ServerMsg::Error { code, message }));
+    }
+
+    fn refuse_and_close(&mut self, conn: ConnId, code: ErrorCode, message: String, out: &mut Vec<Action>) {
+        if !self.conns.contains_key(&conn) {
+            return;
+        }
+        Self::refuse(out, conn, code, message);
+        out.push(Action::Close(conn));
+        self.forget(conn, out);
+    }
+
+    /// Drops all state of `conn`; a member that leaves this way is announced as lost.
+    fn forget(&mut self, conn: ConnId, out: &mut Vec<Action>) {
+        let Some(c) = self.conns.remove(&conn) else { return };
+        match c.peer {
+            Peer::Unauthenticated { .. } | Peer::Idle | Peer::Departed => {}
+            Peer::LaunchWaiting { index } => {
+                if self.launch.get(&index).is_some_and(|(owner, _)| *owner == conn) {
+                    info!(index, "launch member left before launch completed; its index is free again");
+                    self.launch.remove(&index);
+                }
+            }
+            Peer::Newcomer => {
+                self.pending.retain(|p| p.conn != conn);
+                info!(conn = conn.0, "pending newcomer disconnected; dropped from the queue");
+            }
+            Peer::Member { uid } => {
+                if self.member_conn.get(&uid) != Some(&conn) {
+                    return;
+                }
+                self.member_conn.remove(&uid);
+                if self.phase != Phase::Running || self.ready.contains_key(&uid) {
+                    return;
+                }
+                let Some(view) = &self.view else { return };
+                let Some(m) = view.by_uid(uid) else { return };
+                let (epoch, node) = (view.epoch, m.node);
+                warn!(epoch, node, uid, "member lost its coordinator connection");
+                for m in &view.members {
+                    if let Some(&c) = self.member_conn.get(&m.uid) {
+                        Self::send(out, c, ServerMsg::MemberLost { epoch, node, uid });
+                    }
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, conn: ConnId, msg: ClientMsg, now: Instant, out: &mut Vec<Action>) {
+        let Some(c) = self.conns.get_mut(&conn) else { return };
+        if let Peer::Unauthenticated { nonce, .. } = c.peer {
+            let ClientMsg::Hello { protocol, proof } = msg else {
+                let message = "the first message must be Hello".to_owned();
+                return self.refuse_and_close(conn, ErrorCode::Unauthenticated, message, out);
+            };
+            if protocol != PROTOCOL_VERSION {
+                let message = format!("client speaks protocol {protocol}, coordinator speaks {PROTOCOL_VERSION}");
+                return self.refuse_and_close(conn, ErrorCode::UnsupportedVersion, message, out);
+            }
+            if !self.cfg.secret.verify(AUTH_CONTEXT, &nonce, &proof) {
+                warn!(conn = conn.0, "authentication failed (wrong job secret?)");
+                let message = "authentication failed: wrong job secret".to_owned();
+                return self.refuse_and_close(conn, ErrorCode::Unauthenticated, message, out);
+            }
+            c.peer = Peer::Idle;
+            return Self::send(out, conn, ServerMsg::Welcome);
+        }
+        match msg {
+            ClientMsg::Hello { .. } => {
+                self.refuse_and_close(conn, ErrorCode::Malformed, "Hello sent twice".to_owned(), out);
+            }
+            ClientMsg::Register(reg) => self.register(conn, reg, now, out),
+            ClientMsg::QueryPending { epoch } => match self.require_member(conn, epoch) {
+                Err((code, message)) => Self::refuse(out, conn, code, message),
+                Ok(_) => {
+                    let newcomers = self.pending();
+                    Self::send(out, conn, ServerMsg::Pending { epoch, newcomers });
+                }
+            },
+            ClientMsg::Commit { epoch, remove, admit } => {
+                if let Err((code, message)) = self.commit(conn, epoch, &remove, admit, out) {
+                    Self::refuse(out, conn, code, message);
+                }
+            }
+            ClientMsg::ShutdownReady { epoch, code } => {
+                if let Err((ecode, message)) = self.shutdown_ready(conn, epoch, code, out) {
+                    Self::refuse(out, conn, ecode, message);
+                }
+            }
+            ClientMsg::Restore { view, fingerprint } => {
+                if let Err((code, message)) = self.restore(conn, view, fingerprint, out) {
+                    Self::refuse(out, conn, code, message);
+                }
+            }
+            ClientMsg::Reattach { epoch, uid } => {
+                if let Err((code, message)) = self.reattach(conn, epoch, uid, out) {
+                    Self::refuse(out, conn, code, message);
+                }
+            }
+            ClientMsg::QueryView => {
+                let msg = ServerMsg::CurrentView { view: self.view.clone(), pending: self.pending() };
+                Self::send(out, conn, msg);
+            }
+        }
+    }
+
+    fn check_fingerprint(&self, fingerprint: u64) -> Result<(), Refusal> {
+        match self.fingerprint {
+            Some(job) if job != fingerprint => Err((
+                ErrorCode::FingerprintMismatch,
+                format!(
+                    "build fingerprint mismatch: this node has {fingerprint:016x}, the job has {job:016x}; \
+                     all nodes of a job must run the same build"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn register(&mut self, conn: ConnId, reg: Registration, now: Instant, out: &mut Vec<Action>) {
+        let registered = !matches!(self.conns.get(&conn).map(|c| &c.peer), Some(Peer::Idle));
+        if registered {
+            let message = "this connection is already registered".to_owned();
+            return self.refuse_and_close(conn, ErrorCode::Malformed, message, out);
+        }
+        if reg.pes == 0 {
+            return self.refuse_and_close(conn, ErrorCode::Malformed, "a node needs at least one PE".to_owned(), out);
+        }
+        let defer_fingerprint = self.phase == Phase::Recovering && matches!(reg.role, Role::Newcomer);
+        if !defer_fingerprint {
+            if let Err((code, message)) = self.check_fingerprint(reg.fingerprint) {
+                warn!(pid = reg.pid, host = %reg.host, "{message}");
+                return self.refuse_and_close(conn, code, message, out);
+            }
+        }
+        match reg.role {
+            Role::Launch { index } => {
+                let expected = match (self.phase, self.cfg.expected) {
+                    (Phase::Launching, Some(n)) => n,
+                    _ => {
+                        let message = match &self.view {
+                            Some(v) => format!(
+                                "launch is over (epoch {}); a process started later must register as a newcomer",
+                                v.epoch
+                            ),
+                            None => "coordinator is recovering: members reattach, new processes register as newcomers"
+                                .to_owned(),
+                        };
+                        return self.refuse_and_close(conn, ErrorCode::DuplicateIndex, message, out);
+                    }
+                };
+                if index >= expected {
+                    let message = format!("launch index {index} is out of range 0..{expected}");
+                    return self.refuse_and_close(conn, ErrorCode::InvalidCommit, message, out);
+                }
+                if let Some((_, other)) = self.launch.get(&index) {
+                    let message = format!(
+                        "launch index {index} is already registered (pid {} on {})",
+                        other.pid, other.host
+                    );
+                    return self.refuse_and_close(conn, ErrorCode::DuplicateIndex, message, out);
+                }
+                self.fingerprint = Some(reg.fingerprint);
+                debug!(index, pid = reg.pid, host = %reg.host, "launch member registered");
+                self.launch.insert(index, (conn, reg));
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.peer = Peer::LaunchWaiting { index };
+                }
+                if self.launch.len() == expected as usize {
+                    self.complete_launch(now, out);
+                }
+            }
+            Role::Newcomer => {
+                if !defer_fingerprint {
+                    self.fingerprint = Some(reg.fingerprint);
+                }
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    c.peer = Peer::Newcomer;
+                }
+                info!(pid = reg.pid, host = %reg.host, pes = reg.pes, "newcomer registered");
+                self.pending.push(Pending { conn, uid: None, reg });
+                self.announce_pending(out);
+            }
+        }
+    }
+
+    /// Gives queued newcomers their uid and current view, once a view exists.
+    fn announce_pending(&mut self, out: &mut Vec<Action>) {
+        let Some(view) = &self.view else { return };
+        for p in self.pending.iter_mut().filter(|p| p.uid.is_none()) {
+            let uid = self.next_uid;
+            self.next_uid += 1;
+            p.uid = Some(uid);
+            out.push(Action::Send(p.conn, ServerMsg::Waiting { uid, view: view.clone() }));
+        }
+    }
+
+    fn complete_launch(&mut self, _now: Instant, out: &mut Vec<Action>) {
+        let launch = std::mem::take(&mut self.launch);
+        let mut members = Vec::with_capacity(launch.len());
+        let mut conns = Vec::with_capacity(launch.len());
+        for (index, (conn, reg)) in launch {
+            let uid = self.next_uid;
+            self.next_uid += 1;
+            members.push(Member { node: index, uid, address: reg.address, pes: reg.pes, host: reg.host, pid: reg.pid });
+            conns.push((conn, uid));
+        }
+        let view = View { epoch: 1, members };
+        info!(nodes = view.members.len(), pes = view.total_pes(), "launch complete: epoch 1");
+        for (node, (conn, uid)) in conns.into_iter().enumerate() {
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.peer = Peer::Member { uid };
+            }
+            self.member_conn.insert(uid, conn);
+            let node = NodeId::try_from(node).unwrap_or(NodeId::MAX);
+            out.push(Action::Send(conn, ServerMsg::Start { node, view: view.clone() }));
+        }
+        self.view = Some(view);
+        self.phase = Phase::Running;
+        self.launch_deadline = None;
+        self.announce_pending(out);
+    }
+
+    /// The uid of `conn` if it is a member of the current view and `epoch` is current.
+    fn require_member(&self, conn: ConnId, epoch: Epoch) -> Result<u64, Refusal> {
+        let Some(view) = &self.view else {
+            return Err((ErrorCode::NotReady, "no view yet: launch or restore is not complete".to_owned()));
+        };
+        let uid = match self.conns.get(&conn).map(|c| &c.peer) {
+            Some(Peer::Member { uid }) if view.by_uid(*uid).is_some() => *uid,
+            _ => {
+                let message = format!("this connection is not a member of view epoch {}", view.epoch);
+                return Err((ErrorCode::NotMember, message));
+            }
+        };
+        if epoch != view.epoch {
+            let message = format!("message refers to epoch {epoch} but the current epoch is {}", view.epoch);
+            return Err((ErrorCode::StaleEpoch, message));
+        }
+        Ok(uid)
+    }
+
+    fn commit(
+        &mut self,
+        conn: ConnId,
+        epoch: Epoch,
+        remove: &[NodeId],
+        admit: u32,
+        out: &mut Vec<Action>,
+    ) -> Result<(), Refusal> {
+        let committer = self.require_member(conn, epoch)?;
+        if !self.ready.is_empty() {
+            return Err((ErrorCode::NotReady, "a shutdown barrier is in progress".to_owned()));
+        }
+        let Some(view) = self.view.clone() else { return Err((ErrorCode::Internal, "no view".to_owned())) };
+        let admit = admit as usize;
+        if admit > self.pending.len() {
+            let message = format!("admit {admit} exceeds the {} pending newcomers", self.pending.len());
+            return Err((ErrorCode::InvalidCommit, message));
+        }
+        if view.by_uid(committer).is_some_and(|m| remove.contains(&m.node)) {
+            return Err((ErrorCode::InvalidCommit, "the committer cannot remove itself".to_owned()));
+        }
+        let mut admitted = Vec::with_capacity(admit);
+        for p in &self.pending[..admit] {
+            let Some(uid) = p.uid else {
+                return Err((ErrorCode::Internal, "pending newcomer without uid".to_owned()));
+            };
+            let r = &p.reg;
+            admitted.push(Member { node: 0, uid, address: r.address.clone(), pes: r.pes, host: r.host.clone(), pid: r.pid });
+        }
+        let next = view.renumbered(remove, &admitted).map_err(|e| (ErrorCode::InvalidCommit, e.to_string()))?;
+        let removed: Vec<u64> = remove.iter().filter_map(|&n| view.member(n)).map(|m| m.uid).collect();
+        info!(
+            from = epoch,
+            to = next.epoch,
+            removed = removed.len(),
+            admitted = admit,
+            nodes = next.members.len(),
+            pes = next.total_pes(),
+            "commit applied"
+        );
+        for uid in removed {
+            if let Some(c) = self.member_conn.remove(&uid) {
+                if let Some(state) = self.conns.get_mut(&c) {
+                    state.peer = Peer::Departed;
+                }
+                Self::send(out, c, ServerMsg::Die { epoch: next.epoch });
+            }
+        }
+        let admitted_conns: Vec<ConnId> = self.pending.drain(..admit).map(|p| p.conn).collect();
+        for (m, c) in admitted.iter().zip(admitted_conns) {
+            if let Some(state) = self.conns.get_mut(&c) {
+                state.peer = Peer::Member { uid: m.uid };
+            }
+            self.member_conn.insert(m.uid, c);
+            let node = next.by_uid(m.uid).map_or(0, |m| m.node);
+            Self::send(out, c, ServerMsg::Integrate { node, view: next.clone() });
+        }
+        Self::send(out, conn, ServerMsg::Committed { view: next.clone() });
+        for m in &next.members[..next.members.len() - admit] {
+            match self.member_conn.get(&m.uid) {
+                Some(&c) if c != conn => Self::send(out, c, ServerMsg::ViewUpdate { view: next.clone() }),
+                _ => {}
+            }
+        }
+        self.view = Some(next);
+        Ok(())
+    }
+
+    fn shutdown_ready(&mut self, conn: ConnId, epoch: Epoch, code: i32, out: &mut Vec<Action>) -> Result<(), Refusal> {
+        let uid = self.require_member(conn, epoch)?;
+        self.ready.insert(uid, code);
+        let Some(view) = &self.view else { return Ok(()) };
+        debug!(uid, code, ready = self.ready.len(), of = view.members.len(), "shutdown ready");
+        if !view.members.iter().all(|m| self.ready.contains_key(&m.uid)) {
+            return Ok(());
+        }
+        let job_code = self.ready.get(&view.members[0].uid).copied().unwrap_or(0);
+        info!(epoch, code = job_code, "shutdown barrier complete");
+        for m in &view.members {
+            if let Some(&c) = self.member_conn.get(&m.uid) {
+                Self::send(out, c, ServerMsg::ShutdownDone { epoch, code: job_code });
+            }
+        }
+        for &c in self.conns.keys() {
+            out.push(Action::Close(c));
+        }
+        self.conns.clear();
+        self.phase = Phase::Finished;
+        out.push(Action::Finished { code: job_code });
+        Ok(())
+    }
+
+    fn restore(&mut self, conn: ConnId, view: View, fingerprint: u64, out: &mut Vec<Action>) -> Result<(), Refusal> {
+        if self.phase != Phase::Recovering {
+            let message = match &self.view {
+                Some(v) => format!("coordinator already holds view epoch {}; Restore is refused", v.epoch),
+                None => "Restore is only accepted by a coordinator started in recovery mode".to_owned(),
+            };
+            return Err((ErrorCode::InvalidCommit, message));
+        }
+        if !matches!(self.conns.get(&conn).map(|c| &c.peer), Some(Peer::Idle)) {
+            return Err((ErrorCode::InvalidCommit, "a registered connection cannot send Restore".to_owned()));
+        }
+        view.check().map_err(|e| (ErrorCode::InvalidCommit, format!("restored view is invalid: {e}")))?;
+        let node0 = view.members[0].uid;
+        let max_uid = view.members.iter().map(|m| m.uid).max().unwrap_or(0);
+        self.next_uid = self.next_uid.max(max_uid.saturating_add(1));
+        self.fingerprint = Some(fingerprint);
+        info!(epoch = view.epoch, nodes = view.members.len(), "state restored from node 0's view");
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.peer = Peer::Member { uid: node0 };
+        }
+        self.member_conn.insert(node0, conn);
+        Self::send(out, conn, ServerMsg::Start { node: 0, view: view.clone() });
+        self.view = Some(view);
+        self.phase = Phase::Running;
+        self.launch_deadline = None;
+        // Newcomers that re-registered before Restore are checked now.
+        let mismatched: Vec<ConnId> = self
+            .pending
+            .iter()
+            .filter(|p| p.reg.fingerprint != fingerprint)
+            .map(|p| p.conn)
+            .collect();
+        for c in mismatched {
+            let fp = self.pending.iter().find(|p| p.conn == c).map_or(0, |p| p.reg.fingerprint);
+            if let Err((code, message)) = self.check_fingerprint(fp) {
+                self.refuse_and_close(c, code, message, out);
+            }
+        }
+        self.announce_pending(out);
+        Ok(())
+    }
+
+    fn reattach(&mut self, conn: ConnId, epoch: Epoch, uid: u64, out: &mut Vec<Action>) -> Result<(), Refusal> {
+        if !matches!(self.conns.get(&conn).map(|c| &c.peer), Some(Peer::Idle)) {
+            return Err((ErrorCode::InvalidCommit, "a registered connection cannot reattach".to_owned()));
+        }
+        let Some(view) = &self.view else {
+            return Err((ErrorCode::NotReady, "no view yet: node 0 has not restored the coordinator".to_owned()));
+        };
+        if epoch != view.epoch {
+            let message = format!("reattach refers to epoch {epoch} but the current epoch is {}", view.epoch);
+            return Err((ErrorCode::StaleEpoch, message));
+        }
+        let Some(node) = view.by_uid(uid).map(|m| m.node) else {
+            return Err((ErrorCode::NotMember, format!("uid {uid} is not a member of view epoch {epoch}")));
+        };
+        let view = view.clone();
+        if let Some(old) = self.member_conn.insert(uid, conn) {
+            // A newer connection for the same member wins; the old one is closed quietly.
+            if let Some(state) = self.conns.get_mut(&old) {
+                state.peer = Peer::Idle;
+            }
+            let message = format!("replaced by a newer connection for uid {uid}");
+            self.refuse_and_close(old, ErrorCode::NotMember, message, out);
+        }
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.peer = Peer::Member { uid };
+        }
+        info!(epoch, node, uid, "member reattached");
+        Self::send(out, conn, ServerMsg::Start { node, view });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
