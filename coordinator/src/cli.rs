@@ -14,8 +14,8 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::contract::{self, ContractError};
-pub use crate::core::EXIT_LAUNCH_TIMEOUT;
 use crate::core::Config;
+pub use crate::core::EXIT_LAUNCH_TIMEOUT;
 use crate::secret::{Secret, SecretError};
 use crate::server::{self, ServerError};
 
@@ -24,7 +24,11 @@ pub const EXIT_FAILURE: i32 = 2;
 
 /// Arguments of `ductile-coordinator`.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "ductile-coordinator", version, about = "Membership coordinator for one Ductile job")]
+#[command(
+    name = "ductile-coordinator",
+    version,
+    about = "Membership coordinator for one Ductile job"
+)]
 pub struct Args {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -85,7 +89,10 @@ impl CliError {
 fn load_secret(args: &Args) -> Result<Secret, CliError> {
     if let Some(var) = &args.secret_env {
         let text = std::env::var(var).map_err(|_| CliError::SecretEnvUnset(var.clone()))?;
-        return Secret::from_hex(&text).map_err(|error| CliError::BadSecret { var: var.clone(), error });
+        return Secret::from_hex(&text).map_err(|error| CliError::BadSecret {
+            var: var.clone(),
+            error,
+        });
     }
     if let Some(path) = &args.secret_file {
         return Ok(contract::secret_from_file(&path.to_string_lossy())?);
@@ -114,7 +121,10 @@ pub fn run(args: Args) -> Result<i32, CliError> {
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env(contract::ENV_LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Parses `args` (the first item is the program name), runs, and returns the
@@ -148,7 +158,8 @@ mod tests {
 
     #[test]
     fn args_parse() {
-        let a = Args::try_parse_from(["x", "--expect", "4", "--listen", "0.0.0.0:7000"]).expect("parse");
+        let a = Args::try_parse_from(["x", "--expect", "4", "--listen", "0.0.0.0:7000"])
+            .expect("parse");
         assert_eq!(a.expect, Some(4));
         assert_eq!(a.launch_timeout, 60);
         assert!(Args::try_parse_from(["x", "--recover"]).is_ok());

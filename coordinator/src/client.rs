@@ -22,8 +22,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use tracing::debug;
 
 use crate::proto::{
-    encode, ClientMsg, Epoch, ErrorCode, FrameError, FrameReader, NodeId, PendingNewcomer, Registration, ServerMsg,
-    View, PROTOCOL_VERSION,
+    encode, ClientMsg, Epoch, ErrorCode, FrameError, FrameReader, NodeId, PendingNewcomer,
+    Registration, ServerMsg, View, PROTOCOL_VERSION,
 };
 use crate::secret::{Secret, AUTH_CONTEXT};
 
@@ -105,7 +105,11 @@ fn remaining(deadline: Instant) -> Result<Duration> {
 }
 
 /// Reads one message before the reader thread exists (the handshake).
-fn read_msg(stream: &mut TcpStream, reader: &mut FrameReader, deadline: Instant) -> Result<ServerMsg> {
+fn read_msg(
+    stream: &mut TcpStream,
+    reader: &mut FrameReader,
+    deadline: Instant,
+) -> Result<ServerMsg> {
     let mut buf = [0u8; 4096];
     loop {
         if let Some(msg) = reader.next_msg::<ServerMsg>()? {
@@ -115,7 +119,12 @@ fn read_msg(stream: &mut TcpStream, reader: &mut FrameReader, deadline: Instant)
         match stream.read(&mut buf) {
             Ok(0) => return Err(ClientError::Disconnected),
             Ok(n) => reader.push(&buf[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Err(ClientError::Timeout)
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -127,11 +136,19 @@ fn read_msg(stream: &mut TcpStream, reader: &mut FrameReader, deadline: Instant)
 fn is_notice(msg: &ServerMsg) -> bool {
     matches!(
         msg,
-        ServerMsg::Integrate { .. } | ServerMsg::Die { .. } | ServerMsg::ViewUpdate { .. } | ServerMsg::MemberLost { .. }
+        ServerMsg::Integrate { .. }
+            | ServerMsg::Die { .. }
+            | ServerMsg::ViewUpdate { .. }
+            | ServerMsg::MemberLost { .. }
     )
 }
 
-fn reader_thread(mut stream: TcpStream, mut reader: FrameReader, replies: Sender<ServerMsg>, events: Sender<ServerMsg>) {
+fn reader_thread(
+    mut stream: TcpStream,
+    mut reader: FrameReader,
+    replies: Sender<ServerMsg>,
+    events: Sender<ServerMsg>,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         loop {
@@ -165,7 +182,10 @@ impl Client {
         let deadline = Instant::now() + timeout;
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
-            .map_err(|error| ClientError::Resolve { addr: addr.to_owned(), error })?
+            .map_err(|error| ClientError::Resolve {
+                addr: addr.to_owned(),
+                error,
+            })?
             .collect();
         let mut last_error = None;
         let mut stream = None;
@@ -183,28 +203,49 @@ impl Client {
             (None, Some(e)) => return Err(e.into()),
             (None, None) => {
                 let error = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-                return Err(ClientError::Resolve { addr: addr.to_owned(), error });
+                return Err(ClientError::Resolve {
+                    addr: addr.to_owned(),
+                    error,
+                });
             }
         };
         stream.set_nodelay(true)?;
         let peer = stream.peer_addr()?;
         let mut reader = FrameReader::new();
         let nonce = match read_msg(&mut stream, &mut reader, deadline)? {
-            ServerMsg::Challenge { protocol: PROTOCOL_VERSION, nonce } => nonce,
+            ServerMsg::Challenge {
+                protocol: PROTOCOL_VERSION,
+                nonce,
+            } => nonce,
             ServerMsg::Challenge { protocol, .. } => {
                 return Err(ClientError::Unexpected(format!(
                     "coordinator speaks protocol {protocol}, this client speaks {PROTOCOL_VERSION}"
                 )))
             }
-            ServerMsg::Error { code, message } => return Err(ClientError::Server { code, message }),
-            other => return Err(ClientError::Unexpected(format!("{other:?} instead of Challenge"))),
+            ServerMsg::Error { code, message } => {
+                return Err(ClientError::Server { code, message })
+            }
+            other => {
+                return Err(ClientError::Unexpected(format!(
+                    "{other:?} instead of Challenge"
+                )))
+            }
         };
         let proof = secret.proof(AUTH_CONTEXT, &nonce);
-        stream.write_all(&encode(&ClientMsg::Hello { protocol: PROTOCOL_VERSION, proof }))?;
+        stream.write_all(&encode(&ClientMsg::Hello {
+            protocol: PROTOCOL_VERSION,
+            proof,
+        }))?;
         match read_msg(&mut stream, &mut reader, deadline)? {
             ServerMsg::Welcome => {}
-            ServerMsg::Error { code, message } => return Err(ClientError::Server { code, message }),
-            other => return Err(ClientError::Unexpected(format!("{other:?} instead of Welcome"))),
+            ServerMsg::Error { code, message } => {
+                return Err(ClientError::Server { code, message })
+            }
+            other => {
+                return Err(ClientError::Unexpected(format!(
+                    "{other:?} instead of Welcome"
+                )))
+            }
         }
         stream.set_read_timeout(None)?;
         let (reply_tx, replies) = crossbeam_channel::unbounded();
@@ -214,7 +255,13 @@ impl Client {
             .name("ductile-coord-client".to_owned())
             .spawn(move || reader_thread(read_half, reader, reply_tx, event_tx))?;
         debug!(%peer, "connected to coordinator");
-        Ok(Client { writer: Mutex::new(stream), replies, events, reader: Some(reader), peer })
+        Ok(Client {
+            writer: Mutex::new(stream),
+            replies,
+            events,
+            reader: Some(reader),
+            peer,
+        })
     }
 
     /// The coordinator's address.
@@ -227,7 +274,9 @@ impl Client {
         let frame = encode(msg);
         let mut w = self.writer.lock().map_err(|_| ClientError::Disconnected)?;
         w.write_all(&frame).map_err(|e| match e.kind() {
-            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => ClientError::Disconnected,
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                ClientError::Disconnected
+            }
             _ => ClientError::Io(e),
         })
     }
@@ -245,7 +294,9 @@ impl Client {
             Some(m) => m,
             None => match self.events.try_recv().or_else(|_| self.replies.try_recv()) {
                 Ok(m) => m,
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return Err(ClientError::Disconnected),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
+                    return Err(ClientError::Disconnected)
+                }
             },
         };
         match msg {
@@ -262,11 +313,17 @@ impl Client {
 
     /// Waits for a reply that `pick` accepts; other replies (late answers to
     /// timed-out requests) are skipped.
-    fn wait_reply<T>(&self, deadline: Instant, mut pick: impl FnMut(ServerMsg) -> Option<T>) -> Result<T> {
+    fn wait_reply<T>(
+        &self,
+        deadline: Instant,
+        mut pick: impl FnMut(ServerMsg) -> Option<T>,
+    ) -> Result<T> {
         loop {
             let left = remaining(deadline)?;
             match self.replies.recv_timeout(left) {
-                Ok(ServerMsg::Error { code, message }) => return Err(ClientError::Server { code, message }),
+                Ok(ServerMsg::Error { code, message }) => {
+                    return Err(ClientError::Server { code, message })
+                }
                 Ok(msg) => {
                     let text = format!("{msg:?}");
                     if let Some(t) = pick(msg) {
@@ -307,15 +364,28 @@ impl Client {
         let deadline = Instant::now() + timeout;
         self.send(&ClientMsg::QueryPending { epoch })?;
         self.wait_reply(deadline, |m| match m {
-            ServerMsg::Pending { epoch: e, newcomers } if e == epoch => Some(newcomers),
+            ServerMsg::Pending {
+                epoch: e,
+                newcomers,
+            } if e == epoch => Some(newcomers),
             _ => None,
         })
     }
 
     /// Commits a rescale and returns the new view.
-    pub fn commit(&self, epoch: Epoch, remove: Vec<NodeId>, admit: u32, timeout: Duration) -> Result<View> {
+    pub fn commit(
+        &self,
+        epoch: Epoch,
+        remove: Vec<NodeId>,
+        admit: u32,
+        timeout: Duration,
+    ) -> Result<View> {
         let deadline = Instant::now() + timeout;
-        self.send(&ClientMsg::Commit { epoch, remove, admit })?;
+        self.send(&ClientMsg::Commit {
+            epoch,
+            remove,
+            admit,
+        })?;
         self.wait_reply(deadline, |m| match m {
             ServerMsg::Committed { view } => Some(view),
             _ => None,

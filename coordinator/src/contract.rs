@@ -74,16 +74,23 @@ pub enum ContractError {
 
 /// Reads a secret from a file path (hex text, surrounding whitespace ignored).
 pub fn secret_from_file(path: &str) -> Result<Secret, ContractError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|error| ContractError::SecretFile { path: path.to_owned(), error })?;
-    Secret::from_hex(&text).map_err(|error| ContractError::BadSecret { source_name: path.to_owned(), error })
+    let text = std::fs::read_to_string(path).map_err(|error| ContractError::SecretFile {
+        path: path.to_owned(),
+        error,
+    })?;
+    Secret::from_hex(&text).map_err(|error| ContractError::BadSecret {
+        source_name: path.to_owned(),
+        error,
+    })
 }
 
 /// Reads the job secret from [`ENV_SECRET`], or else from the file named by [`ENV_SECRET_FILE`].
 pub fn secret_from_env() -> Result<Secret, ContractError> {
     if let Ok(hex) = std::env::var(ENV_SECRET) {
-        return Secret::from_hex(&hex)
-            .map_err(|error| ContractError::BadSecret { source_name: ENV_SECRET.to_owned(), error });
+        return Secret::from_hex(&hex).map_err(|error| ContractError::BadSecret {
+            source_name: ENV_SECRET.to_owned(),
+            error,
+        });
     }
     match std::env::var(ENV_SECRET_FILE) {
         Ok(path) => secret_from_file(&path),
@@ -97,11 +104,14 @@ pub fn parse_role(role: &str, launch_index: Option<&str>) -> Result<Role, Contra
         ROLE_NEWCOMER => Ok(Role::Newcomer),
         ROLE_LAUNCH => {
             let text = launch_index.ok_or(ContractError::Missing(ENV_LAUNCH_INDEX))?;
-            let index = text.trim().parse::<u32>().map_err(|e| ContractError::Invalid {
-                name: ENV_LAUNCH_INDEX,
-                value: text.to_owned(),
-                reason: e.to_string(),
-            })?;
+            let index = text
+                .trim()
+                .parse::<u32>()
+                .map_err(|e| ContractError::Invalid {
+                    name: ENV_LAUNCH_INDEX,
+                    value: text.to_owned(),
+                    reason: e.to_string(),
+                })?;
             Ok(Role::Launch { index })
         }
         other => Err(ContractError::Invalid {
@@ -125,10 +135,19 @@ mod tests {
 
     #[test]
     fn roles_parse() {
-        assert_eq!(parse_role("launch", Some("3")).ok(), Some(Role::Launch { index: 3 }));
+        assert_eq!(
+            parse_role("launch", Some("3")).ok(),
+            Some(Role::Launch { index: 3 })
+        );
         assert_eq!(parse_role("newcomer", None).ok(), Some(Role::Newcomer));
-        assert!(matches!(parse_role("launch", None), Err(ContractError::Missing(_))));
-        assert!(matches!(parse_role("boss", None), Err(ContractError::Invalid { .. })));
+        assert!(matches!(
+            parse_role("launch", None),
+            Err(ContractError::Missing(_))
+        ));
+        assert!(matches!(
+            parse_role("boss", None),
+            Err(ContractError::Invalid { .. })
+        ));
     }
 
     #[test]
@@ -139,6 +158,9 @@ mod tests {
         std::fs::write(&path, format!("{}\n", s.to_hex())).expect("write");
         let got = secret_from_file(path.to_str().expect("utf8")).expect("read");
         assert_eq!(got, s);
-        assert!(matches!(secret_from_file("/nonexistent/ductile"), Err(ContractError::SecretFile { .. })));
+        assert!(matches!(
+            secret_from_file("/nonexistent/ductile"),
+            Err(ContractError::SecretFile { .. })
+        ));
     }
 }

@@ -18,14 +18,17 @@ use rand::RngCore;
 use tracing::{debug, error, info, warn};
 
 use crate::proto::{
-    ClientMsg, Epoch, ErrorCode, FrameReader, Member, NodeId, PendingNewcomer, Registration, Role, ServerMsg,
-    View, PROTOCOL_VERSION,
+    ClientMsg, Epoch, ErrorCode, FrameReader, Member, NodeId, PendingNewcomer, Registration, Role,
+    ServerMsg, View, PROTOCOL_VERSION,
 };
 use crate::secret::{Secret, AUTH_CONTEXT};
 
 /// Exit code the coordinator finishes with when the launch (or the wait for
 /// `Restore`) does not complete within `launch_timeout`.
 pub const EXIT_LAUNCH_TIMEOUT: i32 = 3;
+
+/// Job exit code when the shutdown barrier completes without node 0's code (node 0 was lost).
+pub const EXIT_NODE0_LOST: i32 = 4;
 
 /// Driver-chosen identifier of one connection; never reused by a driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -47,7 +50,10 @@ pub struct Config {
 impl Config {
     /// A coordinator for a fresh launch of `expected` nodes (60 s launch timeout).
     pub fn launch(secret: Secret, expected: u32) -> Self {
-        Config { expected: Some(expected), ..Self::recovery(secret) }
+        Config {
+            expected: Some(expected),
+            ..Self::recovery(secret)
+        }
     }
 
     /// A restarted coordinator that waits for node 0's `Restore`.
@@ -90,12 +96,19 @@ pub enum Phase {
 
 #[derive(Debug)]
 enum Peer {
-    Unauthenticated { nonce: [u8; 32], deadline: Instant },
+    Unauthenticated {
+        nonce: [u8; 32],
+        deadline: Instant,
+    },
     /// Authenticated, not registered (also tools and replaced connections).
     Idle,
-    LaunchWaiting { index: u32 },
+    LaunchWaiting {
+        index: u32,
+    },
     Newcomer,
-    Member { uid: u64 },
+    Member {
+        uid: u64,
+    },
     /// Removed by a commit; its disconnect is expected.
     Departed,
 }
@@ -129,6 +142,7 @@ pub struct Coordinator {
     pending: Vec<Pending>,
     fingerprint: Option<u64>,
     next_uid: u64,
+    /// Shutdown barrier: uid -> exit code.
     ready: BTreeMap<u64, i32>,
     launch_deadline: Option<Instant>,
     failure: Option<String>,
@@ -138,7 +152,11 @@ impl Coordinator {
     /// A coordinator with `cfg`; nonces come from `rng` (seed it from the OS in
     /// production, from a constant in tests).
     pub fn new(cfg: Config, rng: StdRng) -> Self {
-        let phase = if cfg.expected.is_some() { Phase::Launching } else { Phase::Recovering };
+        let phase = if cfg.expected.is_some() {
+            Phase::Launching
+        } else {
+            Phase::Recovering
+        };
         Coordinator {
             cfg,
             rng,
@@ -175,7 +193,12 @@ impl Coordinator {
     pub fn pending(&self) -> Vec<PendingNewcomer> {
         self.pending
             .iter()
-            .map(|p| PendingNewcomer { uid: p.uid.unwrap_or(0), pes: p.reg.pes, host: p.reg.host.clone(), pid: p.reg.pid })
+            .map(|p| PendingNewcomer {
+                uid: p.uid.unwrap_or(0),
+                pes: p.reg.pes,
+                host: p.reg.host.clone(),
+                pid: p.reg.pid,
+            })
             .collect()
     }
 
@@ -196,7 +219,9 @@ impl Coordinator {
     }
 
     fn arm(&mut self, now: Instant) {
-        if self.launch_deadline.is_none() && matches!(self.phase, Phase::Launching | Phase::Recovering) {
+        if self.launch_deadline.is_none()
+            && matches!(self.phase, Phase::Launching | Phase::Recovering)
+        {
             self.launch_deadline = Some(now + self.cfg.launch_timeout);
         }
     }
@@ -210,8 +235,20 @@ impl Coordinator {
         let mut nonce = [0u8; 32];
         self.rng.fill_bytes(&mut nonce);
         let deadline = now + self.cfg.hello_timeout;
-        self.conns.insert(conn, Conn { reader: FrameReader::new(), peer: Peer::Unauthenticated { nonce, deadline } });
-        vec![Action::Send(conn, ServerMsg::Challenge { protocol: PROTOCOL_VERSION, nonce })]
+        self.conns.insert(
+            conn,
+            Conn {
+                reader: FrameReader::new(),
+                peer: Peer::Unauthenticated { nonce, deadline },
+            },
+        );
+        vec![Action::Send(
+            conn,
+            ServerMsg::Challenge {
+                protocol: PROTOCOL_VERSION,
+                nonce,
+            },
+        )]
     }
 
     /// Bytes received on `conn`, in any chunking; complete frames are handled in order.
@@ -222,7 +259,9 @@ impl Coordinator {
             c.reader.push(bytes);
         }
         while self.phase != Phase::Finished {
-            let Some(c) = self.conns.get_mut(&conn) else { break };
+            let Some(c) = self.conns.get_mut(&conn) else {
+                break;
+            };
             match c.reader.next_msg::<ClientMsg>() {
                 Ok(Some(msg)) => self.handle(conn, msg, now, &mut out),
                 Ok(None) => break,
@@ -275,7 +314,8 @@ impl Coordinator {
         if waiting && self.launch_deadline.is_some_and(|d| d <= now) {
             let message = match self.cfg.expected {
                 Some(n) => {
-                    let missing: Vec<u32> = (0..n).filter(|i| !self.launch.contains_key(i)).collect();
+                    let missing: Vec<u32> =
+                        (0..n).filter(|i| !self.launch.contains_key(i)).collect();
                     format!(
                         "launch timed out after {:?}: {} of {} launch members registered; missing launch indices {:?}",
                         self.cfg.launch_timeout,
@@ -284,18 +324,29 @@ impl Coordinator {
                         missing
                     )
                 }
-                None => format!("recovery timed out after {:?}: node 0 never sent Restore", self.cfg.launch_timeout),
+                None => format!(
+                    "recovery timed out after {:?}: node 0 never sent Restore",
+                    self.cfg.launch_timeout
+                ),
             };
             error!("{message}");
             let conns: Vec<ConnId> = self.conns.keys().copied().collect();
             for conn in conns {
-                out.push(Action::Send(conn, ServerMsg::Error { code: ErrorCode::LaunchTimeout, message: message.clone() }));
+                out.push(Action::Send(
+                    conn,
+                    ServerMsg::Error {
+                        code: ErrorCode::LaunchTimeout,
+                        message: message.clone(),
+                    },
+                ));
                 out.push(Action::Close(conn));
             }
             self.conns.clear();
             self.phase = Phase::Finished;
             self.failure = Some(message);
-            out.push(Action::Finished { code: EXIT_LAUNCH_TIMEOUT });
+            out.push(Action::Finished {
+                code: EXIT_LAUNCH_TIMEOUT,
+            });
         }
         out
     }
@@ -309,7 +360,13 @@ impl Coordinator {
         out.push(Action::Send(conn, ServerMsg::Error { code, message }));
     }
 
-    fn refuse_and_close(&mut self, conn: ConnId, code: ErrorCode, message: String, out: &mut Vec<Action>) {
+    fn refuse_and_close(
+        &mut self,
+        conn: ConnId,
+        code: ErrorCode,
+        message: String,
+        out: &mut Vec<Action>,
+    ) {
         if !self.conns.contains_key(&conn) {
             return;
         }
@@ -320,18 +377,30 @@ impl Coordinator {
 
     /// Drops all state of `conn`; a member that leaves this way is announced as lost.
     fn forget(&mut self, conn: ConnId, out: &mut Vec<Action>) {
-        let Some(c) = self.conns.remove(&conn) else { return };
+        let Some(c) = self.conns.remove(&conn) else {
+            return;
+        };
         match c.peer {
             Peer::Unauthenticated { .. } | Peer::Idle | Peer::Departed => {}
             Peer::LaunchWaiting { index } => {
-                if self.launch.get(&index).is_some_and(|(owner, _)| *owner == conn) {
-                    info!(index, "launch member left before launch completed; its index is free again");
+                if self
+                    .launch
+                    .get(&index)
+                    .is_some_and(|(owner, _)| *owner == conn)
+                {
+                    info!(
+                        index,
+                        "launch member left before launch completed; its index is free again"
+                    );
                     self.launch.remove(&index);
                 }
             }
             Peer::Newcomer => {
                 self.pending.retain(|p| p.conn != conn);
-                info!(conn = conn.0, "pending newcomer disconnected; dropped from the queue");
+                info!(
+                    conn = conn.0,
+                    "pending newcomer disconnected; dropped from the queue"
+                );
             }
             Peer::Member { uid } => {
                 if self.member_conn.get(&uid) != Some(&conn) {
@@ -350,19 +419,28 @@ impl Coordinator {
                         Self::send(out, c, ServerMsg::MemberLost { epoch, node, uid });
                     }
                 }
+                if !self.ready.is_empty() {
+                    // The job is shutting down: a member lost now is not waited
+                    // for, so one crash cannot hang everybody else's exit.
+                    self.complete_barrier(out);
+                }
             }
         }
     }
 
     fn handle(&mut self, conn: ConnId, msg: ClientMsg, now: Instant, out: &mut Vec<Action>) {
-        let Some(c) = self.conns.get_mut(&conn) else { return };
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
         if let Peer::Unauthenticated { nonce, .. } = c.peer {
             let ClientMsg::Hello { protocol, proof } = msg else {
                 let message = "the first message must be Hello".to_owned();
                 return self.refuse_and_close(conn, ErrorCode::Unauthenticated, message, out);
             };
             if protocol != PROTOCOL_VERSION {
-                let message = format!("client speaks protocol {protocol}, coordinator speaks {PROTOCOL_VERSION}");
+                let message = format!(
+                    "client speaks protocol {protocol}, coordinator speaks {PROTOCOL_VERSION}"
+                );
                 return self.refuse_and_close(conn, ErrorCode::UnsupportedVersion, message, out);
             }
             if !self.cfg.secret.verify(AUTH_CONTEXT, &nonce, &proof) {
@@ -375,7 +453,12 @@ impl Coordinator {
         }
         match msg {
             ClientMsg::Hello { .. } => {
-                self.refuse_and_close(conn, ErrorCode::Malformed, "Hello sent twice".to_owned(), out);
+                self.refuse_and_close(
+                    conn,
+                    ErrorCode::Malformed,
+                    "Hello sent twice".to_owned(),
+                    out,
+                );
             }
             ClientMsg::Register(reg) => self.register(conn, reg, now, out),
             ClientMsg::QueryPending { epoch } => match self.require_member(conn, epoch) {
@@ -385,7 +468,11 @@ impl Coordinator {
                     Self::send(out, conn, ServerMsg::Pending { epoch, newcomers });
                 }
             },
-            ClientMsg::Commit { epoch, remove, admit } => {
+            ClientMsg::Commit {
+                epoch,
+                remove,
+                admit,
+            } => {
                 if let Err((code, message)) = self.commit(conn, epoch, &remove, admit, out) {
                     Self::refuse(out, conn, code, message);
                 }
@@ -406,7 +493,10 @@ impl Coordinator {
                 }
             }
             ClientMsg::QueryView => {
-                let msg = ServerMsg::CurrentView { view: self.view.clone(), pending: self.pending() };
+                let msg = ServerMsg::CurrentView {
+                    view: self.view.clone(),
+                    pending: self.pending(),
+                };
                 Self::send(out, conn, msg);
             }
         }
@@ -432,9 +522,15 @@ impl Coordinator {
             return self.refuse_and_close(conn, ErrorCode::Malformed, message, out);
         }
         if reg.pes == 0 {
-            return self.refuse_and_close(conn, ErrorCode::Malformed, "a node needs at least one PE".to_owned(), out);
+            return self.refuse_and_close(
+                conn,
+                ErrorCode::Malformed,
+                "a node needs at least one PE".to_owned(),
+                out,
+            );
         }
-        let defer_fingerprint = self.phase == Phase::Recovering && matches!(reg.role, Role::Newcomer);
+        let defer_fingerprint =
+            self.phase == Phase::Recovering && matches!(reg.role, Role::Newcomer);
         if !defer_fingerprint {
             if let Err((code, message)) = self.check_fingerprint(reg.fingerprint) {
                 warn!(pid = reg.pid, host = %reg.host, "{message}");
@@ -454,7 +550,12 @@ impl Coordinator {
                             None => "coordinator is recovering: members reattach, new processes register as newcomers"
                                 .to_owned(),
                         };
-                        return self.refuse_and_close(conn, ErrorCode::DuplicateIndex, message, out);
+                        return self.refuse_and_close(
+                            conn,
+                            ErrorCode::DuplicateIndex,
+                            message,
+                            out,
+                        );
                     }
                 };
                 if index >= expected {
@@ -486,7 +587,11 @@ impl Coordinator {
                     c.peer = Peer::Newcomer;
                 }
                 info!(pid = reg.pid, host = %reg.host, pes = reg.pes, "newcomer registered");
-                self.pending.push(Pending { conn, uid: None, reg });
+                self.pending.push(Pending {
+                    conn,
+                    uid: None,
+                    reg,
+                });
                 self.announce_pending(out);
             }
         }
@@ -499,7 +604,13 @@ impl Coordinator {
             let uid = self.next_uid;
             self.next_uid += 1;
             p.uid = Some(uid);
-            out.push(Action::Send(p.conn, ServerMsg::Waiting { uid, view: view.clone() }));
+            out.push(Action::Send(
+                p.conn,
+                ServerMsg::Waiting {
+                    uid,
+                    view: view.clone(),
+                },
+            ));
         }
     }
 
@@ -510,18 +621,35 @@ impl Coordinator {
         for (index, (conn, reg)) in launch {
             let uid = self.next_uid;
             self.next_uid += 1;
-            members.push(Member { node: index, uid, address: reg.address, pes: reg.pes, host: reg.host, pid: reg.pid });
+            members.push(Member {
+                node: index,
+                uid,
+                address: reg.address,
+                pes: reg.pes,
+                host: reg.host,
+                pid: reg.pid,
+            });
             conns.push((conn, uid));
         }
         let view = View { epoch: 1, members };
-        info!(nodes = view.members.len(), pes = view.total_pes(), "launch complete: epoch 1");
+        info!(
+            nodes = view.members.len(),
+            pes = view.total_pes(),
+            "launch complete: epoch 1"
+        );
         for (node, (conn, uid)) in conns.into_iter().enumerate() {
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.peer = Peer::Member { uid };
             }
             self.member_conn.insert(uid, conn);
             let node = NodeId::try_from(node).unwrap_or(NodeId::MAX);
-            out.push(Action::Send(conn, ServerMsg::Start { node, view: view.clone() }));
+            out.push(Action::Send(
+                conn,
+                ServerMsg::Start {
+                    node,
+                    view: view.clone(),
+                },
+            ));
         }
         self.view = Some(view);
         self.phase = Phase::Running;
@@ -532,17 +660,26 @@ impl Coordinator {
     /// The uid of `conn` if it is a member of the current view and `epoch` is current.
     fn require_member(&self, conn: ConnId, epoch: Epoch) -> Result<u64, Refusal> {
         let Some(view) = &self.view else {
-            return Err((ErrorCode::NotReady, "no view yet: launch or restore is not complete".to_owned()));
+            return Err((
+                ErrorCode::NotReady,
+                "no view yet: launch or restore is not complete".to_owned(),
+            ));
         };
         let uid = match self.conns.get(&conn).map(|c| &c.peer) {
             Some(Peer::Member { uid }) if view.by_uid(*uid).is_some() => *uid,
             _ => {
-                let message = format!("this connection is not a member of view epoch {}", view.epoch);
+                let message = format!(
+                    "this connection is not a member of view epoch {}",
+                    view.epoch
+                );
                 return Err((ErrorCode::NotMember, message));
             }
         };
         if epoch != view.epoch {
-            let message = format!("message refers to epoch {epoch} but the current epoch is {}", view.epoch);
+            let message = format!(
+                "message refers to epoch {epoch} but the current epoch is {}",
+                view.epoch
+            );
             return Err((ErrorCode::StaleEpoch, message));
         }
         Ok(uid)
@@ -558,27 +695,57 @@ impl Coordinator {
     ) -> Result<(), Refusal> {
         let committer = self.require_member(conn, epoch)?;
         if !self.ready.is_empty() {
-            return Err((ErrorCode::NotReady, "a shutdown barrier is in progress".to_owned()));
+            return Err((
+                ErrorCode::NotReady,
+                "a shutdown barrier is in progress".to_owned(),
+            ));
         }
-        let Some(view) = self.view.clone() else { return Err((ErrorCode::Internal, "no view".to_owned())) };
+        let Some(view) = self.view.clone() else {
+            return Err((ErrorCode::Internal, "no view".to_owned()));
+        };
         let admit = admit as usize;
         if admit > self.pending.len() {
-            let message = format!("admit {admit} exceeds the {} pending newcomers", self.pending.len());
+            let message = format!(
+                "admit {admit} exceeds the {} pending newcomers",
+                self.pending.len()
+            );
             return Err((ErrorCode::InvalidCommit, message));
         }
-        if view.by_uid(committer).is_some_and(|m| remove.contains(&m.node)) {
-            return Err((ErrorCode::InvalidCommit, "the committer cannot remove itself".to_owned()));
+        if view
+            .by_uid(committer)
+            .is_some_and(|m| remove.contains(&m.node))
+        {
+            return Err((
+                ErrorCode::InvalidCommit,
+                "the committer cannot remove itself".to_owned(),
+            ));
         }
         let mut admitted = Vec::with_capacity(admit);
         for p in &self.pending[..admit] {
             let Some(uid) = p.uid else {
-                return Err((ErrorCode::Internal, "pending newcomer without uid".to_owned()));
+                return Err((
+                    ErrorCode::Internal,
+                    "pending newcomer without uid".to_owned(),
+                ));
             };
             let r = &p.reg;
-            admitted.push(Member { node: 0, uid, address: r.address.clone(), pes: r.pes, host: r.host.clone(), pid: r.pid });
+            admitted.push(Member {
+                node: 0,
+                uid,
+                address: r.address.clone(),
+                pes: r.pes,
+                host: r.host.clone(),
+                pid: r.pid,
+            });
         }
-        let next = view.renumbered(remove, &admitted).map_err(|e| (ErrorCode::InvalidCommit, e.to_string()))?;
-        let removed: Vec<u64> = remove.iter().filter_map(|&n| view.member(n)).map(|m| m.uid).collect();
+        let next = view
+            .renumbered(remove, &admitted)
+            .map_err(|e| (ErrorCode::InvalidCommit, e.to_string()))?;
+        let removed: Vec<u64> = remove
+            .iter()
+            .filter_map(|&n| view.member(n))
+            .map(|m| m.uid)
+            .collect();
         info!(
             from = epoch,
             to = next.epoch,
@@ -603,12 +770,21 @@ impl Coordinator {
             }
             self.member_conn.insert(m.uid, c);
             let node = next.by_uid(m.uid).map_or(0, |m| m.node);
-            Self::send(out, c, ServerMsg::Integrate { node, view: next.clone() });
+            Self::send(
+                out,
+                c,
+                ServerMsg::Integrate {
+                    node,
+                    view: next.clone(),
+                },
+            );
         }
         Self::send(out, conn, ServerMsg::Committed { view: next.clone() });
         for m in &next.members[..next.members.len() - admit] {
             match self.member_conn.get(&m.uid) {
-                Some(&c) if c != conn => Self::send(out, c, ServerMsg::ViewUpdate { view: next.clone() }),
+                Some(&c) if c != conn => {
+                    Self::send(out, c, ServerMsg::ViewUpdate { view: next.clone() })
+                }
                 _ => {}
             }
         }
@@ -616,19 +792,46 @@ impl Coordinator {
         Ok(())
     }
 
-    fn shutdown_ready(&mut self, conn: ConnId, epoch: Epoch, code: i32, out: &mut Vec<Action>) -> Result<(), Refusal> {
+    fn shutdown_ready(
+        &mut self,
+        conn: ConnId,
+        epoch: Epoch,
+        code: i32,
+        out: &mut Vec<Action>,
+    ) -> Result<(), Refusal> {
         let uid = self.require_member(conn, epoch)?;
         self.ready.insert(uid, code);
-        let Some(view) = &self.view else { return Ok(()) };
-        debug!(uid, code, ready = self.ready.len(), of = view.members.len(), "shutdown ready");
-        if !view.members.iter().all(|m| self.ready.contains_key(&m.uid)) {
-            return Ok(());
+        debug!(uid, code, ready = self.ready.len(), "shutdown ready");
+        self.complete_barrier(out);
+        Ok(())
+    }
+
+    /// Ends the job once the barrier has started and every member of the current
+    /// view is ready or has no connection (lost members are not waited for).
+    fn complete_barrier(&mut self, out: &mut Vec<Action>) {
+        let Some(view) = &self.view else { return };
+        let done =
+            |m: &Member| self.ready.contains_key(&m.uid) || !self.member_conn.contains_key(&m.uid);
+        if self.ready.is_empty() || !view.members.iter().all(done) {
+            return;
         }
-        let job_code = self.ready.get(&view.members[0].uid).copied().unwrap_or(0);
+        let epoch = view.epoch;
+        let job_code = self
+            .ready
+            .get(&view.members[0].uid)
+            .copied()
+            .unwrap_or(EXIT_NODE0_LOST);
         info!(epoch, code = job_code, "shutdown barrier complete");
         for m in &view.members {
             if let Some(&c) = self.member_conn.get(&m.uid) {
-                Self::send(out, c, ServerMsg::ShutdownDone { epoch, code: job_code });
+                Self::send(
+                    out,
+                    c,
+                    ServerMsg::ShutdownDone {
+                        epoch,
+                        code: job_code,
+                    },
+                );
             }
         }
         for &c in self.conns.keys() {
@@ -637,31 +840,60 @@ impl Coordinator {
         self.conns.clear();
         self.phase = Phase::Finished;
         out.push(Action::Finished { code: job_code });
-        Ok(())
     }
 
-    fn restore(&mut self, conn: ConnId, view: View, fingerprint: u64, out: &mut Vec<Action>) -> Result<(), Refusal> {
+    fn restore(
+        &mut self,
+        conn: ConnId,
+        view: View,
+        fingerprint: u64,
+        out: &mut Vec<Action>,
+    ) -> Result<(), Refusal> {
         if self.phase != Phase::Recovering {
             let message = match &self.view {
-                Some(v) => format!("coordinator already holds view epoch {}; Restore is refused", v.epoch),
-                None => "Restore is only accepted by a coordinator started in recovery mode".to_owned(),
+                Some(v) => format!(
+                    "coordinator already holds view epoch {}; Restore is refused",
+                    v.epoch
+                ),
+                None => {
+                    "Restore is only accepted by a coordinator started in recovery mode".to_owned()
+                }
             };
             return Err((ErrorCode::InvalidCommit, message));
         }
         if !matches!(self.conns.get(&conn).map(|c| &c.peer), Some(Peer::Idle)) {
-            return Err((ErrorCode::InvalidCommit, "a registered connection cannot send Restore".to_owned()));
+            return Err((
+                ErrorCode::InvalidCommit,
+                "a registered connection cannot send Restore".to_owned(),
+            ));
         }
-        view.check().map_err(|e| (ErrorCode::InvalidCommit, format!("restored view is invalid: {e}")))?;
+        view.check().map_err(|e| {
+            (
+                ErrorCode::InvalidCommit,
+                format!("restored view is invalid: {e}"),
+            )
+        })?;
         let node0 = view.members[0].uid;
         let max_uid = view.members.iter().map(|m| m.uid).max().unwrap_or(0);
         self.next_uid = self.next_uid.max(max_uid.saturating_add(1));
         self.fingerprint = Some(fingerprint);
-        info!(epoch = view.epoch, nodes = view.members.len(), "state restored from node 0's view");
+        info!(
+            epoch = view.epoch,
+            nodes = view.members.len(),
+            "state restored from node 0's view"
+        );
         if let Some(c) = self.conns.get_mut(&conn) {
             c.peer = Peer::Member { uid: node0 };
         }
         self.member_conn.insert(node0, conn);
-        Self::send(out, conn, ServerMsg::Start { node: 0, view: view.clone() });
+        Self::send(
+            out,
+            conn,
+            ServerMsg::Start {
+                node: 0,
+                view: view.clone(),
+            },
+        );
         self.view = Some(view);
         self.phase = Phase::Running;
         self.launch_deadline = None;
@@ -673,7 +905,11 @@ impl Coordinator {
             .map(|p| p.conn)
             .collect();
         for c in mismatched {
-            let fp = self.pending.iter().find(|p| p.conn == c).map_or(0, |p| p.reg.fingerprint);
+            let fp = self
+                .pending
+                .iter()
+                .find(|p| p.conn == c)
+                .map_or(0, |p| p.reg.fingerprint);
             if let Err((code, message)) = self.check_fingerprint(fp) {
                 self.refuse_and_close(c, code, message, out);
             }
@@ -682,19 +918,37 @@ impl Coordinator {
         Ok(())
     }
 
-    fn reattach(&mut self, conn: ConnId, epoch: Epoch, uid: u64, out: &mut Vec<Action>) -> Result<(), Refusal> {
+    fn reattach(
+        &mut self,
+        conn: ConnId,
+        epoch: Epoch,
+        uid: u64,
+        out: &mut Vec<Action>,
+    ) -> Result<(), Refusal> {
         if !matches!(self.conns.get(&conn).map(|c| &c.peer), Some(Peer::Idle)) {
-            return Err((ErrorCode::InvalidCommit, "a registered connection cannot reattach".to_owned()));
+            return Err((
+                ErrorCode::InvalidCommit,
+                "a registered connection cannot reattach".to_owned(),
+            ));
         }
         let Some(view) = &self.view else {
-            return Err((ErrorCode::NotReady, "no view yet: node 0 has not restored the coordinator".to_owned()));
+            return Err((
+                ErrorCode::NotReady,
+                "no view yet: node 0 has not restored the coordinator".to_owned(),
+            ));
         };
         if epoch != view.epoch {
-            let message = format!("reattach refers to epoch {epoch} but the current epoch is {}", view.epoch);
+            let message = format!(
+                "reattach refers to epoch {epoch} but the current epoch is {}",
+                view.epoch
+            );
             return Err((ErrorCode::StaleEpoch, message));
         }
         let Some(node) = view.by_uid(uid).map(|m| m.node) else {
-            return Err((ErrorCode::NotMember, format!("uid {uid} is not a member of view epoch {epoch}")));
+            return Err((
+                ErrorCode::NotMember,
+                format!("uid {uid} is not a member of view epoch {epoch}"),
+            ));
         };
         let view = view.clone();
         if let Some(old) = self.member_conn.insert(uid, conn) {

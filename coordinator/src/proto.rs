@@ -105,7 +105,9 @@ pub enum ViewError {
 impl View {
     /// Total number of PEs across all members (saturating).
     pub fn total_pes(&self) -> u32 {
-        self.members.iter().fold(0u32, |acc, m| acc.saturating_add(m.pes))
+        self.members
+            .iter()
+            .fold(0u32, |acc, m| acc.saturating_add(m.pes))
     }
 
     /// The member with compact id `node`.
@@ -127,7 +129,10 @@ impl View {
         let mut uids = std::collections::HashSet::new();
         for (position, m) in self.members.iter().enumerate() {
             if m.node as usize != position {
-                return Err(ViewError::NotCompact { position, node: m.node });
+                return Err(ViewError::NotCompact {
+                    position,
+                    node: m.node,
+                });
             }
             if m.pes == 0 {
                 return Err(ViewError::NoPes(m.uid));
@@ -145,11 +150,13 @@ impl View {
             if node == 0 {
                 return Err(ViewError::RemovesNodeZero);
             }
-            let slot = removed.get_mut(node as usize).ok_or(ViewError::UnknownNode {
-                node,
-                epoch: self.epoch,
-                len: self.members.len(),
-            })?;
+            let slot = removed
+                .get_mut(node as usize)
+                .ok_or(ViewError::UnknownNode {
+                    node,
+                    epoch: self.epoch,
+                    len: self.members.len(),
+                })?;
             if *slot {
                 return Err(ViewError::DuplicateNode(node));
             }
@@ -171,7 +178,12 @@ impl View {
         let removed = self.check_removal(remove)?;
         let mut members: Vec<Member> = Vec::with_capacity(self.members.len() + admitted.len());
         let mut uids = std::collections::HashSet::new();
-        let survivors = self.members.iter().zip(&removed).filter(|(_, &r)| !r).map(|(m, _)| m);
+        let survivors = self
+            .members
+            .iter()
+            .zip(&removed)
+            .filter(|(_, &r)| !r)
+            .map(|(m, _)| m);
         for m in survivors.chain(admitted) {
             if !uids.insert(m.uid) {
                 return Err(ViewError::DuplicateUid(m.uid));
@@ -179,7 +191,10 @@ impl View {
             let node = NodeId::try_from(members.len()).unwrap_or(NodeId::MAX);
             members.push(Member { node, ..m.clone() });
         }
-        Ok(View { epoch: self.epoch + 1, members })
+        Ok(View {
+            epoch: self.epoch + 1,
+            members,
+        })
     }
 
     /// Maps each old node id (the index) to its new id after removing `remove`
@@ -491,7 +506,10 @@ pub fn parse_header(header: &[u8; HEADER_LEN]) -> Result<usize, FrameError> {
 pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
     match postcard::take_from_bytes::<T>(payload) {
         Ok((msg, [])) => Ok(msg),
-        Ok((_, rest)) => Err(FrameError::Malformed(format!("{} trailing bytes", rest.len()))),
+        Ok((_, rest)) => Err(FrameError::Malformed(format!(
+            "{} trailing bytes",
+            rest.len()
+        ))),
         Err(e) => Err(FrameError::Malformed(e.to_string())),
     }
 }
@@ -501,14 +519,23 @@ pub fn decode<T: DeserializeOwned>(buf: &[u8]) -> Result<T, FrameError> {
     let header: &[u8; HEADER_LEN] = buf
         .get(..HEADER_LEN)
         .and_then(|h| h.try_into().ok())
-        .ok_or(FrameError::Truncated { needed: HEADER_LEN, have: buf.len() })?;
+        .ok_or(FrameError::Truncated {
+            needed: HEADER_LEN,
+            have: buf.len(),
+        })?;
     let len = parse_header(header)?;
     let body = &buf[HEADER_LEN..];
     if body.len() < len {
-        return Err(FrameError::Truncated { needed: HEADER_LEN + len, have: buf.len() });
+        return Err(FrameError::Truncated {
+            needed: HEADER_LEN + len,
+            have: buf.len(),
+        });
     }
     if body.len() > len {
-        return Err(FrameError::Malformed(format!("{} bytes after the frame", body.len() - len)));
+        return Err(FrameError::Malformed(format!(
+            "{} bytes after the frame",
+            body.len() - len
+        )));
     }
     decode_payload(body)
 }
@@ -595,11 +622,21 @@ mod tests {
     use proptest::prelude::*;
 
     fn member(node: NodeId, uid: u64) -> Member {
-        Member { node, uid, address: vec![uid as u8], pes: 2, host: format!("h{uid}"), pid: 100 + uid as u32 }
+        Member {
+            node,
+            uid,
+            address: vec![uid as u8],
+            pes: 2,
+            host: format!("h{uid}"),
+            pid: 100 + uid as u32,
+        }
     }
 
     fn view(n: u32) -> View {
-        View { epoch: 3, members: (0..n).map(|i| member(i, 10 + u64::from(i))).collect() }
+        View {
+            epoch: 3,
+            members: (0..n).map(|i| member(i, 10 + u64::from(i))).collect(),
+        }
     }
 
     #[test]
@@ -617,28 +654,49 @@ mod tests {
     fn renumber_refusals() {
         let v = view(3);
         assert_eq!(v.renumbered(&[0], &[]), Err(ViewError::RemovesNodeZero));
-        assert!(matches!(v.renumbered(&[3], &[]), Err(ViewError::UnknownNode { node: 3, .. })));
+        assert!(matches!(
+            v.renumbered(&[3], &[]),
+            Err(ViewError::UnknownNode { node: 3, .. })
+        ));
         assert_eq!(v.renumbered(&[1, 1], &[]), Err(ViewError::DuplicateNode(1)));
-        assert_eq!(v.renumbered(&[], &[member(0, 10)]), Err(ViewError::DuplicateUid(10)));
+        assert_eq!(
+            v.renumbered(&[], &[member(0, 10)]),
+            Err(ViewError::DuplicateUid(10))
+        );
         let single = view(1);
-        assert_eq!(single.renumbered(&[0], &[]), Err(ViewError::RemovesNodeZero));
+        assert_eq!(
+            single.renumbered(&[0], &[]),
+            Err(ViewError::RemovesNodeZero)
+        );
     }
 
     #[test]
     fn header_errors_map_to_codes() {
         let mut f = encode(&ClientMsg::QueryView);
         f[4] = 9;
-        assert_eq!(decode::<ClientMsg>(&f).map_err(|e| e.code()), Err(ErrorCode::UnsupportedVersion));
+        assert_eq!(
+            decode::<ClientMsg>(&f).map_err(|e| e.code()),
+            Err(ErrorCode::UnsupportedVersion)
+        );
         let mut f = encode(&ClientMsg::QueryView);
         f[0] = b'X';
-        assert_eq!(decode::<ClientMsg>(&f).map_err(|e| e.code()), Err(ErrorCode::Malformed));
+        assert_eq!(
+            decode::<ClientMsg>(&f).map_err(|e| e.code()),
+            Err(ErrorCode::Malformed)
+        );
         let mut f = encode(&ClientMsg::QueryView);
         f[8..12].copy_from_slice(&((MAX_FRAME as u32) + 1).to_le_bytes());
-        assert_eq!(decode::<ClientMsg>(&f).map_err(|e| e.code()), Err(ErrorCode::Oversized));
+        assert_eq!(
+            decode::<ClientMsg>(&f).map_err(|e| e.code()),
+            Err(ErrorCode::Oversized)
+        );
         let mut f = encode(&ClientMsg::QueryView);
         f.push(0);
         f[8] += 1;
-        assert_eq!(decode::<ClientMsg>(&f).map_err(|e| e.code()), Err(ErrorCode::Malformed));
+        assert_eq!(
+            decode::<ClientMsg>(&f).map_err(|e| e.code()),
+            Err(ErrorCode::Malformed)
+        );
     }
 
     #[test]
@@ -650,8 +708,22 @@ mod tests {
     }
 
     fn arb_member() -> impl Strategy<Value = Member> {
-        (any::<u32>(), any::<u64>(), proptest::collection::vec(any::<u8>(), 0..16), 1u32..64, ".{0,8}", any::<u32>())
-            .prop_map(|(node, uid, address, pes, host, pid)| Member { node, uid, address, pes, host, pid })
+        (
+            any::<u32>(),
+            any::<u64>(),
+            proptest::collection::vec(any::<u8>(), 0..16),
+            1u32..64,
+            ".{0,8}",
+            any::<u32>(),
+        )
+            .prop_map(|(node, uid, address, pes, host, pid)| Member {
+                node,
+                uid,
+                address,
+                pes,
+                host,
+                pid,
+            })
     }
 
     fn arb_view() -> impl Strategy<Value = View> {
@@ -660,14 +732,19 @@ mod tests {
             members: ms
                 .into_iter()
                 .enumerate()
-                .map(|(i, m)| Member { node: i as u32, uid: i as u64 * 1000 + (m.uid % 1000), ..m })
+                .map(|(i, m)| Member {
+                    node: i as u32,
+                    uid: i as u64 * 1000 + (m.uid % 1000),
+                    ..m
+                })
                 .collect(),
         })
     }
 
     fn arb_client_msg() -> impl Strategy<Value = ClientMsg> {
         prop_oneof![
-            (any::<u16>(), any::<[u8; 32]>()).prop_map(|(protocol, proof)| ClientMsg::Hello { protocol, proof }),
+            (any::<u16>(), any::<[u8; 32]>())
+                .prop_map(|(protocol, proof)| ClientMsg::Hello { protocol, proof }),
             (arb_member(), any::<Option<u32>>(), any::<u64>()).prop_map(|(m, idx, fingerprint)| {
                 ClientMsg::Register(Registration {
                     role: idx.map_or(Role::Newcomer, |index| Role::Launch { index }),
@@ -678,28 +755,49 @@ mod tests {
                     fingerprint,
                 })
             }),
-            (any::<u64>(), any::<i32>()).prop_map(|(epoch, code)| ClientMsg::ShutdownReady { epoch, code }),
+            (any::<u64>(), any::<i32>())
+                .prop_map(|(epoch, code)| ClientMsg::ShutdownReady { epoch, code }),
             any::<u64>().prop_map(|epoch| ClientMsg::QueryPending { epoch }),
-            (any::<u64>(), proptest::collection::vec(any::<u32>(), 0..8), any::<u32>())
-                .prop_map(|(epoch, remove, admit)| ClientMsg::Commit { epoch, remove, admit }),
-            (arb_view(), any::<u64>()).prop_map(|(view, fingerprint)| ClientMsg::Restore { view, fingerprint }),
-            (any::<u64>(), any::<u64>()).prop_map(|(epoch, uid)| ClientMsg::Reattach { epoch, uid }),
+            (
+                any::<u64>(),
+                proptest::collection::vec(any::<u32>(), 0..8),
+                any::<u32>()
+            )
+                .prop_map(|(epoch, remove, admit)| ClientMsg::Commit {
+                    epoch,
+                    remove,
+                    admit
+                }),
+            (arb_view(), any::<u64>())
+                .prop_map(|(view, fingerprint)| ClientMsg::Restore { view, fingerprint }),
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(epoch, uid)| ClientMsg::Reattach { epoch, uid }),
             Just(ClientMsg::QueryView),
         ]
     }
 
     fn arb_server_msg() -> impl Strategy<Value = ServerMsg> {
         prop_oneof![
-            any::<[u8; 32]>().prop_map(|nonce| ServerMsg::Challenge { protocol: PROTOCOL_VERSION, nonce }),
+            any::<[u8; 32]>().prop_map(|nonce| ServerMsg::Challenge {
+                protocol: PROTOCOL_VERSION,
+                nonce
+            }),
             Just(ServerMsg::Welcome),
             (any::<u32>(), arb_view()).prop_map(|(node, view)| ServerMsg::Start { node, view }),
             (any::<u64>(), arb_view()).prop_map(|(uid, view)| ServerMsg::Waiting { uid, view }),
             (any::<u32>(), arb_view()).prop_map(|(node, view)| ServerMsg::Integrate { node, view }),
             any::<u64>().prop_map(|epoch| ServerMsg::Die { epoch }),
             arb_view().prop_map(|view| ServerMsg::Committed { view }),
-            proptest::option::of(arb_view()).prop_map(|view| ServerMsg::CurrentView { view, pending: vec![] }),
-            (any::<u64>(), any::<i32>()).prop_map(|(epoch, code)| ServerMsg::ShutdownDone { epoch, code }),
-            ".{0,40}".prop_map(|message| ServerMsg::Error { code: ErrorCode::StaleEpoch, message }),
+            proptest::option::of(arb_view()).prop_map(|view| ServerMsg::CurrentView {
+                view,
+                pending: vec![]
+            }),
+            (any::<u64>(), any::<i32>())
+                .prop_map(|(epoch, code)| ServerMsg::ShutdownDone { epoch, code }),
+            ".{0,40}".prop_map(|message| ServerMsg::Error {
+                code: ErrorCode::StaleEpoch,
+                message
+            }),
         ]
     }
 

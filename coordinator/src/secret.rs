@@ -66,7 +66,8 @@ impl Secret {
 
     fn mac(&self, context: &[u8], nonce: &[u8; 32]) -> HmacSha256 {
         // HMAC accepts keys of any length, so this cannot fail for 32 bytes.
-        let mut mac = <HmacSha256 as Mac>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
+        let mut mac =
+            <HmacSha256 as Mac>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
         mac.update(context);
         mac.update(nonce);
         mac
@@ -102,7 +103,10 @@ mod tests {
     #[test]
     fn bad_hex_and_debug() {
         assert_eq!(Secret::from_hex("abc"), Err(SecretError::BadLength(3)));
-        assert!(matches!(Secret::from_hex(&"zz".repeat(32)), Err(SecretError::BadHex(_))));
+        assert!(matches!(
+            Secret::from_hex(&"zz".repeat(32)),
+            Err(SecretError::BadHex(_))
+        ));
         let s = Secret::from_bytes([0xab; 32]);
         assert!(!format!("{s:?}").contains("ab"));
     }

@@ -28,6 +28,8 @@ pub type ServerConfig = crate::core::Config;
 
 /// How long a closed connection keeps draining input so its peer sees our last frame.
 const CLOSE_DRAIN: Duration = Duration::from_secs(2);
+/// Connections beyond this are dropped at accept (a job has far fewer nodes).
+pub const MAX_CONNECTIONS: usize = 4096;
 /// How long the server waits for queued frames to flush when the job finishes.
 const FINISH_FLUSH: Duration = Duration::from_secs(5);
 
@@ -71,7 +73,12 @@ struct ConnIo {
     closed: watch::Sender<bool>,
 }
 
-async fn read_loop(id: ConnId, mut rd: OwnedReadHalf, events: mpsc::Sender<Event>, mut closed: watch::Receiver<bool>) {
+async fn read_loop(
+    id: ConnId,
+    mut rd: OwnedReadHalf,
+    events: mpsc::Sender<Event>,
+    mut closed: watch::Receiver<bool>,
+) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         tokio::select! {
@@ -152,6 +159,10 @@ pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
                         continue;
                     }
                 };
+                if conns.len() >= MAX_CONNECTIONS {
+                    warn!(%peer, "connection limit reached; dropping the new connection");
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
                 let id = ConnId(next_id);
                 next_id += 1;
@@ -202,9 +213,15 @@ pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
 /// Writes `addr` to `path` atomically (temporary file in the same folder, then rename),
 /// so a reader never sees a partial address.
 pub fn write_addr_file(path: &Path, addr: SocketAddr) -> Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "addr".to_owned());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "addr".to_owned());
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    let err = |error| ServerError::AddrFile { path: path.to_owned(), error };
+    let err = |error| ServerError::AddrFile {
+        path: path.to_owned(),
+        error,
+    };
     std::fs::write(&tmp, format!("{addr}\n")).map_err(err)?;
     std::fs::rename(&tmp, path).map_err(|error| {
         let _ = std::fs::remove_file(&tmp);
@@ -221,9 +238,17 @@ pub fn run_with(
     addr_file: Option<&Path>,
     on_bound: impl FnOnce(SocketAddr),
 ) -> Result<i32> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async {
-        let listener = TcpListener::bind(listen).await.map_err(|error| ServerError::Bind { addr: listen, error })?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|error| ServerError::Bind {
+                addr: listen,
+                error,
+            })?;
         let addr = listener.local_addr()?;
         info!(%addr, expected = ?cfg.expected, "coordinator listening");
         if let Some(path) = addr_file {

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use ductile_coordinator::client::{Admission, Client, ClientError};
 use ductile_coordinator::core::Config;
-use ductile_coordinator::proto::{decode, encode, ClientMsg, ErrorCode, Registration, Role, ServerMsg, HEADER_LEN};
+use ductile_coordinator::proto::{
+    decode, encode, ClientMsg, ErrorCode, Registration, Role, ServerMsg, HEADER_LEN,
+};
 use ductile_coordinator::secret::Secret;
 use ductile_coordinator::server::{serve, ServerError};
 
@@ -27,10 +29,17 @@ impl Server {
         let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
         let (done_tx, done) = mpsc::channel();
         thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
             let result = rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-                addr_tx.send(listener.local_addr().expect("addr")).expect("send addr");
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                addr_tx
+                    .send(listener.local_addr().expect("addr"))
+                    .expect("send addr");
                 serve(listener, cfg).await
             });
             let _ = done_tx.send(result);
@@ -45,7 +54,14 @@ impl Server {
 }
 
 fn reg(role: Role, tag: u8) -> Registration {
-    Registration { role, address: vec![tag; 4], pes: 1, host: "localhost".into(), pid: u32::from(tag), fingerprint: FP }
+    Registration {
+        role,
+        address: vec![tag; 4],
+        pes: 1,
+        host: "localhost".into(),
+        pid: u32::from(tag),
+        fingerprint: FP,
+    }
 }
 
 fn launch(server: &Server, secret: &Secret, n: u32) -> Vec<(Client, u32)> {
@@ -56,7 +72,10 @@ fn launch(server: &Server, secret: &Secret, n: u32) -> Vec<(Client, u32)> {
             let (addr, secret) = (server.addr.clone(), secret.clone());
             thread::spawn(move || {
                 let c = Client::connect(&addr, &secret, T).expect("connect");
-                match c.register(reg(Role::Launch { index }, index as u8), T).expect("register") {
+                match c
+                    .register(reg(Role::Launch { index }, index as u8), T)
+                    .expect("register")
+                {
                     Admission::Member { node, view } => {
                         assert_eq!(node, index);
                         assert_eq!(view.epoch, 1);
@@ -68,7 +87,10 @@ fn launch(server: &Server, secret: &Secret, n: u32) -> Vec<(Client, u32)> {
             })
         })
         .collect();
-    let mut members: Vec<(Client, u32)> = handles.into_iter().map(|h| h.join().expect("thread")).collect();
+    let mut members: Vec<(Client, u32)> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect();
     members.sort_by_key(|(_, node)| *node);
     members
 }
@@ -85,7 +107,10 @@ fn barrier(members: Vec<(Client, u32)>, epoch: u64, codes: &[i32]) -> Vec<i32> {
             })
         })
         .collect();
-    handles.into_iter().map(|h| h.join().expect("thread")).collect()
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect()
 }
 
 #[test]
@@ -103,7 +128,10 @@ fn bad_secret_is_refused() {
     let secret = Secret::generate();
     let server = Server::start(Config::launch(secret.clone(), 1));
     match Client::connect(&server.addr, &Secret::generate(), T) {
-        Err(ClientError::Server { code: ErrorCode::Unauthenticated, .. }) => {}
+        Err(ClientError::Server {
+            code: ErrorCode::Unauthenticated,
+            ..
+        }) => {}
         other => panic!("expected Unauthenticated, got {other:?}"),
     }
     // The server is unaffected.
@@ -116,7 +144,9 @@ fn bad_secret_is_refused() {
 fn read_after_challenge(stream: &mut TcpStream) -> Vec<u8> {
     stream.set_read_timeout(Some(T)).expect("timeout");
     let mut all = Vec::new();
-    stream.read_to_end(&mut all).expect("server closes the connection");
+    stream
+        .read_to_end(&mut all)
+        .expect("server closes the connection");
     let len = u32::from_le_bytes([all[8], all[9], all[10], all[11]]) as usize;
     let challenge: ServerMsg = decode(&all[..HEADER_LEN + len]).expect("challenge");
     assert!(matches!(challenge, ServerMsg::Challenge { .. }));
@@ -132,7 +162,10 @@ fn garbage_gets_an_error_frame_and_a_closed_connection() {
     oversized.extend_from_slice(&0u16.to_le_bytes());
     oversized.extend_from_slice(&u32::MAX.to_le_bytes());
     for (bytes, expected) in [
-        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(), ErrorCode::Malformed),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+            ErrorCode::Malformed,
+        ),
         (oversized, ErrorCode::Oversized),
         (encode(&ClientMsg::QueryView), ErrorCode::Unauthenticated),
     ] {
@@ -155,7 +188,10 @@ fn commit_round_with_removal_and_admission() {
     let server = Server::start(Config::launch(secret.clone(), 2));
     let mut members = launch(&server, &secret, 2);
     let newcomer = Client::connect(&server.addr, &secret, T).expect("connect");
-    let uid = match newcomer.register(reg(Role::Newcomer, 9), T).expect("register") {
+    let uid = match newcomer
+        .register(reg(Role::Newcomer, 9), T)
+        .expect("register")
+    {
         Admission::Waiting { uid, view } => {
             assert_eq!(view.epoch, 1);
             uid
@@ -167,7 +203,10 @@ fn commit_round_with_removal_and_admission() {
     assert_eq!(pending.iter().map(|p| p.uid).collect::<Vec<_>>(), vec![uid]);
     // A stale commit is refused and changes nothing.
     match node0.commit(0, vec![], 1, T) {
-        Err(ClientError::Server { code: ErrorCode::StaleEpoch, .. }) => {}
+        Err(ClientError::Server {
+            code: ErrorCode::StaleEpoch,
+            ..
+        }) => {}
         other => panic!("expected StaleEpoch, got {other:?}"),
     }
     let view = node0.commit(1, vec![1], 1, T).expect("commit");
@@ -175,7 +214,10 @@ fn commit_round_with_removal_and_admission() {
     assert_eq!(view.members.len(), 2);
     assert_eq!(view.members[1].uid, uid);
     let (departing, _) = members.pop().expect("node 1");
-    assert_eq!(departing.events().recv_timeout(T).expect("die"), ServerMsg::Die { epoch: 2 });
+    assert_eq!(
+        departing.events().recv_timeout(T).expect("die"),
+        ServerMsg::Die { epoch: 2 }
+    );
     departing.close();
     match newcomer.events().recv_timeout(T).expect("integrate") {
         ServerMsg::Integrate { node, view: v } => {
@@ -198,10 +240,14 @@ fn member_lost_reaches_the_survivors() {
     lost.close();
     let (node0, _) = &members[0];
     match node0.recv_timeout(T).expect("notice") {
-        ServerMsg::MemberLost { epoch: 1, node: 1, .. } => {}
+        ServerMsg::MemberLost {
+            epoch: 1, node: 1, ..
+        } => {}
         other => panic!("expected MemberLost, got {other:?}"),
     }
-    let view = node0.commit(1, vec![1], 0, T).expect("remove the lost node");
+    let view = node0
+        .commit(1, vec![1], 0, T)
+        .expect("remove the lost node");
     assert_eq!(view.members.len(), 1);
     assert_eq!(barrier(members, 2, &[0]), vec![0]);
     assert_eq!(server.result().expect("finish"), 0);
@@ -215,10 +261,16 @@ fn launch_timeout_is_reported_to_waiting_members() {
     let server = Server::start(cfg);
     let c = Client::connect(&server.addr, &secret, T).expect("connect");
     match c.register(reg(Role::Launch { index: 0 }, 0), T) {
-        Err(ClientError::Server { code: ErrorCode::LaunchTimeout, message }) => assert!(message.contains("1 of 2")),
+        Err(ClientError::Server {
+            code: ErrorCode::LaunchTimeout,
+            message,
+        }) => assert!(message.contains("1 of 2")),
         other => panic!("expected LaunchTimeout, got {other:?}"),
     }
-    assert!(matches!(server.result(), Err(ServerError::LaunchTimeout(_))));
+    assert!(matches!(
+        server.result(),
+        Err(ServerError::LaunchTimeout(_))
+    ));
 }
 
 #[test]
@@ -239,8 +291,16 @@ fn binary_prints_address_and_exits_with_the_job_code() {
     let mut line = String::new();
     std::io::BufRead::read_line(&mut stdout, &mut line).expect("address line");
     let addr = line.trim().to_owned();
-    assert_eq!(std::fs::read_to_string(&addr_file).expect("addr file").trim(), addr);
-    let server = Server { addr, done: mpsc::channel().1 };
+    assert_eq!(
+        std::fs::read_to_string(&addr_file)
+            .expect("addr file")
+            .trim(),
+        addr
+    );
+    let server = Server {
+        addr,
+        done: mpsc::channel().1,
+    };
     let members = launch(&server, &secret, 1);
     assert_eq!(barrier(members, 1, &[3]), vec![3]);
     let (tx, rx) = mpsc::channel();
