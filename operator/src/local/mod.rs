@@ -1,0 +1,765 @@
+//! The local fleet: a job's nodes as processes on this machine.
+//!
+//! [`launch`] runs one job from start to end: it takes the job's state
+//! directory, starts the coordinator (this binary's `coordinator` subcommand)
+//! and N node processes with the environment contract, supervises them until
+//! the job ends, and leaves nothing running behind. The judgement of what the
+//! processes did lives in [`supervise`] (sans-IO); the process plumbing in
+//! [`process`].
+//!
+//! Later: newcomers (admitted by a rescale), node-per-network-namespace, and
+//! the fault injector that plays the cloud.
+
+pub mod process;
+pub mod supervise;
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+use ductile_coordinator::{Client, Secret};
+use nix::sys::signal::Signal;
+
+use crate::contract;
+use crate::state::{
+    unix_ms, CoordinatorRecord, JobResult, JobState, NodeRecord, Outcome, Shape, StateDir,
+    StateError, JOB_STATE_FORMAT,
+};
+use process::{signal_name, stop_all, Exit, Supervised, POLL_INTERVAL};
+use supervise::{JobEnd, Limits, Supervisor};
+
+/// Everything needed to run one job on the local fleet.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    /// Job name (recorded in `job.json`).
+    pub job: String,
+    /// The job's state directory (see [`crate::state`]).
+    pub state_dir: PathBuf,
+    /// Number of node processes.
+    pub nodes: u32,
+    /// PEs per node (`DUCTILE_PES`).
+    pub pes_per_node: u32,
+    /// Transport name handed to the nodes (`DUCTILE_TRANSPORT`).
+    pub transport: String,
+    /// Address the nodes' transports and the coordinator bind.
+    pub bind: IpAddr,
+    /// How long the coordinator waits for every node to register.
+    pub launch_timeout: Duration,
+    /// Optional wall-clock limit for the whole job.
+    pub timeout: Option<Duration>,
+    /// Once the job began to finish (node 0, a nonzero exit, the coordinator),
+    /// how long the other nodes may keep running.
+    pub exit_grace: Duration,
+    /// Between SIGTERM and SIGKILL when stopping the job.
+    pub kill_grace: Duration,
+    /// How long the coordinator may take to bind and write its address.
+    pub coordinator_start_timeout: Duration,
+    /// The program each node runs.
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// The executable whose `coordinator` subcommand runs the coordinator
+    /// (normally the `ductile` binary itself).
+    pub coordinator_exe: PathBuf,
+}
+
+impl JobSpec {
+    /// A spec with the documented defaults: job `default`, tcp on 127.0.0.1,
+    /// 60 s launch timeout, no wall-clock limit, 10 s exit grace, 3 s kill
+    /// grace, and this executable as the coordinator.
+    pub fn new(
+        program: impl Into<OsString>,
+        args: Vec<OsString>,
+        nodes: u32,
+        pes_per_node: u32,
+        state_dir: PathBuf,
+    ) -> Self {
+        Self {
+            job: crate::state::DEFAULT_JOB.to_owned(),
+            state_dir,
+            nodes,
+            pes_per_node,
+            transport: "tcp".to_owned(),
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            launch_timeout: Duration::from_secs(60),
+            timeout: None,
+            exit_grace: Duration::from_secs(10),
+            kill_grace: Duration::from_secs(3),
+            coordinator_start_timeout: Duration::from_secs(10),
+            program: program.into(),
+            args,
+            coordinator_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("ductile")),
+        }
+    }
+
+    fn command_line(&self) -> Vec<String> {
+        std::iter::once(&self.program)
+            .chain(&self.args)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+/// Why a job could not be launched (nothing of it is left running).
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The spec makes no sense.
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// The program cannot be run.
+    #[error("cannot run {program:?}: {reason}")]
+    Program {
+        /// The program as given.
+        program: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The state directory is unusable or taken.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The coordinator process could not be spawned.
+    #[error("cannot start the coordinator ({exe} coordinator): {source}", exe = exe.display())]
+    CoordinatorSpawn {
+        /// The executable.
+        exe: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The coordinator did not come up.
+    #[error("the coordinator did not start: {reason}{tail}", tail = log_tail_suffix(log_tail))]
+    CoordinatorStart {
+        /// What happened.
+        reason: String,
+        /// The last lines of its log.
+        log_tail: String,
+    },
+    /// A node process could not be spawned.
+    #[error("cannot start node {index} ({program:?}): {source}")]
+    NodeSpawn {
+        /// The node.
+        index: u32,
+        /// The program.
+        program: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The launcher was told to stop while launching.
+    #[error("received {} while launching; stopped", signal_name(*signal))]
+    Interrupted {
+        /// The signal number.
+        signal: i32,
+    },
+}
+
+impl LaunchError {
+    /// The exit code `ductile run` returns: 2 for launch errors, 128+signal
+    /// when interrupted.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LaunchError::Interrupted { signal } => 128 + signal,
+            _ => 2,
+        }
+    }
+}
+
+fn log_tail_suffix(tail: &str) -> String {
+    if tail.trim().is_empty() {
+        String::new()
+    } else {
+        format!("\ncoordinator log (last lines):\n{}", tail.trim_end())
+    }
+}
+
+/// A stop request for a running [`launch`]: set from signal handlers (see
+/// [`StopRequest::install_signal_handlers`]) or by calling
+/// [`StopRequest::request`] from another thread.
+#[derive(Debug, Clone, Default)]
+pub struct StopRequest(Arc<AtomicUsize>);
+
+impl StopRequest {
+    /// No stop requested yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes SIGINT, SIGTERM and SIGHUP to this process set the request
+    /// instead of killing it, so the job is stopped cleanly. Children get the
+    /// default dispositions back when they exec.
+    pub fn install_signal_handlers(&self) -> io::Result<()> {
+        for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            signal_hook::flag::register_usize(signal as i32, Arc::clone(&self.0), signal as usize)?;
+        }
+        Ok(())
+    }
+
+    /// Asks the launch to stop as if `signal` had been received.
+    pub fn request(&self, signal: i32) {
+        self.0
+            .store(usize::try_from(signal).unwrap_or(15), Ordering::SeqCst);
+    }
+
+    /// Takes the pending request, if any.
+    fn take(&self) -> Option<i32> {
+        match self.0.swap(0, Ordering::SeqCst) {
+            0 => None,
+            n => Some(i32::try_from(n).unwrap_or(15)),
+        }
+    }
+}
+
+/// How a launched job ended.
+#[derive(Debug, Clone)]
+pub struct JobReport {
+    /// The supervisor's verdict.
+    pub end: JobEnd,
+    /// The final `job.json` record (also written to the state directory).
+    pub state: JobState,
+    /// Whether every process of the job is gone (false: some could not be killed).
+    pub all_stopped: bool,
+}
+
+impl JobReport {
+    /// The exit code for `ductile run`: the job's code when it completed, 1
+    /// when it failed or timed out, 128+signal when interrupted.
+    pub fn exit_code(&self) -> i32 {
+        self.end.exit_code()
+    }
+}
+
+/// Checks that `program` can be executed, looking it up in `path` (the value
+/// of `PATH`) when it has no slash, as the shell would. Returns the path to run.
+pub fn resolve_program(program: &OsStr, path: Option<&OsStr>) -> Result<PathBuf, LaunchError> {
+    let shown = program.to_string_lossy().into_owned();
+    let fail = |reason: &str| LaunchError::Program {
+        program: shown.clone(),
+        reason: reason.to_owned(),
+    };
+    if program.is_empty() {
+        return Err(fail("empty program name"));
+    }
+    let executable = |p: &Path| match p.metadata() {
+        Ok(m) if m.is_file() => Some(m.permissions().mode() & 0o111 != 0),
+        _ => None,
+    };
+    if program.as_bytes().contains(&b'/') {
+        let p = PathBuf::from(program);
+        return match p.metadata() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(fail("no such file")),
+            Err(e) => Err(fail(&e.to_string())),
+            Ok(m) if m.is_dir() => Err(fail("is a directory")),
+            Ok(_) if executable(&p) == Some(true) => Ok(p),
+            Ok(_) => Err(fail("not executable (permission denied)")),
+        };
+    }
+    let mut found_not_executable = false;
+    for dir in std::env::split_paths(path.unwrap_or_default()) {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let candidate = dir.join(program);
+        match executable(&candidate) {
+            Some(true) => return Ok(candidate),
+            Some(false) => found_not_executable = true,
+            None => {}
+        }
+    }
+    if found_not_executable {
+        Err(fail("found in PATH but not executable (permission denied)"))
+    } else {
+        Err(fail("command not found in PATH"))
+    }
+}
+
+/// The job's processes; dropping it kills whatever is still running, so no
+/// early return (or panic) leaves a process behind.
+struct Fleet {
+    coordinator: Option<Supervised>,
+    nodes: Vec<Supervised>,
+    kill_grace: Duration,
+}
+
+impl Fleet {
+    fn all(&mut self) -> Vec<&mut Supervised> {
+        self.nodes
+            .iter_mut()
+            .chain(self.coordinator.as_mut())
+            .collect()
+    }
+
+    /// Stops everything that is still running; returns whether all is gone.
+    fn stop(&mut self, first: Signal, stop: &StopRequest) -> bool {
+        let grace = self.kill_grace;
+        let mut all = self.all();
+        stop_all(&mut all, first, grace, || stop.take().is_some())
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let mut all = self.all();
+        if all
+            .iter()
+            .any(|c| c.exit.is_none() || process::group_alive(c.pid()))
+        {
+            stop_all(&mut all, Signal::SIGKILL, Duration::ZERO, || true);
+        }
+    }
+}
+
+/// What the start probe learnt from the coordinator.
+enum ProbeAnswer {
+    /// The coordinator has a view: every launch node registered.
+    Started,
+    /// No view yet, in answer to a question asked at this time since launch.
+    NotStarted(Duration),
+}
+
+/// Asks the coordinator, every [`POLL_INTERVAL`], whether the job has
+/// started, until it has or `done` is set. Never blocks the launcher: it runs
+/// on its own thread and every call on the connection has a timeout.
+fn spawn_start_probe(
+    addr: String,
+    secret: Secret,
+    t0: Instant,
+    done: Arc<AtomicBool>,
+) -> mpsc::Receiver<ProbeAnswer> {
+    let (tx, rx) = mpsc::channel();
+    let spawned = thread::Builder::new()
+        .name("ductile-start-probe".to_owned())
+        .spawn(move || {
+            let timeout = Duration::from_secs(1);
+            while !done.load(Ordering::SeqCst) {
+                let client = match Client::connect(&addr, &secret, timeout) {
+                    Ok(client) => client,
+                    Err(err) => {
+                        tracing::debug!(%err, "start probe cannot reach the coordinator");
+                        thread::sleep(POLL_INTERVAL);
+                        continue;
+                    }
+                };
+                while !done.load(Ordering::SeqCst) {
+                    let asked_at = t0.elapsed();
+                    match client.query_view(timeout) {
+                        Ok((Some(_), _)) => {
+                            let _ = tx.send(ProbeAnswer::Started);
+                            client.close();
+                            return;
+                        }
+                        Ok((None, _)) => {
+                            if tx.send(ProbeAnswer::NotStarted(asked_at)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(err) => {
+                            tracing::debug!(%err, "start probe lost the coordinator");
+                            break;
+                        }
+                    }
+                    thread::sleep(POLL_INTERVAL);
+                }
+            }
+        });
+    if let Err(err) = spawned {
+        // Without the probe the supervisor still decides, only later (grace backstop).
+        tracing::warn!(%err, "cannot start the start probe thread");
+    }
+    rx
+}
+
+fn tail_of(path: &Path, max_lines: usize) -> String {
+    let Ok(mut file) = File::open(path) else {
+        return String::new();
+    };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(8192)));
+    let mut text = String::new();
+    let mut bytes = Vec::new();
+    if file.read_to_end(&mut bytes).is_ok() {
+        text = String::from_utf8_lossy(&bytes).into_owned();
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(max_lines)..].join("\n")
+}
+
+/// Runs the job described by `spec` to its end. `say` receives the
+/// user-facing lines (a failure, a stop) as soon as they are known; the CLI
+/// prefixes them with `ductile:` on stderr.
+///
+/// `Err` means the job never ran (exit code 2, see [`LaunchError::exit_code`]);
+/// `Ok` carries the verdict of a job that ran, whatever it was.
+pub fn launch(
+    spec: &JobSpec,
+    stop: &StopRequest,
+    say: &mut dyn FnMut(&str),
+) -> Result<JobReport, LaunchError> {
+    if spec.nodes == 0 || spec.pes_per_node == 0 {
+        return Err(LaunchError::InvalidSpec(
+            "--nodes and --pes-per-node must be at least 1".to_owned(),
+        ));
+    }
+    if spec.transport.is_empty() {
+        return Err(LaunchError::InvalidSpec(
+            "--transport must not be empty".to_owned(),
+        ));
+    }
+    crate::state::validate_job_name(&spec.job)?;
+    let program = resolve_program(&spec.program, std::env::var_os("PATH").as_deref())?;
+    let dir = StateDir::lock(&spec.state_dir)?;
+
+    let t0 = Instant::now();
+    let launched_at = SystemTime::now();
+    let mut state = JobState {
+        format: JOB_STATE_FORMAT,
+        job: spec.job.clone(),
+        state_dir: spec.state_dir.clone(),
+        launcher_pid: std::process::id(),
+        coordinator: None,
+        nodes: Vec::new(),
+        shape: Shape {
+            nodes: spec.nodes,
+            pes_per_node: spec.pes_per_node,
+        },
+        transport: spec.transport.clone(),
+        bind: spec.bind.to_string(),
+        program: spec.command_line(),
+        launched_at_unix_ms: unix_ms(launched_at),
+        finished_at_unix_ms: None,
+        outcome: None,
+    };
+    let mut fleet = Fleet {
+        coordinator: None,
+        nodes: Vec::new(),
+        kill_grace: spec.kill_grace,
+    };
+
+    let started = start_processes(spec, &program, &dir, &mut fleet, &mut state, stop, t0);
+    let secret = match started {
+        Ok(secret) => secret,
+        Err(err) => {
+            // Stop whatever did start, then record why the launch failed.
+            fleet.stop(Signal::SIGTERM, stop);
+            let outcome = Outcome {
+                result: JobResult::LaunchFailed,
+                exit_code: err.exit_code(),
+                message: err.to_string(),
+                elapsed_s: t0.elapsed().as_secs_f64(),
+            };
+            finish_record(&dir, &mut state, outcome);
+            return Err(err);
+        }
+    };
+
+    let (end, all_stopped) = supervise(spec, &dir, &mut fleet, &state, secret, stop, t0, say);
+    let outcome = Outcome {
+        result: match &end {
+            JobEnd::Completed { .. } => JobResult::Completed,
+            JobEnd::Failed(_) => JobResult::Failed,
+            JobEnd::TimedOut { .. } => JobResult::TimedOut,
+            JobEnd::Interrupted { .. } => JobResult::Interrupted,
+        },
+        exit_code: end.exit_code(),
+        message: end.message().unwrap_or_default(),
+        elapsed_s: t0.elapsed().as_secs_f64(),
+    };
+    finish_record(&dir, &mut state, outcome);
+    dir.release();
+    Ok(JobReport {
+        end,
+        state,
+        all_stopped,
+    })
+}
+
+fn finish_record(dir: &StateDir, state: &mut JobState, outcome: Outcome) {
+    state.finished_at_unix_ms = Some(unix_ms(SystemTime::now()));
+    state.outcome = Some(outcome);
+    if let Err(err) = dir.write_job(state) {
+        tracing::warn!(%err, "cannot write the final job record");
+    }
+}
+
+/// Starts the coordinator and the nodes; records them in `state` and `job.json`.
+fn start_processes(
+    spec: &JobSpec,
+    program: &Path,
+    dir: &StateDir,
+    fleet: &mut Fleet,
+    state: &mut JobState,
+    stop: &StopRequest,
+    t0: Instant,
+) -> Result<Secret, LaunchError> {
+    let secret = Secret::generate();
+    let secret_hex = secret.to_hex();
+
+    // The coordinator: this binary's `coordinator` subcommand, its output in
+    // the state directory, the secret in its environment only.
+    let log_path = dir.coordinator_log();
+    let log = File::create(&log_path).map_err(|source| StateError::Io {
+        what: "cannot create",
+        path: log_path.clone(),
+        source,
+    })?;
+    let log_err = log.try_clone().map_err(|source| StateError::Io {
+        what: "cannot open",
+        path: log_path.clone(),
+        source,
+    })?;
+    let addr_file = dir.addr_file();
+    let launch_timeout_s = spec.launch_timeout.as_secs_f64().ceil().max(1.0) as u64;
+    let child = Command::new(&spec.coordinator_exe)
+        .arg("coordinator")
+        .arg("--listen")
+        .arg(SocketAddr::new(spec.bind, 0).to_string())
+        .arg("--expect")
+        .arg(spec.nodes.to_string())
+        .arg("--addr-file")
+        .arg(&addr_file)
+        .arg("--secret-env")
+        .arg(contract::ENV_SECRET)
+        .arg("--launch-timeout")
+        .arg(launch_timeout_s.to_string())
+        .env(contract::ENV_SECRET, &secret_hex)
+        .env_remove(contract::ENV_SECRET_FILE)
+        // Its log is a file: no terminal colour codes in it.
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .process_group(0)
+        .spawn()
+        .map_err(|source| LaunchError::CoordinatorSpawn {
+            exe: spec.coordinator_exe.clone(),
+            source,
+        })?;
+    let coordinator_pid = child.id();
+    fleet.coordinator = Some(Supervised::new("the coordinator", child));
+    tracing::info!(pid = coordinator_pid, "coordinator started");
+
+    let addr = wait_for_addr(spec, &addr_file, &log_path, fleet, stop)?;
+    tracing::info!(%addr, "coordinator listening");
+    state.coordinator = Some(CoordinatorRecord {
+        pid: coordinator_pid,
+        addr: addr.clone(),
+    });
+
+    let launcher_pid = std::process::id().to_string();
+    for index in 0..spec.nodes {
+        if let Some(signal) = stop.take() {
+            return Err(LaunchError::Interrupted { signal });
+        }
+        let mut cmd = Command::new(program);
+        cmd.arg0(&spec.program)
+            .args(&spec.args)
+            .env(contract::ENV_COORDINATOR, &addr)
+            .env(contract::ENV_SECRET, &secret_hex)
+            .env(contract::ENV_ROLE, contract::ROLE_LAUNCH)
+            .env(contract::ENV_LAUNCH_INDEX, index.to_string())
+            .env(contract::ENV_PES, spec.pes_per_node.to_string())
+            .env(contract::ENV_BIND, spec.bind.to_string())
+            .env(contract::ENV_TRANSPORT, &spec.transport)
+            .env(contract::ENV_LAUNCHER_PID, &launcher_pid)
+            // Inherited values would contradict the ones above.
+            .env_remove(contract::ENV_SECRET_FILE)
+            .env_remove(contract::ENV_ADVERTISE)
+            // Nodes never read the terminal; in their own process groups a
+            // read would stop them (SIGTTIN).
+            .stdin(Stdio::null())
+            .process_group(0);
+        let child = cmd.spawn().map_err(|source| LaunchError::NodeSpawn {
+            index,
+            program: spec.program.to_string_lossy().into_owned(),
+            source,
+        })?;
+        let pid = child.id();
+        tracing::info!(index, pid, "node started");
+        state.nodes.push(NodeRecord {
+            index,
+            pid,
+            pes: spec.pes_per_node,
+        });
+        fleet
+            .nodes
+            .push(Supervised::new(format!("node {index}"), child));
+    }
+    dir.write_job(state)?;
+    tracing::debug!(elapsed = ?t0.elapsed(), "all processes started");
+    Ok(secret)
+}
+
+/// Waits (bounded) for the coordinator to write its address.
+fn wait_for_addr(
+    spec: &JobSpec,
+    addr_file: &Path,
+    log_path: &Path,
+    fleet: &mut Fleet,
+    stop: &StopRequest,
+) -> Result<String, LaunchError> {
+    let deadline = Instant::now() + spec.coordinator_start_timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(addr_file) {
+            let text = text.trim();
+            if text.parse::<SocketAddr>().is_ok() {
+                return Ok(text.to_owned());
+            }
+        }
+        let coordinator = fleet.coordinator.as_mut().expect("coordinator spawned");
+        if let Some(exit) = coordinator.poll() {
+            return Err(LaunchError::CoordinatorStart {
+                reason: format!("it {exit} before writing its address"),
+                log_tail: tail_of(log_path, 20),
+            });
+        }
+        if let Some(signal) = stop.take() {
+            return Err(LaunchError::Interrupted { signal });
+        }
+        if Instant::now() >= deadline {
+            return Err(LaunchError::CoordinatorStart {
+                reason: format!(
+                    "no address in {} after {:.1}s",
+                    addr_file.display(),
+                    spec.coordinator_start_timeout.as_secs_f64()
+                ),
+                log_tail: tail_of(log_path, 20),
+            });
+        }
+        thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Watches the running job until the supervisor's verdict, then stops what
+/// is left. Returns the verdict and whether every process is gone.
+#[allow(clippy::too_many_arguments)]
+fn supervise(
+    spec: &JobSpec,
+    dir: &StateDir,
+    fleet: &mut Fleet,
+    state: &JobState,
+    secret: Secret,
+    stop: &StopRequest,
+    t0: Instant,
+    say: &mut dyn FnMut(&str),
+) -> (JobEnd, bool) {
+    let node_pids: Vec<u32> = fleet.nodes.iter().map(Supervised::pid).collect();
+    let coordinator_pid = fleet.coordinator.as_ref().map(Supervised::pid).unwrap_or(0);
+    let limits = Limits {
+        exit_grace: spec.exit_grace,
+        timeout: spec.timeout,
+        launch_timeout: Some(spec.launch_timeout),
+    };
+    let mut sup = Supervisor::new(&node_pids, coordinator_pid, limits);
+    let probe_done = Arc::new(AtomicBool::new(false));
+    let addr = state
+        .coordinator
+        .as_ref()
+        .map(|c| c.addr.clone())
+        .unwrap_or_default();
+    let probe = spawn_start_probe(addr, secret, t0, Arc::clone(&probe_done));
+
+    let end = loop {
+        let now = t0.elapsed();
+        // The coordinator first: when it and the nodes end together, its exit
+        // explains theirs.
+        if let Some(exit) = fleet.coordinator.as_mut().and_then(Supervised::poll) {
+            tracing::info!(%exit, "coordinator ended");
+            sup.coordinator_exited(exit, now);
+        }
+        for (index, node) in fleet.nodes.iter_mut().enumerate() {
+            if let Some(exit) = node.poll() {
+                tracing::info!(index, pid = node.pid(), %exit, "node ended");
+                sup.node_exited(index, exit, now);
+            }
+        }
+        while let Ok(answer) = probe.try_recv() {
+            match answer {
+                ProbeAnswer::Started => {
+                    tracing::info!(elapsed = ?t0.elapsed(), "job started");
+                    sup.job_started();
+                }
+                ProbeAnswer::NotStarted(asked_at) => sup.not_started(asked_at),
+            }
+        }
+        if let Some(signal) = stop.take() {
+            sup.interrupt(signal);
+        }
+        if let Some(end) = sup.poll(now) {
+            break end;
+        }
+        thread::sleep(POLL_INTERVAL);
+    };
+    probe_done.store(true, Ordering::SeqCst);
+    if let Some(message) = end.message() {
+        say(&message);
+    }
+
+    if matches!(
+        end,
+        JobEnd::Failed(
+            supervise::Failure::Coordinator { .. } | supervise::Failure::NotStarted { .. }
+        )
+    ) {
+        let tail = tail_of(&dir.coordinator_log(), 20);
+        if !tail.trim().is_empty() {
+            say(&format!(
+                "coordinator log (last lines of {}):\n{tail}",
+                dir.coordinator_log().display()
+            ));
+        }
+    }
+
+    let first = match &end {
+        JobEnd::Completed { .. } => {
+            // The coordinator exits right after the shutdown barrier: give it
+            // a moment to do so by itself before stopping it.
+            let deadline = Instant::now() + spec.kill_grace;
+            while let Some(coordinator) = fleet.coordinator.as_mut() {
+                if coordinator.exit.is_some()
+                    || coordinator.poll().is_some()
+                    || Instant::now() >= deadline
+                {
+                    break;
+                }
+                thread::sleep(POLL_INTERVAL);
+            }
+            if let (Some(Exit::Code(c)), JobEnd::Completed { code, .. }) =
+                (fleet.coordinator.as_ref().and_then(|c| c.exit), &end)
+            {
+                if c != *code {
+                    tracing::warn!(
+                        coordinator = c,
+                        job = code,
+                        "the coordinator's exit code differs from node 0's"
+                    );
+                }
+            }
+            Signal::SIGTERM
+        }
+        JobEnd::Interrupted { signal } => Signal::try_from(*signal).unwrap_or(Signal::SIGTERM),
+        _ => Signal::SIGTERM,
+    };
+    let all_stopped = fleet.stop(first, stop);
+    if !all_stopped {
+        let left: Vec<String> = fleet
+            .all()
+            .iter()
+            .filter(|c| c.exit.is_none() || process::group_alive(c.pid()))
+            .map(|c| format!("{} (pid {})", c.label, c.pid()))
+            .collect();
+        say(&format!(
+            "could not stop {}; kill them by hand",
+            left.join(", ")
+        ));
+    }
+    (end, all_stopped)
+}
