@@ -763,3 +763,85 @@ fn supervise(
     }
     (end, all_stopped)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn script(dir: &Path, name: &str, mode: u32) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
+    #[test]
+    fn programs_are_found_in_path_like_the_shell_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        script(&a, "tool", 0o644);
+        let good = script(&b, "tool", 0o755);
+        let path = std::env::join_paths([&a, &b]).unwrap();
+        // The first executable match wins; a non-executable one earlier is skipped.
+        assert_eq!(
+            resolve_program(OsStr::new("tool"), Some(&path)).unwrap(),
+            good
+        );
+        let err = resolve_program(OsStr::new("tool"), Some(a.as_os_str())).unwrap_err();
+        assert!(err.to_string().contains("not executable"), "{err}");
+        let err = resolve_program(OsStr::new("nothere"), Some(&path)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot run \"nothere\": command not found in PATH"
+        );
+        assert!(resolve_program(OsStr::new(""), Some(&path)).is_err());
+    }
+
+    #[test]
+    fn programs_with_a_slash_are_taken_as_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let good = script(tmp.path(), "run.sh", 0o700);
+        assert_eq!(resolve_program(good.as_os_str(), None).unwrap(), good);
+        let plain = script(tmp.path(), "data.txt", 0o600);
+        assert!(resolve_program(plain.as_os_str(), None)
+            .unwrap_err()
+            .to_string()
+            .contains("not executable"));
+        assert!(resolve_program(tmp.path().as_os_str(), None)
+            .unwrap_err()
+            .to_string()
+            .contains("directory"));
+        let missing = tmp.path().join("missing");
+        assert!(resolve_program(missing.as_os_str(), None)
+            .unwrap_err()
+            .to_string()
+            .contains("no such file"));
+    }
+
+    #[test]
+    fn a_stop_request_is_taken_once() {
+        let stop = StopRequest::new();
+        assert_eq!(stop.take(), None);
+        stop.request(2);
+        assert_eq!(stop.take(), Some(2));
+        assert_eq!(stop.take(), None);
+    }
+
+    #[test]
+    fn launch_errors_exit_2_and_interruptions_128_plus_signal() {
+        let err = LaunchError::InvalidSpec("x".into());
+        assert_eq!(err.exit_code(), 2);
+        assert_eq!(LaunchError::Interrupted { signal: 15 }.exit_code(), 143);
+    }
+
+    #[test]
+    fn invalid_shapes_are_refused_before_anything_starts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let spec = JobSpec::new("true", vec![], 0, 1, tmp.path().join("s"));
+        let err = launch(&spec, &StopRequest::new(), &mut |_| {}).unwrap_err();
+        assert!(matches!(err, LaunchError::InvalidSpec(_)));
+        assert!(!tmp.path().join("s").exists());
+    }
+}
