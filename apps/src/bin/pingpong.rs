@@ -1,0 +1,138 @@
+//! Pingpong: round-trip latency and bandwidth between two array elements on
+//! PE 0 and PE 1 (same node or not, depending on how the job is shaped).
+//!
+//! `pingpong [--sizes 8,1024,...] [--min-iters N] [--budget-ms MS]` prints one
+//! `pingpong size=<bytes> iters=<n> oneway_us=<us> bandwidth_MBps=<MB/s>` line
+//! per size.
+
+use std::time::Instant;
+
+use ductile::prelude::*;
+use ductile_apps::args;
+
+const DEFAULT_SIZES: &[usize] = &[8, 64, 512, 1024, 8192, 65536, 262_144, 1 << 20, 4 << 20];
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum PlayerMsg {
+    /// To element 0: run `iters` round trips of `size` bytes (after `warmup` untimed ones).
+    Run { size: usize, iters: u64, warmup: u64 },
+    Ping(Bulk<u8>),
+    Pong(Bulk<u8>),
+}
+
+#[derive(Serialize, Deserialize)]
+struct Player {
+    left: u64,
+    warmup: u64,
+    iters: u64,
+    size: usize,
+    #[serde(skip)]
+    t0: Option<Instant>,
+}
+
+impl Chare for Player {
+    const NAME: &'static str = "pingpong::Player";
+    type Index = u32;
+    type Init = ();
+    type Msg = PlayerMsg;
+
+    fn new(_: (), _: &mut Ctx<'_, Self>) -> Self {
+        Player { left: 0, warmup: 0, iters: 0, size: 0, t0: None }
+    }
+
+    fn handle(&mut self, msg: PlayerMsg, ctx: &mut Ctx<'_, Self>) {
+        let other = ctx.this_array().elem(1 - ctx.index());
+        match msg {
+            PlayerMsg::Run { size, iters, warmup } => {
+                (self.size, self.iters, self.warmup, self.left) = (size, iters, warmup, iters + warmup);
+                self.t0 = (warmup == 0).then(Instant::now);
+                other.send(ctx, PlayerMsg::Ping(Bulk(vec![7u8; size])));
+            }
+            PlayerMsg::Ping(data) => other.send(ctx, PlayerMsg::Pong(data)),
+            PlayerMsg::Pong(data) => {
+                self.left -= 1;
+                if self.left == self.iters {
+                    self.t0 = Some(Instant::now());
+                }
+                if self.left > 0 {
+                    other.send(ctx, PlayerMsg::Ping(data));
+                } else {
+                    let secs = self.t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                    main_chare::<Main>().send(ctx, MainMsg::Done { size: self.size, iters: self.iters, secs });
+                }
+            }
+        }
+    }
+
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum MainMsg {
+    /// One size finished: `iters` timed round trips took `secs`.
+    Done { size: usize, iters: u64, secs: f64 },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Main {
+    players: ArrayProxy<Player>,
+    sizes: Vec<usize>,
+    next: usize,
+    min_iters: u64,
+    budget_ms: f64,
+}
+
+impl Main {
+    fn run_next(&mut self, ctx: &mut PeCtx) {
+        let Some(&size) = self.sizes.get(self.next) else {
+            println!("pingpong done pes={} nodes={}", ctx.num_pes(), ctx.num_nodes());
+            ctx.exit(0);
+            return;
+        };
+        self.next += 1;
+        // Fewer round trips for big messages: aim for the time budget at ~1 GB/s.
+        let est_us = 20.0 + size as f64 / 1e3;
+        let iters = ((self.budget_ms * 1e3 / est_us) as u64).clamp(self.min_iters, 20_000);
+        self.players.elem(0).send(ctx, PlayerMsg::Run { size, iters, warmup: (iters / 10).max(2) });
+    }
+}
+
+impl Chare for Main {
+    const NAME: &'static str = "pingpong::Main";
+    type Index = ();
+    type Init = Vec<String>;
+    type Msg = MainMsg;
+
+    fn new(a: Vec<String>, ctx: &mut Ctx<'_, Self>) -> Self {
+        if ctx.num_pes() < 2 {
+            eprintln!("pingpong needs at least 2 PEs");
+            std::process::exit(2);
+        }
+        let sizes = match args::value(&a, "sizes") {
+            None => DEFAULT_SIZES.to_vec(),
+            Some(s) => s.split(',').map(|v| v.parse().unwrap_or_else(|_| panic!("--sizes: bad size `{v}`"))).collect(),
+        };
+        let min_iters = args::parse(&a, "min-iters", 20u64).unwrap_or_else(|e| panic!("{e}"));
+        let budget_ms = args::parse(&a, "budget-ms", 200.0f64).unwrap_or_else(|e| panic!("{e}"));
+        // Two elements over all PEs would land on PEs 0 and P/2; pin them to 0 and 1.
+        let players = ArrayProxy::<Player>::create_empty(ctx);
+        players.insert_on(ctx, 0, 0, ());
+        players.insert_on(ctx, 1, 1, ());
+        let mut m = Main { players, sizes, next: 0, min_iters, budget_ms };
+        m.run_next(ctx);
+        m
+    }
+
+    fn handle(&mut self, msg: MainMsg, ctx: &mut Ctx<'_, Self>) {
+        let MainMsg::Done { size, iters, secs } = msg;
+        let oneway_us = secs * 1e6 / iters as f64 / 2.0;
+        let mbps = if oneway_us > 0.0 { size as f64 / oneway_us } else { 0.0 };
+        println!("pingpong size={size} iters={iters} oneway_us={oneway_us:.3} bandwidth_MBps={mbps:.1}");
+        self.run_next(ctx);
+    }
+}
+
+fn main() {
+    ductile::launch(|reg| {
+        reg.main::<Main>().chare::<Player>();
+    })
+}

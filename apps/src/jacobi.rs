@@ -1,0 +1,403 @@
+//! Jacobi2D: a 5-point stencil on an `nx x ny` grid, decomposed into a 2D
+//! chare array of blocks that exchange one-cell ghost layers with their four
+//! neighbours every iteration.
+//!
+//! The point update `((((c + n) + s) + w) + e) * 0.2` is evaluated in the same
+//! order for every point whatever block holds it, and the checksum is a
+//! wrapping sum of a hash of each point's bits and global coordinates, so the
+//! result is bit-identical across PE counts, node counts, block sizes,
+//! migrations and rescales. [`reference`] solves the same problem
+//! sequentially so tests can check that claim against an independent solver.
+
+use std::time::Instant;
+
+use ductile::prelude::*;
+use ductile::Readonly;
+
+use crate::args;
+
+/// The problem: grid size, block size, iterations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spec {
+    /// Grid columns.
+    pub nx: u32,
+    /// Grid rows.
+    pub ny: u32,
+    /// Block columns.
+    pub bx: u32,
+    /// Block rows.
+    pub by: u32,
+    /// Iterations to run.
+    pub iters: u64,
+    /// Report the max residual every this many iterations (0: never).
+    pub residual_every: u64,
+}
+
+impl Spec {
+    /// Parses `--grid NX[xNY] --block BX[xBY] --iters K --residual-every R`.
+    pub fn from_args(a: &[String]) -> Result<Spec, String> {
+        let (nx, ny) = args::pair(args::value(a, "grid").unwrap_or("256"))?;
+        let (bx, by) = args::pair(args::value(a, "block").unwrap_or("64"))?;
+        let iters = args::parse(a, "iters", 100u64)?;
+        let residual_every = args::parse(a, "residual-every", 10u64)?;
+        let s = Spec { nx, ny, bx, by, iters, residual_every };
+        if nx == 0 || ny == 0 || bx == 0 || by == 0 {
+            return Err(format!("grid and block sizes must be positive: {s:?}"));
+        }
+        Ok(s)
+    }
+
+    /// Number of block rows and columns (the array's dims).
+    pub fn blocks(&self) -> (i32, i32) {
+        (self.ny.div_ceil(self.by) as i32, self.nx.div_ceil(self.bx) as i32)
+    }
+}
+
+/// Initial value of interior point `(x, y)`: deterministic, in [0, 1).
+pub fn initial(x: u32, y: u32) -> f64 {
+    (mix((x as u64) << 32 | y as u64) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Fixed value just outside the grid (`x` or `y` is -1 or the size).
+pub fn boundary(x: i64, y: i64, spec: &Spec) -> f64 {
+    if y < 0 {
+        1.0
+    } else if x < 0 {
+        0.5
+    } else if y >= spec.ny as i64 {
+        0.25
+    } else {
+        0.0
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The checksum term of one point.
+pub fn point_hash(x: u32, y: u32, v: f64) -> u64 {
+    mix(v.to_bits() ^ mix((x as u64) << 32 | y as u64))
+}
+
+/// One sweep over rows of a padded grid (`stride` = width + 2): writes
+/// `next`'s interior from `cur`, returns the max |change| when `residual`.
+pub fn sweep(cur: &[f64], next: &mut [f64], w: usize, h: usize, residual: bool) -> f64 {
+    let stride = w + 2;
+    let mut res = 0.0f64;
+    for ly in 1..=h {
+        let up = &cur[(ly - 1) * stride..ly * stride];
+        let mid = &cur[ly * stride..(ly + 1) * stride];
+        let down = &cur[(ly + 1) * stride..(ly + 2) * stride];
+        let out = &mut next[ly * stride..(ly + 1) * stride];
+        if residual {
+            for x in 1..=w {
+                let v = ((((mid[x] + up[x]) + down[x]) + mid[x - 1]) + mid[x + 1]) * 0.2;
+                res = res.max((v - mid[x]).abs());
+                out[x] = v;
+            }
+        } else {
+            for x in 1..=w {
+                out[x] = ((((mid[x] + up[x]) + down[x]) + mid[x - 1]) + mid[x + 1]) * 0.2;
+            }
+        }
+    }
+    res
+}
+
+/// A padded block of the grid covering `[x0, x0+w) x [y0, y0+h)`, halo filled
+/// with boundary values where the block touches the grid's edge.
+fn padded(spec: &Spec, x0: u32, y0: u32, w: usize, h: usize) -> Vec<f64> {
+    let stride = w + 2;
+    let mut g = vec![0.0; stride * (h + 2)];
+    for ly in 0..h + 2 {
+        for lx in 0..w + 2 {
+            let (gx, gy) = (x0 as i64 + lx as i64 - 1, y0 as i64 + ly as i64 - 1);
+            let inside = gx >= 0 && gy >= 0 && gx < spec.nx as i64 && gy < spec.ny as i64;
+            g[ly * stride + lx] = if inside { initial(gx as u32, gy as u32) } else { boundary(gx, gy, spec) };
+        }
+    }
+    g
+}
+
+/// Sequential reference: runs `spec` on one grid and returns the checksum.
+pub fn reference(spec: &Spec) -> u64 {
+    let (w, h) = (spec.nx as usize, spec.ny as usize);
+    let mut cur = padded(spec, 0, 0, w, h);
+    let mut next = cur.clone();
+    for _ in 0..spec.iters {
+        sweep(&cur, &mut next, w, h, false);
+        std::mem::swap(&mut cur, &mut next);
+    }
+    checksum_of(&cur, 0, 0, w, h)
+}
+
+fn checksum_of(g: &[f64], x0: u32, y0: u32, w: usize, h: usize) -> u64 {
+    let stride = w + 2;
+    let mut sum = 0u64;
+    for ly in 0..h {
+        for lx in 0..w {
+            sum = sum.wrapping_add(point_hash(x0 + lx as u32, y0 + ly as u32, g[(ly + 1) * stride + lx + 1]));
+        }
+    }
+    sum
+}
+
+/// The problem, set by main and read by every block.
+pub static SPEC: Readonly<Spec> = Readonly::new("jacobi2d.spec");
+
+/// Which halo of the receiving block a ghost layer fills.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Side {
+    North,
+    South,
+    West,
+    East,
+}
+
+/// A block's entry methods.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum BlockMsg {
+    /// Begin iterating.
+    Start,
+    /// A neighbour's edge at iteration `iter`, for halo `side`.
+    Ghost {
+        /// Iteration the values belong to.
+        iter: u64,
+        /// Halo to fill.
+        side: Side,
+        /// The values.
+        data: Bulk<f64>,
+    },
+}
+
+/// One block of the grid.
+#[derive(Serialize, Deserialize)]
+pub struct Block {
+    x0: u32,
+    y0: u32,
+    w: usize,
+    h: usize,
+    cur: Vec<f64>,
+    next: Vec<f64>,
+    iter: u64,
+    got: u32,
+    need: u32,
+    pending: Pending<(Side, Bulk<f64>)>,
+}
+
+impl Block {
+    fn neighbours(&self, (r, c): (i32, i32), dims: (i32, i32)) -> Vec<((i32, i32), Side)> {
+        // (neighbour, halo of the neighbour that our edge fills)
+        let mut n = Vec::with_capacity(4);
+        if r > 0 {
+            n.push(((r - 1, c), Side::South));
+        }
+        if r + 1 < dims.0 {
+            n.push(((r + 1, c), Side::North));
+        }
+        if c > 0 {
+            n.push(((r, c - 1), Side::East));
+        }
+        if c + 1 < dims.1 {
+            n.push(((r, c + 1), Side::West));
+        }
+        n
+    }
+
+    fn edge(&self, their_halo: Side) -> Vec<f64> {
+        let stride = self.w + 2;
+        match their_halo {
+            Side::South => self.cur[stride + 1..stride + 1 + self.w].to_vec(),
+            Side::North => self.cur[self.h * stride + 1..self.h * stride + 1 + self.w].to_vec(),
+            Side::East => (1..=self.h).map(|y| self.cur[y * stride + 1]).collect(),
+            Side::West => (1..=self.h).map(|y| self.cur[y * stride + self.w]).collect(),
+        }
+    }
+
+    fn fill(&mut self, side: Side, data: &[f64]) {
+        let stride = self.w + 2;
+        match side {
+            Side::North => self.cur[1..1 + self.w].copy_from_slice(data),
+            Side::South => self.cur[(self.h + 1) * stride + 1..(self.h + 1) * stride + 1 + self.w].copy_from_slice(data),
+            Side::West => (1..=self.h).zip(data).for_each(|(y, v)| self.cur[y * stride] = *v),
+            Side::East => (1..=self.h).zip(data).for_each(|(y, v)| self.cur[y * stride + self.w + 1] = *v),
+        }
+    }
+
+    fn send_ghosts(&self, ctx: &mut Ctx<'_, Self>) {
+        let dims = SPEC.get(ctx).blocks();
+        let me = ctx.index();
+        let array = ctx.this_array();
+        for (to, side) in self.neighbours(me, dims) {
+            let data = Bulk(self.edge(side));
+            array.elem(to).send(ctx, BlockMsg::Ghost { iter: self.iter, side, data });
+        }
+    }
+
+    /// Runs every iteration whose ghosts have all arrived.
+    fn advance(&mut self, ctx: &mut Ctx<'_, Self>) {
+        let spec = *SPEC.get(ctx);
+        while self.got == self.need && self.iter < spec.iters {
+            let report = spec.residual_every > 0 && (self.iter + 1) % spec.residual_every == 0;
+            let res = sweep(&self.cur, &mut self.next, self.w, self.h, report);
+            std::mem::swap(&mut self.cur, &mut self.next);
+            self.iter += 1;
+            self.got = 0;
+            if report {
+                ctx.contribute(res, Reducer::Max, Callback::main::<Main>(MainMsg::Residual));
+            }
+            if self.iter == spec.iters {
+                let sum = checksum_of(&self.cur, self.x0, self.y0, self.w, self.h);
+                ctx.contribute(sum, Reducer::Sum, Callback::main::<Main>(MainMsg::Checksum));
+                return;
+            }
+            self.send_ghosts(ctx);
+            for (side, data) in self.pending.release(self.iter) {
+                self.fill(side, &data);
+                self.got += 1;
+            }
+        }
+    }
+}
+
+impl Chare for Block {
+    const NAME: &'static str = "jacobi2d::Block";
+    type Index = (i32, i32);
+    type Init = ();
+    type Msg = BlockMsg;
+
+    fn new(_: (), ctx: &mut Ctx<'_, Self>) -> Self {
+        let spec = *SPEC.get(ctx);
+        let (r, c) = ctx.index();
+        let (x0, y0) = (c as u32 * spec.bx, r as u32 * spec.by);
+        let w = spec.bx.min(spec.nx - x0) as usize;
+        let h = spec.by.min(spec.ny - y0) as usize;
+        let cur = padded(&spec, x0, y0, w, h);
+        let mut b = Block { x0, y0, w, h, next: cur.clone(), cur, iter: 0, got: 0, need: 0, pending: Pending::new() };
+        b.need = b.neighbours((r, c), spec.blocks()).len() as u32;
+        ctx.barrier(Callback::main::<Main>(MainMsg::Ready));
+        b
+    }
+
+    fn handle(&mut self, msg: BlockMsg, ctx: &mut Ctx<'_, Self>) {
+        match msg {
+            BlockMsg::Start => {
+                self.send_ghosts(ctx);
+                self.advance(ctx);
+            }
+            BlockMsg::Ghost { iter, side, data } => {
+                if iter == self.iter {
+                    self.fill(side, &data);
+                    self.got += 1;
+                    self.advance(ctx);
+                } else {
+                    assert!(iter > self.iter, "ghost from iteration {iter} reached a block at iteration {}", self.iter);
+                    self.pending.hold(iter, (side, data));
+                }
+            }
+        }
+    }
+}
+
+/// The main chare's entry methods.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum MainMsg {
+    /// Every block is constructed.
+    Ready(()),
+    /// Max residual of the last reporting iteration.
+    Residual(f64),
+    /// The final checksum.
+    Checksum(u64),
+}
+
+/// Sets up the problem, starts the blocks, reports the result.
+#[derive(Serialize, Deserialize)]
+pub struct Main {
+    blocks: ArrayProxy<Block>,
+    #[serde(skip)]
+    started: Option<Instant>,
+    residuals: u64,
+    last_residual: f64,
+    quiet: bool,
+}
+
+impl Chare for Main {
+    const NAME: &'static str = "jacobi2d::Main";
+    type Index = ();
+    type Init = Vec<String>;
+    type Msg = MainMsg;
+
+    fn new(args: Vec<String>, ctx: &mut Ctx<'_, Self>) -> Self {
+        let spec = Spec::from_args(&args).unwrap_or_else(|e| {
+            eprintln!("jacobi2d: {e}");
+            eprintln!("usage: jacobi2d [--grid NX[xNY]] [--block BX[xBY]] [--iters K] [--residual-every R] [--quiet]");
+            std::process::exit(2)
+        });
+        SPEC.set(ctx, spec);
+        let blocks = ArrayProxy::<Block>::create(ctx, spec.blocks(), ());
+        Main { blocks, started: None, residuals: 0, last_residual: f64::NAN, quiet: args::flag(&args, "quiet") }
+    }
+
+    fn handle(&mut self, msg: MainMsg, ctx: &mut Ctx<'_, Self>) {
+        let spec = *SPEC.get(ctx);
+        match msg {
+            MainMsg::Ready(()) => {
+                self.started = Some(Instant::now());
+                self.blocks.broadcast(ctx, BlockMsg::Start);
+            }
+            MainMsg::Residual(r) => {
+                self.residuals += 1;
+                self.last_residual = r;
+                if !self.quiet {
+                    println!("iteration {} residual {r:.6e}", self.residuals * spec.residual_every);
+                }
+            }
+            MainMsg::Checksum(sum) => {
+                let secs = self.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                let (br, bc) = spec.blocks();
+                println!(
+                    "jacobi2d grid={}x{} blocks={}x{} pes={} nodes={} iterations={} seconds={secs:.6} time_per_iter_ms={:.4} residual={:.6e}",
+                    spec.nx,
+                    spec.ny,
+                    br,
+                    bc,
+                    ctx.num_pes(),
+                    ctx.num_nodes(),
+                    spec.iters,
+                    secs * 1e3 / spec.iters.max(1) as f64,
+                    self.last_residual
+                );
+                println!("checksum={sum:016x} iterations={}", spec.iters);
+                ctx.exit(0);
+            }
+        }
+    }
+}
+
+/// Registers Jacobi2D's types.
+pub fn register(reg: &mut Registry) {
+    reg.main::<Main>().chare::<Block>().readonly(&SPEC);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_changes_with_iterations_and_is_deterministic() {
+        let s = Spec { nx: 16, ny: 12, bx: 4, by: 4, iters: 5, residual_every: 0 };
+        assert_eq!(reference(&s), reference(&s));
+        assert_ne!(reference(&s), reference(&Spec { iters: 6, ..s }));
+    }
+
+    #[test]
+    fn blocks_cover_uneven_grids() {
+        let s = Spec { nx: 10, ny: 7, bx: 4, by: 3, iters: 1, residual_every: 0 };
+        assert_eq!(s.blocks(), (3, 3));
+    }
+}

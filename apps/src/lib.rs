@@ -1,0 +1,7 @@
+//! Programs built on Ductile, and the pieces of them that tests and
+//! benchmarks reuse: Jacobi2D's kernel, boundary conditions and checksum, a
+//! sequential reference solver, and the command-line parsing shared by the
+//! binaries.
+
+pub mod args;
+pub mod jacobi;

@@ -1,0 +1,82 @@
+//! The context an entry method runs in: which element it is, where it runs,
+//! and what it may do besides sending (contribute, exit, quiescence).
+//!
+//! `Ctx<C>` dereferences to [`PeCtx`], the untyped per-PE runtime handle that
+//! proxies send through, so `proxy.elem(i).send(ctx, msg)` works from any
+//! entry method.
+
+use std::ops::{Deref, DerefMut};
+
+use crate::callback::Callback;
+use crate::chare::Chare;
+use crate::collection::ElemMeta;
+use crate::msg::CollId;
+use crate::pe::PeCtx;
+use crate::proxy::{ArrayProxy, ElementProxy, GroupProxy};
+use crate::reduce::{custom_value, Reducer, Reducible};
+
+/// The context of one entry-method invocation on element `C`.
+pub struct Ctx<'a, C: Chare> {
+    pe: &'a mut PeCtx,
+    coll: CollId,
+    index: C::Index,
+    meta: &'a mut ElemMeta,
+}
+
+impl<'a, C: Chare> Ctx<'a, C> {
+    pub(crate) fn new(pe: &'a mut PeCtx, coll: CollId, index: C::Index, meta: &'a mut ElemMeta) -> Self {
+        Ctx { pe, coll, index, meta }
+    }
+
+    /// This element's index.
+    pub fn index(&self) -> C::Index {
+        self.index
+    }
+
+    /// A proxy to this element's array.
+    pub fn this_array(&self) -> ArrayProxy<C> {
+        ArrayProxy::from_id(self.coll)
+    }
+
+    /// A proxy to this element.
+    pub fn this_element(&self) -> ElementProxy<C> {
+        self.this_array().elem(self.index)
+    }
+
+    /// A proxy to this member's group (meaningful for group and nodegroup members).
+    pub fn this_group(&self) -> GroupProxy<C> {
+        GroupProxy::from_id(self.coll)
+    }
+
+    /// Contributes `value` to this collection's next reduction. Every element
+    /// (or group member) contributes once per reduction, in the same order;
+    /// the combined value reaches `callback` once all have.
+    pub fn contribute<T: Reducible>(&mut self, value: T, reducer: Reducer, callback: Callback<T>) {
+        let v = match reducer {
+            Reducer::Custom(_) => custom_value(&value),
+            _ => value.into_value(),
+        };
+        let no = self.meta.next_red;
+        self.meta.next_red += 1;
+        self.pe.contribute(self.coll, no, v, reducer, callback.spec);
+    }
+
+    /// Joins this collection's next reduction without a value: a barrier whose
+    /// completion is delivered to `callback`.
+    pub fn barrier(&mut self, callback: Callback<()>) {
+        self.contribute((), Reducer::Sum, callback);
+    }
+}
+
+impl<C: Chare> Deref for Ctx<'_, C> {
+    type Target = PeCtx;
+    fn deref(&self) -> &PeCtx {
+        self.pe
+    }
+}
+
+impl<C: Chare> DerefMut for Ctx<'_, C> {
+    fn deref_mut(&mut self) -> &mut PeCtx {
+        self.pe
+    }
+}

@@ -1,0 +1,858 @@
+//! One PE: its scheduler loop, its message routing, and the per-PE state of
+//! every runtime service (location tables, reductions, quiescence detection).
+//!
+//! A PE is a plain thread that polls: it drains its inbox (a lock-free queue
+//! that other PEs of the node and the transport's reader threads push to),
+//! runs the most urgent queued message, and spins briefly before parking when
+//! idle. [`PeCtx`] is the part an entry method may touch (sends, creation,
+//! contributions); [`Pe`] adds the collection stores and dispatch.
+
+use std::any::Any;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering as AtOrd};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::SegQueue;
+use tracing::{debug, error, warn};
+
+use crate::callback::{CallbackSpec, Target};
+use crate::chare::IndexKey;
+use crate::collection::Store;
+use crate::msg::{CollId, Dest, Envelope, Payload, WireHeader, MAIN_COLL};
+use crate::node::NodeShared;
+use crate::reduce::{combine, Reducer, Value};
+use crate::registry::LinearFn;
+use crate::system::{CreateSpec, Partial, Shape, SysMsg};
+use crate::topo::{Pe as PeId, Topology};
+
+/// Delay between quiescence-detection waves while the job is busy.
+const QD_WAVE_GAP: Duration = Duration::from_micros(200);
+/// Longest a parked PE sleeps before re-checking timers and the abort flag.
+const PARK_LIMIT: Duration = Duration::from_millis(5);
+
+/// A PE's incoming queue, shared with the threads that push to it.
+pub(crate) struct Inbox {
+    queue: SegQueue<Envelope>,
+    sleeping: AtomicBool,
+    thread: OnceLock<Thread>,
+}
+
+impl Inbox {
+    pub(crate) fn new() -> Self {
+        Inbox { queue: SegQueue::new(), sleeping: AtomicBool::new(false), thread: OnceLock::new() }
+    }
+
+    /// Queues `env` and wakes the PE if it is parked.
+    pub(crate) fn push(&self, env: Envelope) {
+        self.queue.push(env);
+        if self.sleeping.load(AtOrd::SeqCst) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+}
+
+/// How a PE's scheduler loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoopExit {
+    /// The job called exit with this code.
+    Exit(i32),
+    /// The node is aborting (a peer or the coordinator was lost).
+    Aborted,
+}
+
+struct Queued {
+    prio: i32,
+    seq: u64,
+    env: Envelope,
+}
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        self.prio == o.prio && self.seq == o.seq
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    // BinaryHeap is a max-heap: the lowest priority value, then the oldest, is greatest.
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.prio.cmp(&self.prio).then(o.seq.cmp(&self.seq))
+    }
+}
+
+struct CollInfo {
+    shape: Shape,
+    linear: LinearFn,
+}
+
+/// Per-collection membership bookkeeping on the reduction root (PE 0).
+struct Population {
+    base: u64,
+    /// Insertions: how many elements joined from each reduction number on.
+    births: BTreeMap<u32, u64>,
+    /// The lowest reduction number whose result has not been delivered.
+    next_open: u32,
+    /// Results complete but waiting for an earlier reduction (delivered in order).
+    done: BTreeMap<u32, (Value, CallbackSpec)>,
+}
+
+impl Population {
+    fn expected(&self, no: u32) -> u64 {
+        self.base + self.births.range(..=no).map(|(_, n)| n).sum::<u64>()
+    }
+}
+
+struct Gathered {
+    value: Option<Value>,
+    count: u64,
+    reducer: Reducer,
+    callback: CallbackSpec,
+    failed: bool,
+}
+
+#[derive(Default)]
+struct Qd {
+    /// Root only: callbacks waiting for quiescence.
+    callbacks: Vec<CallbackSpec>,
+    running: bool,
+    wave: u64,
+    previous: Option<(u64, u64)>,
+    next_wave_at: Option<Instant>,
+    /// The wave this PE is collecting: (wave, children pending, created, processed).
+    current: Option<(u64, usize, u64, u64)>,
+}
+
+/// The per-PE runtime handle that entry methods send through.
+pub struct PeCtx {
+    pe: PeId,
+    node: Arc<NodeShared>,
+    topo: Arc<Topology>,
+    fifo: VecDeque<Envelope>,
+    heap: BinaryHeap<Queued>,
+    seq: u64,
+    ready: bool,
+    held_in: Vec<Envelope>,
+    in_main_ctor: bool,
+    held_out: Vec<(PeId, Envelope)>,
+    readonly: HashMap<u64, Arc<dyn Any + Send + Sync>>,
+    colls: HashMap<CollId, CollInfo>,
+    unknown: HashMap<CollId, Vec<Envelope>>,
+    cache: HashMap<(CollId, IndexKey), PeId>,
+    homes: HashMap<(CollId, IndexKey), PeId>,
+    waiting: HashMap<(CollId, IndexKey), Vec<Envelope>>,
+    gathered: HashMap<(CollId, u32), Gathered>,
+    populations: HashMap<CollId, Population>,
+    contributions: Vec<Partial>,
+    created: u64,
+    processed: u64,
+    qd: Qd,
+    exiting: bool,
+    exit: Option<i32>,
+}
+
+impl PeCtx {
+    /// This PE's global number.
+    pub fn my_pe(&self) -> PeId {
+        self.pe
+    }
+    /// Number of PEs in the job.
+    pub fn num_pes(&self) -> u32 {
+        self.topo.num_pes()
+    }
+    /// This node's id.
+    pub fn my_node(&self) -> u32 {
+        self.topo.my_node()
+    }
+    /// Number of nodes in the job.
+    pub fn num_nodes(&self) -> u32 {
+        self.topo.num_nodes()
+    }
+    /// The current topology.
+    pub fn topology(&self) -> &Topology {
+        &self.topo
+    }
+    /// The program's command-line arguments (without the program name).
+    pub fn args(&self) -> &[String] {
+        &self.node.args
+    }
+
+    /// Ends the job: every PE stops, every node passes the shutdown barrier,
+    /// and every process exits with `code`.
+    pub fn exit(&mut self, code: i32) {
+        self.send_sys(0, SysMsg::ExitRequest { code });
+    }
+
+    /// Calls `callback` once no application message is queued or in flight
+    /// anywhere in the job (Charm++'s quiescence detection).
+    pub fn start_quiescence(&mut self, callback: crate::Callback<()>) {
+        self.send_sys(0, SysMsg::QdStart { callback: callback.spec });
+    }
+
+    // ---- internals used by proxies, contexts and stores ----
+
+    pub(crate) fn set_readonly(&mut self, id: u64, name: &str, value: Arc<dyn Any + Send + Sync>) {
+        assert!(self.in_main_ctor, "readonly `{name}` can only be set in the main chare's constructor");
+        assert!(self.node.registry.readonlies.contains_key(&id), "readonly `{name}` is not registered");
+        self.node.readonly.lock().expect("readonly table poisoned").insert(id, value.clone());
+        self.readonly.insert(id, value);
+    }
+
+    pub(crate) fn readonly_value(&self, id: u64) -> Option<&(dyn Any + Send + Sync)> {
+        self.readonly.get(&id).map(|v| &**v)
+    }
+
+    pub(crate) fn create_collection(&mut self, type_id: u64, shape: Shape, init: Vec<u8>) -> CollId {
+        assert!(
+            self.node.registry.chares.contains_key(&type_id),
+            "chare type with id {type_id:#x} is not registered: call `reg.chare::<T>()` in the registration function"
+        );
+        let coll = self.node.new_collection_id();
+        self.send_sys(0, SysMsg::Create(CreateSpec { coll, type_id, shape, init }));
+        coll
+    }
+
+    pub(crate) fn insert(&mut self, coll: CollId, key: IndexKey, init: Vec<u8>, on: Option<PeId>) {
+        if let Some(pe) = on {
+            assert!(pe < self.num_pes(), "cannot insert on PE {pe}: the job has {} PEs", self.num_pes());
+        }
+        self.send_sys(0, SysMsg::InsertRequest { coll, key, init, on });
+    }
+
+    pub(crate) fn send_element(&mut self, coll: CollId, key: IndexKey, prio: i32, payload: Payload) {
+        let dest = Dest::Element { coll, key, src: self.pe };
+        match self.locate(coll, key) {
+            Some(pe) => self.send_env(pe, Envelope { prio, dest, payload, counted: true }),
+            // The collection's creation has not reached this PE yet: hold the message here.
+            None => self.unknown.entry(coll).or_default().push(Envelope { prio, dest, payload, counted: false }),
+        }
+    }
+
+    pub(crate) fn send_member(&mut self, coll: CollId, pe: PeId, prio: i32, payload: Payload) {
+        assert!(pe < self.num_pes(), "no PE {pe}: the job has {} PEs", self.num_pes());
+        self.send_env(pe, Envelope { prio, dest: Dest::Member { coll }, payload, counted: true });
+    }
+
+    pub(crate) fn broadcast(&mut self, coll: CollId, prio: i32, payload: Payload) {
+        self.send_env(0, Envelope { prio, dest: Dest::Broadcast { coll }, payload, counted: true });
+    }
+
+    pub(crate) fn contribute(&mut self, coll: CollId, no: u32, value: Value, reducer: Reducer, callback: CallbackSpec) {
+        self.contributions.push(Partial { coll, no, value, count: 1, reducer, callback });
+    }
+
+    pub(crate) fn note_local_element(&mut self, coll: CollId, key: IndexKey) {
+        self.cache.insert((coll, key), self.pe);
+        if let Some(home) = self.home_of(coll, key) {
+            if home != self.pe {
+                self.send_sys(home, SysMsg::HomeUpdate { coll, key, pe: self.pe });
+            }
+        }
+        if let Some(held) = self.waiting.remove(&(coll, key)) {
+            for env in held {
+                self.enqueue(env);
+            }
+        }
+    }
+
+    fn home_of(&self, coll: CollId, key: IndexKey) -> Option<PeId> {
+        let info = self.colls.get(&coll)?;
+        Some(match &info.shape {
+            Shape::Array { dims: Some(dims), count } => match (info.linear)(key, *dims) {
+                Some(lin) => self.topo.block_home(lin, *count),
+                None => self.topo.hash_home(key),
+            },
+            _ => self.topo.hash_home(key),
+        })
+    }
+
+    fn locate(&self, coll: CollId, key: IndexKey) -> Option<PeId> {
+        self.cache.get(&(coll, key)).copied().or_else(|| self.home_of(coll, key))
+    }
+
+    fn send_sys(&mut self, pe: PeId, msg: SysMsg) {
+        let counted = msg.counts_for_qd();
+        self.send_env(pe, Envelope { prio: 0, dest: Dest::System, payload: Payload::local(msg), counted });
+    }
+
+    /// The one place an envelope leaves this PE.
+    pub(crate) fn send_env(&mut self, pe: PeId, env: Envelope) {
+        if self.in_main_ctor {
+            // Main's sends wait until readonly data is on its way (see `Pe::start_main`).
+            self.held_out.push((pe, env));
+            return;
+        }
+        if env.counted {
+            self.created += 1;
+        }
+        if pe == self.pe {
+            self.enqueue(env);
+        } else if self.topo.is_local(pe) {
+            self.node.inboxes[self.topo.rank_of(pe)].push(env);
+        } else {
+            self.send_remote(pe, env);
+        }
+    }
+
+    fn send_remote(&mut self, pe: PeId, env: Envelope) {
+        let header = WireHeader { dest_pe: pe, prio: env.prio, counted: env.counted, dest: env.dest };
+        let head = postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail");
+        let body = env.payload.body();
+        let node = self.topo.node_of(pe);
+        if let Err(e) = self.node.send_to_node(node, &head, &body) {
+            error!(pe = self.pe, to_node = node, "send failed: {e}; ending the job");
+            self.node.abort(format!("lost the connection to node {node}: {e}"));
+        }
+    }
+
+    fn enqueue(&mut self, env: Envelope) {
+        if env.prio == 0 {
+            self.fifo.push_back(env);
+        } else {
+            self.seq += 1;
+            self.heap.push(Queued { prio: env.prio, seq: self.seq, env });
+        }
+    }
+
+    fn next(&mut self) -> Option<Envelope> {
+        match self.heap.peek() {
+            Some(q) if q.prio < 0 || self.fifo.is_empty() => self.heap.pop().map(|q| q.env),
+            _ => self.fifo.pop_front(),
+        }
+    }
+
+    fn deliver_callback(&mut self, cb: &CallbackSpec, value: &Value) {
+        let mut bytes = cb.prefix.clone();
+        bytes.extend(value.encode_payload());
+        let payload = Payload::Wire { bytes: Arc::new(bytes), offset: 0 };
+        match cb.target {
+            Target::Ignore => {}
+            Target::Element { coll, key } => self.send_element(coll, key, 0, payload),
+            Target::Broadcast { coll } => self.broadcast(coll, 0, payload),
+            Target::Member { coll, pe } => self.send_member(coll, pe, 0, payload),
+        }
+    }
+}
+
+/// A PE: its runtime handle plus the local members of every collection.
+pub(crate) struct Pe {
+    ctx: PeCtx,
+    stores: HashMap<CollId, Box<dyn Store>>,
+}
+
+impl Pe {
+    pub(crate) fn new(node: Arc<NodeShared>, topo: Arc<Topology>, pe: PeId) -> Self {
+        let mut ctx = PeCtx {
+            pe,
+            node,
+            topo,
+            fifo: VecDeque::new(),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            ready: pe == 0,
+            held_in: Vec::new(),
+            in_main_ctor: false,
+            held_out: Vec::new(),
+            readonly: HashMap::new(),
+            colls: HashMap::new(),
+            unknown: HashMap::new(),
+            cache: HashMap::new(),
+            homes: HashMap::new(),
+            waiting: HashMap::new(),
+            gathered: HashMap::new(),
+            populations: HashMap::new(),
+            contributions: Vec::new(),
+            created: 0,
+            processed: 0,
+            qd: Qd::default(),
+            exiting: false,
+            exit: None,
+        };
+        // Every PE knows the main chare's collection: one element, on PE 0.
+        if let Some(main) = ctx.node.registry.main_type.and_then(|t| ctx.node.registry.chares.get(&t)) {
+            ctx.colls.insert(MAIN_COLL, CollInfo { shape: Shape::Array { dims: Some(0), count: 1 }, linear: main.linear });
+        }
+        if pe == 0 {
+            ctx.populations.insert(MAIN_COLL, Population { base: 1, births: BTreeMap::new(), next_open: 0, done: BTreeMap::new() });
+        }
+        Pe { ctx, stores: HashMap::new() }
+    }
+
+    /// Constructs the main chare (PE 0 at launch), then releases readonly data
+    /// ahead of everything main sent.
+    pub(crate) fn start_main(&mut self) {
+        let reg = self.ctx.node.registry.clone();
+        let Some(main_type) = reg.main_type else {
+            error!("no main chare registered: call `reg.main::<Main>()`");
+            self.ctx.exit(crate::node::EXIT_STARTUP);
+            return;
+        };
+        let entry = reg.chares.get(&main_type).expect("main type is registered");
+        let mut store = (entry.make)(MAIN_COLL);
+        let args = postcard::to_allocvec(&self.ctx.node.args).expect("encoding into a Vec cannot fail");
+        self.ctx.in_main_ctor = true;
+        let built = store.construct(0, &args, 0, &mut self.ctx);
+        self.ctx.in_main_ctor = false;
+        if let Err(e) = built {
+            error!("constructing the main chare failed: {e}");
+            self.ctx.exit(crate::node::EXIT_STARTUP);
+            return;
+        }
+        self.stores.insert(MAIN_COLL, store);
+        let entries = self
+            .ctx
+            .readonly
+            .iter()
+            .map(|(id, v)| (*id, (reg.readonlies[id].encode)(&**v)))
+            .collect();
+        self.ctx.send_sys(0, SysMsg::Readonly { entries });
+        for (pe, env) in std::mem::take(&mut self.ctx.held_out) {
+            self.ctx.send_env(pe, env);
+        }
+        self.settle();
+    }
+
+    /// Runs the scheduler loop until the job exits or the node aborts.
+    pub(crate) fn run(mut self, inbox: &Inbox, spin: Duration) -> LoopExit {
+        let _ = inbox.thread.set(std::thread::current());
+        loop {
+            while let Some(env) = inbox.queue.pop() {
+                self.ctx.enqueue(env);
+            }
+            if let Some(env) = self.ctx.next() {
+                self.dispatch(env);
+                if let Some(code) = self.ctx.exit {
+                    return LoopExit::Exit(code);
+                }
+                continue;
+            }
+            if self.ctx.node.aborting() {
+                return LoopExit::Aborted;
+            }
+            let now = Instant::now();
+            if let Some(at) = self.ctx.qd.next_wave_at {
+                if now >= at {
+                    self.ctx.qd.next_wave_at = None;
+                    self.start_qd_wave();
+                    continue;
+                }
+            }
+            // Idle: spin (sub-microsecond wake-up), then park.
+            let until = now + spin;
+            while Instant::now() < until && inbox.queue.is_empty() {
+                std::hint::spin_loop();
+            }
+            if !inbox.queue.is_empty() {
+                continue;
+            }
+            inbox.sleeping.store(true, AtOrd::SeqCst);
+            if inbox.queue.is_empty() {
+                let mut nap = PARK_LIMIT;
+                if let Some(at) = self.ctx.qd.next_wave_at {
+                    nap = nap.min(at.saturating_duration_since(Instant::now()));
+                }
+                std::thread::park_timeout(nap);
+            }
+            inbox.sleeping.store(false, AtOrd::SeqCst);
+        }
+    }
+
+    fn dispatch(&mut self, env: Envelope) {
+        let env = if self.ctx.ready {
+            env
+        } else {
+            match self.hold_until_ready(env) {
+                Some(env) => env,
+                None => return,
+            }
+        };
+        if self.ctx.exiting {
+            return;
+        }
+        if env.counted {
+            self.ctx.processed += 1;
+        }
+        match env.dest {
+            Dest::Element { coll, key, src } => self.to_element(coll, key, src, env),
+            Dest::Member { coll } => self.to_member(coll, env),
+            Dest::Broadcast { coll } => self.to_all(coll, env),
+            Dest::System => self.system(env),
+        }
+        self.settle();
+    }
+
+    /// Before readonly data arrives only the readonly broadcast itself (and
+    /// exit) may run: everything else could read a readonly that is not there.
+    fn hold_until_ready(&mut self, env: Envelope) -> Option<Envelope> {
+        if !matches!(env.dest, Dest::System) {
+            self.ctx.held_in.push(env);
+            return None;
+        }
+        let msg = match env.payload.take::<SysMsg>() {
+            Ok(m) => m,
+            Err(e) => {
+                error!(pe = self.ctx.pe, "dropping malformed runtime message: {e}");
+                return None;
+            }
+        };
+        let pass = matches!(msg, SysMsg::Readonly { .. } | SysMsg::Exit { .. });
+        let env = Envelope { payload: Payload::local(msg), ..env };
+        if pass {
+            Some(env)
+        } else {
+            self.ctx.held_in.push(env);
+            None
+        }
+    }
+
+    fn to_element(&mut self, coll: CollId, key: IndexKey, src: PeId, env: Envelope) {
+        if !self.ctx.colls.contains_key(&coll) {
+            self.ctx.unknown.entry(coll).or_default().push(env);
+            return;
+        }
+        if let Some(store) = self.stores.get_mut(&coll) {
+            if store.has(key) {
+                if let Err(e) = store.deliver(key, env.payload, &mut self.ctx) {
+                    error!(pe = self.ctx.pe, "dropping message for {}[{key:#x}]: {e}", self.coll_name(coll));
+                }
+                return;
+            }
+        }
+        let me = self.ctx.pe;
+        let home = self.ctx.home_of(coll, key).expect("collection is known");
+        let target = if home == me {
+            match self.ctx.homes.get(&(coll, key)) {
+                Some(&pe) => pe,
+                None => {
+                    // Not inserted yet: wait here, the home, for its insertion.
+                    self.ctx.waiting.entry((coll, key)).or_default().push(env);
+                    return;
+                }
+            }
+        } else {
+            match self.ctx.cache.get(&(coll, key)) {
+                Some(&pe) if pe != me => pe,
+                _ => home,
+            }
+        };
+        if home == me && src != me && src != target {
+            self.ctx.send_sys(src, SysMsg::LocationHint { coll, key, pe: target });
+        }
+        self.ctx.send_env(target, env);
+    }
+
+    fn to_member(&mut self, coll: CollId, env: Envelope) {
+        if !self.ctx.colls.contains_key(&coll) {
+            self.ctx.unknown.entry(coll).or_default().push(env);
+            return;
+        }
+        let me = self.ctx.pe;
+        match self.stores.get_mut(&coll) {
+            Some(store) if store.has(0) => {
+                if let Err(e) = store.deliver(0, env.payload, &mut self.ctx) {
+                    error!(pe = me, "dropping message for {}: {e}", self.coll_name(coll));
+                }
+            }
+            _ => error!(pe = me, "dropping message for {}: it has no member on PE {me}", self.coll_name(coll)),
+        }
+    }
+
+    fn to_all(&mut self, coll: CollId, env: Envelope) {
+        if !self.ctx.colls.contains_key(&coll) {
+            self.ctx.unknown.entry(coll).or_default().push(env);
+            return;
+        }
+        for child in self.ctx.topo.children(self.ctx.pe) {
+            let copy = Envelope { prio: env.prio, dest: env.dest.clone(), payload: env.payload.duplicate(), counted: true };
+            self.ctx.send_env(child, copy);
+        }
+        if let Some(store) = self.stores.get_mut(&coll) {
+            if store.len() > 0 {
+                if let Err(e) = store.deliver_all(env.payload, &mut self.ctx) {
+                    error!(pe = self.ctx.pe, "dropping broadcast to {}: {e}", self.coll_name(coll));
+                }
+            }
+        }
+    }
+
+    fn system(&mut self, env: Envelope) {
+        // Tree broadcasts are forwarded before they are handled.
+        let msg = match env.payload.take::<SysMsg>() {
+            Ok(m) => m,
+            Err(e) => {
+                error!(pe = self.ctx.pe, "dropping malformed runtime message: {e}");
+                return;
+            }
+        };
+        if msg.is_tree_broadcast() {
+            for child in self.ctx.topo.children(self.ctx.pe) {
+                self.ctx.send_sys(child, msg.clone());
+            }
+        }
+        let me = self.ctx.pe;
+        match msg {
+            SysMsg::Create(spec) => self.create(spec),
+            SysMsg::InsertRequest { coll, key, init, on } => {
+                let Some(pop) = self.ctx.populations.get_mut(&coll) else {
+                    error!("insertion into unknown collection {coll:#x} refused");
+                    return;
+                };
+                *pop.births.entry(pop.next_open).or_insert(0) += 1;
+                let red_start = pop.next_open;
+                let target = on.or_else(|| self.ctx.home_of(coll, key)).expect("collection is known on PE 0");
+                self.ctx.send_sys(target, SysMsg::Insert { coll, key, init, red_start });
+            }
+            SysMsg::Insert { coll, key, init, red_start } => {
+                let Some(store) = self.stores.get_mut(&coll) else {
+                    error!(pe = me, "insertion into unknown collection {coll:#x} refused");
+                    return;
+                };
+                if let Err(e) = store.construct(key, &init, red_start, &mut self.ctx) {
+                    error!(pe = me, "insertion into {} failed: {e}", self.coll_name(coll));
+                }
+            }
+            SysMsg::HomeUpdate { coll, key, pe } => {
+                self.ctx.homes.insert((coll, key), pe);
+                if let Some(held) = self.ctx.waiting.remove(&(coll, key)) {
+                    for env in held {
+                        self.ctx.send_env(pe, env);
+                    }
+                }
+            }
+            SysMsg::LocationHint { coll, key, pe } => {
+                if self.stores.get(&coll).is_none_or(|s| !s.has(key)) {
+                    self.ctx.cache.insert((coll, key), pe);
+                }
+            }
+            SysMsg::Readonly { entries } => self.adopt_readonly(entries),
+            SysMsg::Reduce(p) => self.gather(p),
+            SysMsg::QdStart { callback } => {
+                self.ctx.qd.callbacks.push(callback);
+                if !self.ctx.qd.running {
+                    self.ctx.qd.running = true;
+                    self.ctx.qd.previous = None;
+                    self.start_qd_wave();
+                }
+            }
+            SysMsg::QdWave { wave } => {
+                let pending = self.ctx.topo.children(me).len();
+                self.ctx.qd.current = Some((wave, pending, 0, 0));
+                if pending == 0 {
+                    self.qd_report();
+                }
+            }
+            SysMsg::QdReport { wave, created, processed } => match &mut self.ctx.qd.current {
+                Some((w, pending, c, p)) if *w == wave && *pending > 0 => {
+                    *pending -= 1;
+                    *c += created;
+                    *p += processed;
+                    if *pending == 0 {
+                        self.qd_report();
+                    }
+                }
+                _ => warn!(pe = me, "ignoring a stray quiescence report for wave {wave}"),
+            },
+            SysMsg::ExitRequest { code } => {
+                if !self.ctx.exiting {
+                    self.ctx.send_sys(0, SysMsg::Exit { code });
+                }
+            }
+            SysMsg::Exit { code } => {
+                self.ctx.exiting = true;
+                self.ctx.exit = Some(code);
+            }
+        }
+    }
+
+    fn create(&mut self, spec: CreateSpec) {
+        let reg = self.ctx.node.registry.clone();
+        let Some(entry) = reg.chares.get(&spec.type_id) else {
+            error!(pe = self.ctx.pe, "cannot create collection of unregistered chare type {:#x}", spec.type_id);
+            return;
+        };
+        let coll = spec.coll;
+        self.ctx.colls.insert(coll, CollInfo { shape: spec.shape.clone(), linear: entry.linear });
+        let mut store = (entry.make)(coll);
+        let topo = self.ctx.topo.clone();
+        let me = self.ctx.pe;
+        let (result, base) = match spec.shape {
+            Shape::Array { dims: Some(dims), count } => (store.construct_bulk(dims, count, &spec.init, &mut self.ctx), count),
+            Shape::Array { dims: None, .. } => (Ok(()), 0),
+            Shape::Group => (store.construct(0, &spec.init, 0, &mut self.ctx), topo.num_pes() as u64),
+            Shape::NodeGroup => {
+                let r = if topo.first_pe(topo.my_node()) == me { store.construct(0, &spec.init, 0, &mut self.ctx) } else { Ok(()) };
+                (r, topo.num_nodes() as u64)
+            }
+        };
+        if let Err(e) = result {
+            error!(pe = me, "creating {} failed: {e}", entry.name);
+        }
+        self.stores.insert(coll, store);
+        if me == 0 {
+            self.ctx.populations.insert(coll, Population { base, births: BTreeMap::new(), next_open: 0, done: BTreeMap::new() });
+        }
+        if let Some(held) = self.ctx.unknown.remove(&coll) {
+            for mut env in held {
+                // Messages held before creation on their sending PE were not counted yet.
+                if !env.counted {
+                    env.counted = true;
+                    self.ctx.created += 1;
+                }
+                self.ctx.enqueue(env);
+            }
+        }
+    }
+
+    fn adopt_readonly(&mut self, entries: Vec<(u64, Vec<u8>)>) {
+        if self.ctx.pe != 0 {
+            let reg = self.ctx.node.registry.clone();
+            let mut table = self.ctx.node.readonly.lock().expect("readonly table poisoned");
+            for (id, bytes) in entries {
+                let Some(entry) = reg.readonlies.get(&id) else {
+                    error!("readonly with id {id:#x} is not registered on this node; ignoring it");
+                    continue;
+                };
+                if !table.contains_key(&id) {
+                    match (entry.decode)(&bytes) {
+                        Ok(v) => {
+                            table.insert(id, v);
+                        }
+                        Err(e) => {
+                            error!("readonly `{}` did not decode: {e}", entry.name);
+                            continue;
+                        }
+                    }
+                }
+                self.ctx.readonly.insert(id, table[&id].clone());
+            }
+        }
+        if !self.ctx.ready {
+            self.ctx.ready = true;
+            for env in std::mem::take(&mut self.ctx.held_in) {
+                self.ctx.enqueue(env);
+            }
+        }
+    }
+
+    /// Applies what the last handler asked for.
+    fn settle(&mut self) {
+        for p in std::mem::take(&mut self.ctx.contributions) {
+            self.gather(p);
+        }
+    }
+
+    /// Merges a partial result; forwards it up the tree once every local
+    /// element has contributed to that reduction, or completes it at the root.
+    fn gather(&mut self, p: Partial) {
+        let key = (p.coll, p.no);
+        let reg = self.ctx.node.registry.clone();
+        let g = self.ctx.gathered.entry(key).or_insert_with(|| Gathered {
+            value: None,
+            count: 0,
+            reducer: p.reducer,
+            callback: p.callback.clone(),
+            failed: false,
+        });
+        g.count += p.count;
+        if g.reducer != p.reducer {
+            error!("reduction {} of collection {:#x} mixes reducers {:?} and {:?}", p.no, p.coll, g.reducer, p.reducer);
+            g.failed = true;
+        }
+        g.value = match g.value.take() {
+            None => Some(p.value),
+            Some(acc) => match combine(acc, p.value, g.reducer, &reg) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    error!("reduction {} of collection {:#x} failed: {e}", p.no, p.coll);
+                    g.failed = true;
+                    None
+                }
+            },
+        };
+        if self.ctx.pe == 0 {
+            self.complete_if_done(p.coll, p.no);
+            return;
+        }
+        let local_done = self.stores.get(&p.coll).is_none_or(|s| s.all_contributed(p.no));
+        if local_done {
+            let g = self.ctx.gathered.remove(&key).expect("just inserted");
+            let parent = self.ctx.topo.parent(self.ctx.pe).expect("only PE 0 has no parent");
+            let value = g.value.unwrap_or(Value::Unit);
+            self.ctx.send_sys(
+                parent,
+                SysMsg::Reduce(Partial { coll: p.coll, no: p.no, value, count: g.count, reducer: g.reducer, callback: g.callback }),
+            );
+        }
+    }
+
+    fn complete_if_done(&mut self, coll: CollId, no: u32) {
+        let Some(pop) = self.ctx.populations.get_mut(&coll) else {
+            error!("reduction over unknown collection {coll:#x}");
+            return;
+        };
+        let expected = pop.expected(no);
+        let g = &self.ctx.gathered[&(coll, no)];
+        if g.count < expected {
+            return;
+        }
+        if g.count > expected {
+            error!("reduction {no} of collection {coll:#x} got {} contributions for {expected} elements", g.count);
+        }
+        let g = self.ctx.gathered.remove(&(coll, no)).expect("present");
+        if g.failed {
+            error!("reduction {no} of collection {coll:#x} is not delivered: its contributions did not combine");
+            pop.done.insert(no, (Value::Unit, CallbackSpec { target: Target::Ignore, prefix: vec![] }));
+        } else {
+            pop.done.insert(no, (g.value.unwrap_or(Value::Unit), g.callback));
+        }
+        let mut ready = Vec::new();
+        while let Some((v, cb)) = pop.done.remove(&pop.next_open) {
+            ready.push((v, cb));
+            pop.next_open += 1;
+        }
+        for (v, cb) in ready {
+            self.ctx.deliver_callback(&cb, &v);
+        }
+    }
+
+    fn start_qd_wave(&mut self) {
+        self.ctx.qd.wave += 1;
+        let wave = self.ctx.qd.wave;
+        self.ctx.send_sys(0, SysMsg::QdWave { wave });
+    }
+
+    fn qd_report(&mut self) {
+        let Some((wave, _, c, p)) = self.ctx.qd.current.take() else { return };
+        let created = c + self.ctx.created;
+        let processed = p + self.ctx.processed;
+        match self.ctx.topo.parent(self.ctx.pe) {
+            Some(parent) => self.ctx.send_sys(parent, SysMsg::QdReport { wave, created, processed }),
+            None => {
+                // Root: quiescent when two consecutive waves saw the same, balanced counts.
+                let now = (created, processed);
+                if created == processed && self.ctx.qd.previous == Some(now) {
+                    debug!("quiescence detected after wave {wave}");
+                    self.ctx.qd.running = false;
+                    self.ctx.qd.previous = None;
+                    for cb in std::mem::take(&mut self.ctx.qd.callbacks) {
+                        self.ctx.deliver_callback(&cb, &Value::Unit);
+                    }
+                } else {
+                    self.ctx.qd.previous = (created == processed).then_some(now);
+                    self.ctx.qd.next_wave_at = Some(Instant::now() + QD_WAVE_GAP);
+                }
+            }
+        }
+    }
+
+    fn coll_name(&self, coll: CollId) -> String {
+        format!("collection {coll:#x}")
+    }
+}

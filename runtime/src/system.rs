@@ -1,0 +1,94 @@
+//! The runtime's own messages: collection creation, insertion, location
+//! updates, readonly distribution, reductions, quiescence detection and exit.
+//!
+//! They travel in ordinary envelopes with [`crate::msg::Dest::System`], so they
+//! share queues, priorities, the spanning tree and the transport with
+//! application messages.
+
+use serde::{Deserialize, Serialize};
+
+use crate::callback::CallbackSpec;
+use crate::chare::IndexKey;
+use crate::msg::CollId;
+use crate::reduce::{Reducer, Value};
+use crate::topo::Pe;
+
+/// How a collection's members are placed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Shape {
+    /// An array. `dims`/`count`: the bulk range constructed at creation (block
+    /// mapped); `None` for an array that starts empty and grows by insertion.
+    Array {
+        /// Key of the bulk range's extent index (see [`crate::BulkIndex`]).
+        dims: Option<IndexKey>,
+        /// Number of elements constructed at creation.
+        count: u64,
+    },
+    /// One member per PE.
+    Group,
+    /// One member per node, on the node's first PE.
+    NodeGroup,
+}
+
+/// Creation of a collection, broadcast to every PE.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct CreateSpec {
+    pub coll: CollId,
+    /// Stable hash of the chare type's name.
+    pub type_id: u64,
+    pub shape: Shape,
+    /// postcard encoding of the constructor argument.
+    pub init: Vec<u8>,
+}
+
+/// A partial reduction result on its way to the root.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Partial {
+    pub coll: CollId,
+    pub no: u32,
+    pub value: Value,
+    pub count: u64,
+    pub reducer: Reducer,
+    pub callback: CallbackSpec,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum SysMsg {
+    /// Tree broadcast: create a collection's local members.
+    Create(CreateSpec),
+    /// To PE 0: register one more element, then forward the insertion.
+    InsertRequest { coll: CollId, key: IndexKey, init: Vec<u8>, on: Option<Pe> },
+    /// To the element's PE: construct it; it joins reductions from `red_start` on.
+    Insert { coll: CollId, key: IndexKey, init: Vec<u8>, red_start: u32 },
+    /// To an element's home PE: the element now lives on `pe`.
+    HomeUpdate { coll: CollId, key: IndexKey, pe: Pe },
+    /// To a sender whose message was forwarded: cache the element's PE.
+    LocationHint { coll: CollId, key: IndexKey, pe: Pe },
+    /// Tree broadcast from PE 0: readonly values, `(id, postcard bytes)`.
+    Readonly { entries: Vec<(u64, Vec<u8>)> },
+    /// Up the spanning tree.
+    Reduce(Partial),
+    /// To PE 0: call `callback` once the job is quiescent.
+    QdStart { callback: CallbackSpec },
+    /// Tree broadcast: report your message counters for wave `wave`.
+    QdWave { wave: u64 },
+    /// Up the tree: counters of a subtree for `wave`.
+    QdReport { wave: u64, created: u64, processed: u64 },
+    /// To PE 0: end the job with `code`.
+    ExitRequest { code: i32 },
+    /// Tree broadcast: stop every PE; the job's exit code is `code`.
+    Exit { code: i32 },
+}
+
+impl SysMsg {
+    /// Runtime bookkeeping is invisible to quiescence detection; insertions and
+    /// creations are application activity.
+    pub(crate) fn counts_for_qd(&self) -> bool {
+        matches!(self, SysMsg::Create(_) | SysMsg::InsertRequest { .. } | SysMsg::Insert { .. })
+    }
+
+    /// Whether the message is forwarded down the spanning tree before it is handled.
+    pub(crate) fn is_tree_broadcast(&self) -> bool {
+        matches!(self, SysMsg::Create(_) | SysMsg::Readonly { .. } | SysMsg::QdWave { .. } | SysMsg::Exit { .. })
+    }
+}

@@ -1,0 +1,111 @@
+//! Transports move frames between nodes. One trait, shaped after UCX tag
+//! matching so that every implementation gives the same guarantees:
+//!
+//! - every frame carries a 64-bit [`Tag`]: the SOURCE node id in the upper
+//!   bits, the view epoch (low 16 bits) in the middle, the message kind in the
+//!   lower bits. The receiver learns the sender from the tag, never from the
+//!   connection, so receive paths do not depend on how nodes are numbered;
+//! - frames between one pair of nodes arrive in the order they were sent;
+//! - [`Transport::reconcile`] brings the endpoint table in line with a view:
+//!   endpoints to surviving peers are kept and re-indexed by their new node
+//!   ids, endpoints to removed peers closed, new ones opened.
+//!
+//! `tcp` is always built.
+
+pub mod tcp;
+
+use ductile_coordinator::proto::{Epoch, NodeId, View};
+
+/// Bits of the tag holding the source node id.
+pub const SRC_BITS: u32 = 24;
+/// Bits of the tag holding the low bits of the epoch.
+pub const EPOCH_BITS: u32 = 16;
+/// Bits of the tag holding the message kind.
+pub const KIND_BITS: u32 = 24;
+
+/// Message kinds (the tag's low bits).
+pub mod kind {
+    /// A runtime envelope (application or system message).
+    pub const ENVELOPE: u32 = 1;
+}
+
+/// A 64-bit message tag: `[source node: 24][epoch: 16][kind: 24]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tag(pub u64);
+
+impl Tag {
+    /// Builds a tag. Node ids and kinds above their bit widths are a bug.
+    pub fn new(src: NodeId, epoch: Epoch, kind: u32) -> Tag {
+        assert!(src < (1 << SRC_BITS), "node id {src} does not fit in the tag");
+        assert!(kind < (1 << KIND_BITS), "message kind {kind} does not fit in the tag");
+        let e = epoch & ((1 << EPOCH_BITS) - 1);
+        Tag(((src as u64) << (EPOCH_BITS + KIND_BITS)) | (e << KIND_BITS) | kind as u64)
+    }
+    /// The sending node.
+    pub fn src(self) -> NodeId {
+        (self.0 >> (EPOCH_BITS + KIND_BITS)) as NodeId
+    }
+    /// The low bits of the sender's epoch.
+    pub fn epoch_bits(self) -> u64 {
+        (self.0 >> KIND_BITS) & ((1 << EPOCH_BITS) - 1)
+    }
+    /// The message kind.
+    pub fn kind(self) -> u32 {
+        (self.0 & ((1 << KIND_BITS) - 1)) as u32
+    }
+    /// The mask a receive posts to match on kind alone, whoever sent it.
+    pub const KIND_MASK: u64 = (1 << KIND_BITS) - 1;
+}
+
+/// Why a transport operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// No endpoint to that node in the current view.
+    #[error("no endpoint to node {0}")]
+    NoEndpoint(NodeId),
+    /// A socket error.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A peer failed the job-secret handshake or sent garbage.
+    #[error("peer refused: {0}")]
+    Handshake(String),
+    /// A view entry's address is not usable by this transport.
+    #[error("bad address for node {0}: {1}")]
+    Address(NodeId, String),
+}
+
+/// What a reconciliation did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Endpoints kept (and re-indexed).
+    pub kept: usize,
+    /// Endpoints opened.
+    pub opened: usize,
+    /// Endpoints closed.
+    pub closed: usize,
+}
+
+/// Where received frames go.
+pub trait Sink: Send + Sync + 'static {
+    /// A frame arrived. `frame` is owned so it can be handed on without a copy.
+    fn deliver(&self, tag: Tag, frame: Vec<u8>);
+    /// An established peer connection ended without an orderly shutdown.
+    fn lost(&self, peer_uid: u64, reason: String);
+}
+
+/// Moves frames between the nodes of a view.
+pub trait Transport: Send + Sync + 'static {
+    /// This node's address, as published in the view (opaque bytes).
+    fn address(&self) -> Vec<u8>;
+    /// Sends the concatenation of `parts` to node `to` with tag `tag`.
+    fn send(&self, to: NodeId, tag: Tag, parts: &[&[u8]]) -> Result<(), TransportError>;
+    /// Brings endpoints in line with `view`, in which this node is `me`.
+    fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError>;
+    /// Orderly shutdown: peers will not report this node as lost.
+    fn shutdown(&self);
+}
