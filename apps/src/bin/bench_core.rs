@@ -1,0 +1,735 @@
+//! `bench_core`: the core performance numbers of Ductile, side by side, in one run.
+//!
+//! ```text
+//! bench_core [--reps N] [--iters K] [--grid N] [--quick] [--skip-pingpong] [--skip-jacobi]
+//!            [--budget-ms MS] [--child-timeout SECS] [--out PATH]
+//! ```
+//!
+//! It measures, by launching the sibling `ductile`, `pingpong` and `jacobi2d`
+//! binaries (found next to this executable) as ordinary jobs:
+//!
+//! 1. pingpong one-way latency and bandwidth, same node (1 node x 2 PEs) and
+//!    across nodes (2 nodes x 1 PE, TCP loopback), median/min/max over `--reps`
+//!    jobs per layout;
+//! 2. Jacobi2D time per iteration on a `--grid`² grid at 1 and 2 PEs with 1, 4
+//!    and 16 blocks per PE, median/min/max over `--reps` jobs, and checks that
+//!    every run printed the same checksum;
+//! 3. the memory-bandwidth bound for that stencil, from a STREAM-triad-like
+//!    kernel run in this process with 1 and 2 threads: a 5-point sweep moves at
+//!    least 16 bytes per point (read one grid, write the other), so an
+//!    iteration takes at least `16 * points / bandwidth`.
+//!
+//! It prints a table and writes every raw sample, the medians and the targets
+//! (with pass/fail flags) as JSON to `target/bench/core.json` (or `--out`).
+//! It exits non-zero when a child run fails or times out, or when Jacobi
+//! checksums disagree; a missed performance target is reported, not an error.
+
+use std::fmt::Write as _;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Barrier;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context, Result};
+use ductile_apps::args;
+use serde_json::{json, Value};
+
+const USAGE: &str = "usage: bench_core [--reps N] [--iters K] [--grid N] [--quick] [--skip-pingpong] [--skip-jacobi] \
+                     [--budget-ms MS] [--child-timeout SECS] [--out PATH]";
+const FLAGS: &[&str] = &["quick", "skip-pingpong", "skip-jacobi", "help"];
+const VALUED: &[&str] = &["reps", "iters", "grid", "budget-ms", "child-timeout", "out"];
+
+const PINGPONG_SIZES: &[usize] = &[8, 1024, 65536, 1 << 20, 4 << 20];
+const PINGPONG_SIZES_QUICK: &[usize] = &[8, 1024, 65536];
+const BLOCKS_PER_PE: &[u32] = &[1, 4, 16];
+const JACOBI_PES: &[u32] = &[1, 2];
+/// Bytes a 5-point Jacobi sweep moves per point at least: read one f64 grid, write another.
+const JACOBI_BYTES_PER_POINT: f64 = 16.0;
+/// Bytes a triad moves per element as counted by STREAM: read b and c, write a.
+const TRIAD_BYTES_PER_ELEM: f64 = 24.0;
+
+// Targets.
+const TARGET_INTRA_8B_US: f64 = 1.0;
+const TARGET_CROSS_8B_US: f64 = 15.0;
+const TARGET_JACOBI_VS_BOUND: f64 = 1.5;
+const TARGET_OVERDECOMP_4: f64 = 0.10;
+
+struct Opts {
+    reps: usize,
+    iters: u64,
+    grid: u32,
+    quick: bool,
+    skip_pingpong: bool,
+    skip_jacobi: bool,
+    budget_ms: f64,
+    child_timeout_s: u64,
+    out: Option<PathBuf>,
+    triad_mib: usize,
+    triad_passes: usize,
+}
+
+impl Opts {
+    fn parse(a: &[String]) -> Result<Opts, String> {
+        let mut i = 0;
+        while i < a.len() {
+            let name = a[i].strip_prefix("--").ok_or_else(|| format!("unexpected argument `{}`", a[i]))?;
+            let (name, inline) = name.split_once('=').map_or((name, false), |(n, _)| (n, true));
+            if VALUED.contains(&name) {
+                i += if inline { 1 } else { 2 };
+            } else if FLAGS.contains(&name) && !inline {
+                i += 1;
+            } else {
+                return Err(format!("unknown option `{}`", a[i]));
+            }
+        }
+        let quick = args::flag(a, "quick");
+        let reps = args::parse(a, "reps", if quick { 1 } else { 5usize })?;
+        if reps == 0 {
+            return Err("--reps must be at least 1".into());
+        }
+        let grid = args::parse(a, "grid", if quick { 512 } else { 4096u32 })?;
+        if grid < 64 {
+            return Err("--grid must be at least 64".into());
+        }
+        let iters = args::parse(a, "iters", if quick { 10 } else { 30u64 })?;
+        if iters == 0 {
+            return Err("--iters must be at least 1".into());
+        }
+        Ok(Opts {
+            reps,
+            iters,
+            grid,
+            quick,
+            skip_pingpong: args::flag(a, "skip-pingpong"),
+            skip_jacobi: args::flag(a, "skip-jacobi"),
+            budget_ms: args::parse(a, "budget-ms", if quick { 20.0 } else { 200.0 })?,
+            child_timeout_s: args::parse(a, "child-timeout", 300u64)?,
+            out: args::value(a, "out").map(PathBuf::from),
+            triad_mib: if quick { 16 } else { 64 },
+            triad_passes: if quick { 4 } else { 10 },
+        })
+    }
+}
+
+// ---------------------------------------------------------------- statistics
+
+#[derive(Clone, Copy)]
+struct Stats {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn stats(samples: &[f64]) -> Stats {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let median = if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    Stats { median, min: s.first().copied().unwrap_or(f64::NAN), max: s.last().copied().unwrap_or(f64::NAN) }
+}
+
+fn stats_json(samples: &[f64]) -> Value {
+    let st = stats(samples);
+    json!({ "samples": samples, "median": st.median, "min": st.min, "max": st.max })
+}
+
+// ---------------------------------------------------------------- child runs
+
+struct Env {
+    ductile: PathBuf,
+    state_base: PathBuf,
+    timeout_s: u64,
+    runs: usize,
+}
+
+/// Output of a child job that exited 0.
+struct ChildOut {
+    stdout: String,
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Env {
+    /// Runs `program args` as a job of `nodes x pes` under the launcher, with a
+    /// wall-clock limit; a failure is an error carrying the child's output tails.
+    fn run(&mut self, tag: &str, nodes: u32, pes: u32, program: &Path, prog_args: &[String]) -> Result<ChildOut> {
+        self.runs += 1;
+        let job = format!("bench-core-{}-{tag}-{}", std::process::id(), self.runs);
+        let state_dir = self.state_base.join(&job);
+        let mut cmd = Command::new(&self.ductile);
+        cmd.arg("run")
+            .args(["--nodes", &nodes.to_string(), "--pes-per-node", &pes.to_string()])
+            .args(["--job", &job])
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .args(["--timeout", &self.timeout_s.to_string()])
+            .arg("--")
+            .arg(program)
+            .args(prog_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let shown = format!("{cmd:?}");
+        let mut child = cmd.spawn().with_context(|| format!("cannot start {}", self.ductile.display()))?;
+        let mut out_pipe = child.stdout.take().expect("piped stdout");
+        let mut err_pipe = child.stderr.take().expect("piped stderr");
+        let out_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out_pipe.read_to_string(&mut s);
+            s
+        });
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err_pipe.read_to_string(&mut s);
+            s
+        });
+        // The launcher enforces --timeout; this is only a backstop in case it hangs itself.
+        let deadline = Instant::now() + Duration::from_secs(self.timeout_s + 30);
+        let status = loop {
+            if let Some(st) = child.try_wait()? {
+                break Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stdout = out_reader.join().unwrap_or_default();
+        let stderr = err_reader.join().unwrap_or_default();
+        match status {
+            Some(st) if st.success() => Ok(ChildOut { stdout }),
+            other => {
+                let why = match other {
+                    Some(st) => format!("exited with {st}"),
+                    None => format!("did not finish within {} s and was killed", self.timeout_s + 30),
+                };
+                Err(anyhow!(
+                    "child run `{tag}` {why}\n  command: {shown}\n  --- stderr (tail) ---\n{}\n  --- stdout (tail) ---\n{}",
+                    tail(&stderr, 30),
+                    tail(&stdout, 10)
+                ))
+            }
+        }
+    }
+}
+
+/// `key=value` fields of a line.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+fn num(line: &str, key: &str) -> Result<f64> {
+    let v = field(line, key).ok_or_else(|| anyhow!("no `{key}=` in `{line}`"))?;
+    v.parse().map_err(|_| anyhow!("bad `{key}={v}` in `{line}`"))
+}
+
+// ---------------------------------------------------------------- pingpong
+
+struct Layout {
+    name: &'static str,
+    nodes: u32,
+    pes: u32,
+}
+
+const LAYOUTS: &[Layout] =
+    &[Layout { name: "same-node", nodes: 1, pes: 2 }, Layout { name: "cross-node", nodes: 2, pes: 1 }];
+
+/// Per layout, per size: (oneway_us samples, MB/s samples, iters samples).
+type PingSamples = Vec<Vec<(Vec<f64>, Vec<f64>, Vec<f64>)>>;
+
+fn run_pingpong(env: &mut Env, bin: &Path, o: &Opts, sizes: &[usize]) -> Result<PingSamples> {
+    let mut samples: PingSamples = LAYOUTS.iter().map(|_| sizes.iter().map(|_| Default::default()).collect()).collect();
+    let size_list = sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let min_iters = if o.quick { "10" } else { "20" };
+    let prog_args: Vec<String> =
+        ["--sizes", &size_list, "--min-iters", min_iters, "--budget-ms", &o.budget_ms.to_string()].map(String::from).into();
+    // Reps outermost, so drift on a shared machine spreads over every layout.
+    for rep in 0..o.reps {
+        for (li, l) in LAYOUTS.iter().enumerate() {
+            eprintln!("bench_core: pingpong {} rep {}/{}", l.name, rep + 1, o.reps);
+            let out = env.run(&format!("pingpong-{}", l.name), l.nodes, l.pes, bin, &prog_args)?;
+            for (si, &size) in sizes.iter().enumerate() {
+                let line = out
+                    .stdout
+                    .lines()
+                    .find(|ln| ln.starts_with("pingpong ") && field(ln, "size") == Some(&size.to_string()))
+                    .ok_or_else(|| anyhow!("pingpong {} printed no line for size {size}:\n{}", l.name, tail(&out.stdout, 10)))?;
+                let s = &mut samples[li][si];
+                s.0.push(num(line, "oneway_us")?);
+                s.1.push(num(line, "bandwidth_MBps")?);
+                s.2.push(num(line, "iters")?);
+            }
+        }
+    }
+    Ok(samples)
+}
+
+// ---------------------------------------------------------------- jacobi
+
+/// Near-square decomposition of `n` blocks: (rows, cols) with rows >= cols.
+fn decompose(n: u32) -> (u32, u32) {
+    let mut c = (f64::from(n).sqrt() as u32).max(1);
+    while n % c != 0 {
+        c -= 1;
+    }
+    (n / c, c)
+}
+
+struct JacobiCfg {
+    pes: u32,
+    blocks_per_pe: u32,
+    bx: u32,
+    by: u32,
+}
+
+struct JacobiSample {
+    ms_per_iter: f64,
+    seconds: f64,
+    checksum: String,
+    blocks: String,
+}
+
+fn jacobi_configs(grid: u32) -> Vec<JacobiCfg> {
+    let mut v = Vec::new();
+    for &pes in JACOBI_PES {
+        for &b in BLOCKS_PER_PE {
+            let (rows, cols) = decompose(pes * b);
+            v.push(JacobiCfg { pes, blocks_per_pe: b, bx: grid.div_ceil(cols), by: grid.div_ceil(rows) });
+        }
+    }
+    v
+}
+
+fn run_jacobi(env: &mut Env, bin: &Path, o: &Opts, cfgs: &[JacobiCfg]) -> Result<Vec<Vec<JacobiSample>>> {
+    let mut samples: Vec<Vec<JacobiSample>> = cfgs.iter().map(|_| Vec::new()).collect();
+    for rep in 0..o.reps {
+        for (ci, c) in cfgs.iter().enumerate() {
+            eprintln!(
+                "bench_core: jacobi2d {}x{} pes={} blocks/pe={} block={}x{} rep {}/{}",
+                o.grid,
+                o.grid,
+                c.pes,
+                c.blocks_per_pe,
+                c.bx,
+                c.by,
+                rep + 1,
+                o.reps
+            );
+            let prog_args: Vec<String> = [
+                "--grid".to_string(),
+                o.grid.to_string(),
+                "--block".into(),
+                format!("{}x{}", c.bx, c.by),
+                "--iters".into(),
+                o.iters.to_string(),
+                "--residual-every".into(),
+                "0".into(),
+                "--quiet".into(),
+            ]
+            .into();
+            let out = env.run(&format!("jacobi-{}pe-{}b", c.pes, c.blocks_per_pe), 1, c.pes, bin, &prog_args)?;
+            let line = out
+                .stdout
+                .lines()
+                .find(|l| l.starts_with("jacobi2d "))
+                .ok_or_else(|| anyhow!("jacobi2d printed no result line:\n{}", tail(&out.stdout, 10)))?;
+            let sum_line = out
+                .stdout
+                .lines()
+                .find(|l| l.starts_with("checksum="))
+                .ok_or_else(|| anyhow!("jacobi2d printed no checksum line:\n{}", tail(&out.stdout, 10)))?;
+            let pes = num(line, "pes")?;
+            if pes != f64::from(c.pes) {
+                bail!("jacobi2d ran on {pes} PEs, expected {}", c.pes);
+            }
+            samples[ci].push(JacobiSample {
+                ms_per_iter: num(line, "time_per_iter_ms")?,
+                seconds: num(line, "seconds")?,
+                checksum: field(sum_line, "checksum").unwrap_or_default().to_string(),
+                blocks: field(line, "blocks").unwrap_or_default().to_string(),
+            });
+        }
+    }
+    Ok(samples)
+}
+
+// ---------------------------------------------------------------- triad
+
+fn triad(a: &mut [f64], b: &[f64], c: &[f64], s: f64) {
+    for ((x, y), z) in a.iter_mut().zip(b).zip(c) {
+        *x = y + s * z;
+    }
+}
+
+/// Best-of-`passes` GB/s (and every pass's GB/s) of `a = b + s*c` split over `threads` threads.
+fn run_triad(mib: usize, passes: usize, threads: usize) -> (f64, Vec<f64>) {
+    let n = mib * (1 << 20) / 8;
+    let mut a = vec![0.0f64; n];
+    let b = vec![1.0f64; n];
+    let c = vec![2.0f64; n];
+    let bytes = TRIAD_BYTES_PER_ELEM * n as f64;
+    let chunk = n.div_ceil(threads);
+    let barrier = Barrier::new(threads);
+    let mut secs = Vec::new();
+    std::thread::scope(|sc| {
+        let mut handles = Vec::new();
+        for (t, (ac, (bc, cc))) in a.chunks_mut(chunk).zip(b.chunks(chunk).zip(c.chunks(chunk))).enumerate() {
+            let barrier = &barrier;
+            handles.push(sc.spawn(move || {
+                let mut times = Vec::new();
+                // One untimed pass faults in `a`'s pages.
+                triad(ac, bc, cc, 3.0);
+                for p in 0..passes {
+                    barrier.wait();
+                    let t0 = Instant::now();
+                    triad(ac, bc, cc, std::hint::black_box(3.0 + p as f64));
+                    barrier.wait();
+                    if t == 0 {
+                        times.push(t0.elapsed().as_secs_f64());
+                    }
+                }
+                std::hint::black_box(&ac[0]);
+                times
+            }));
+        }
+        for (t, h) in handles.into_iter().enumerate() {
+            let times = h.join().expect("triad thread panicked");
+            if t == 0 {
+                secs = times;
+            }
+        }
+    });
+    let gbps: Vec<f64> = secs.iter().map(|s| bytes / s / 1e9).collect();
+    (gbps.iter().copied().fold(0.0, f64::max), gbps)
+}
+
+// ---------------------------------------------------------------- machine info
+
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+fn mem_total_kib() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    info.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn git_commit(root: &Path) -> Option<String> {
+    let out = Command::new("git").arg("-C").arg(root).args(["rev-parse", "HEAD"]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch (proleptic Gregorian, UTC).
+fn utc_date(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+// ---------------------------------------------------------------- main
+
+fn fmt_size(b: usize) -> String {
+    if b >= 1 << 20 && b % (1 << 20) == 0 {
+        format!("{} MiB", b >> 20)
+    } else if b >= 1024 && b % 1024 == 0 {
+        format!("{} KiB", b >> 10)
+    } else {
+        format!("{b} B")
+    }
+}
+
+fn pass_str(p: Option<bool>) -> &'static str {
+    match p {
+        Some(true) => "PASS",
+        Some(false) => "FAIL",
+        None => "skipped",
+    }
+}
+
+fn main() -> ExitCode {
+    match real_main() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("bench_core: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn real_main() -> Result<ExitCode> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if args::flag(&argv, "help") {
+        println!("{USAGE}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let o = match Opts::parse(&argv) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("bench_core: {e}\n{USAGE}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+
+    let exe = std::env::current_exe().context("cannot locate the current executable")?;
+    let bin_dir = exe.parent().ok_or_else(|| anyhow!("executable has no parent directory"))?.to_path_buf();
+    let target_dir = bin_dir.parent().ok_or_else(|| anyhow!("{} has no parent directory", bin_dir.display()))?;
+    let sibling = |name: &str| -> Result<PathBuf> {
+        let p = bin_dir.join(name);
+        if p.is_file() {
+            Ok(p)
+        } else {
+            bail!(
+                "{} not found next to bench_core; build it with `cargo build --release -p ductile-apps -p ductile-operator`",
+                p.display()
+            )
+        }
+    };
+    let ductile = sibling("ductile")?;
+    let pingpong_bin = sibling("pingpong")?;
+    let jacobi_bin = sibling("jacobi2d")?;
+    let out_path = o.out.clone().unwrap_or_else(|| target_dir.join("bench").join("core.json"));
+
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let date = utc_date(now.as_secs());
+    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = cpu_model();
+    let state_base = std::env::temp_dir().join(format!("ductile-bench-core-{}-{}", std::process::id(), now.as_nanos()));
+    std::fs::create_dir_all(&state_base).with_context(|| format!("cannot create {}", state_base.display()))?;
+    let mut env = Env { ductile, state_base: state_base.clone(), timeout_s: o.child_timeout_s, runs: 0 };
+
+    // 1. Memory bandwidth, first, while nothing else of ours runs.
+    eprintln!("bench_core: STREAM triad, {} MiB per array, {} passes", o.triad_mib, o.triad_passes);
+    let (bw1, bw1_samples) = run_triad(o.triad_mib, o.triad_passes, 1);
+    let (bw2, bw2_samples) = run_triad(o.triad_mib, o.triad_passes, 2);
+
+    // 2. Pingpong.
+    let sizes = if o.quick { PINGPONG_SIZES_QUICK } else { PINGPONG_SIZES };
+    let cfgs = jacobi_configs(o.grid);
+    let children = (|| -> Result<_> {
+        let ping = if o.skip_pingpong { None } else { Some(run_pingpong(&mut env, &pingpong_bin, &o, sizes)?) };
+        // 3. Jacobi.
+        let jac = if o.skip_jacobi { None } else { Some(run_jacobi(&mut env, &jacobi_bin, &o, &cfgs)?) };
+        Ok((ping, jac))
+    })();
+    let _ = std::fs::remove_dir_all(&state_base);
+    let (ping, jac) = children?;
+
+    let mut report = String::new();
+    let w = &mut report;
+    writeln!(w, "bench_core  {date}  nproc={nproc}  cpu={}", model.as_deref().unwrap_or("unknown"))?;
+    writeln!(
+        w,
+        "parameters: reps={} grid={}x{} iters={} pingpong budget={} ms{}",
+        o.reps,
+        o.grid,
+        o.grid,
+        o.iters,
+        o.budget_ms,
+        if o.quick { " (--quick)" } else { "" }
+    )?;
+
+    // Memory bandwidth and bounds.
+    let points = f64::from(o.grid) * f64::from(o.grid);
+    let bound_ms = |gbps: f64| JACOBI_BYTES_PER_POINT * points / (gbps * 1e9) * 1e3;
+    writeln!(w, "\nMemory bandwidth (triad a=b+s*c, f64, {} MiB/array, 24 B/elem, best of {})", o.triad_mib, o.triad_passes)?;
+    writeln!(w, "  threads | best GB/s | Jacobi {0}x{0} bound, ms/iter (16 B/point)", o.grid)?;
+    writeln!(w, "  {:>7} | {:>9.2} | {:>10.3}", 1, bw1, bound_ms(bw1))?;
+    writeln!(w, "  {:>7} | {:>9.2} | {:>10.3}", 2, bw2, bound_ms(bw2))?;
+
+    let mut ping_json = Vec::new();
+    let mut intra_8b = None;
+    let mut cross_8b = None;
+    if let Some(ping) = &ping {
+        writeln!(w, "\nPingpong one-way latency, median of {} jobs [min..max]; bandwidth = size / one-way time", o.reps)?;
+        writeln!(
+            w,
+            "  {:>7} | {:>28} | {:>10} | {:>28} | {:>10}",
+            "size", "same-node 1x2 one-way µs", "MB/s", "cross-node 2x1 one-way µs", "MB/s"
+        )?;
+        for (si, &size) in sizes.iter().enumerate() {
+            let mut row = format!("  {:>7}", fmt_size(size));
+            for li in 0..LAYOUTS.len() {
+                let (lat, bw, _) = &ping[li][si];
+                let (l, b) = (stats(lat), stats(bw));
+                let cell = format!("{:.3} [{:.3}..{:.3}]", l.median, l.min, l.max);
+                write!(row, " | {cell:>28} | {:>10.1}", b.median)?;
+            }
+            writeln!(w, "{row}")?;
+        }
+        for (li, l) in LAYOUTS.iter().enumerate() {
+            let per_size: Vec<Value> = sizes
+                .iter()
+                .enumerate()
+                .map(|(si, &size)| {
+                    let (lat, bw, it) = &ping[li][si];
+                    json!({ "size_bytes": size, "oneway_us": stats_json(lat), "bandwidth_MBps": stats_json(bw), "iters": it })
+                })
+                .collect();
+            ping_json.push(json!({ "layout": l.name, "nodes": l.nodes, "pes_per_node": l.pes, "sizes": per_size }));
+        }
+        if let Some(si) = sizes.iter().position(|&s| s == 8) {
+            intra_8b = Some(stats(&ping[0][si].0).median);
+            cross_8b = Some(stats(&ping[1][si].0).median);
+        }
+    }
+
+    let mut jac_json = Value::Null;
+    let mut checksum_ok = true;
+    let mut ratio_1pe = None;
+    let mut overhead = Vec::new();
+    if let Some(jac) = &jac {
+        let all_sums: Vec<&str> = jac.iter().flatten().map(|s| s.checksum.as_str()).collect();
+        let first = all_sums.first().copied().unwrap_or("");
+        checksum_ok = all_sums.iter().all(|s| *s == first && !s.is_empty());
+        let median_of = |ci: usize| stats(&jac[ci].iter().map(|s| s.ms_per_iter).collect::<Vec<_>>()).median;
+        let base_of = |pes: u32| cfgs.iter().position(|c| c.pes == pes && c.blocks_per_pe == 1).map(median_of);
+        writeln!(w, "\nJacobi2D {0}x{0}, {1} iterations, time per iteration, median of {2} jobs [min..max]", o.grid, o.iters, o.reps)?;
+        writeln!(
+            w,
+            "  {:>3} | {:>9} | {:>6} | {:>9} | {:>26} | {:>13} | {:>8}",
+            "PEs", "blocks/PE", "blocks", "block", "ms/iter", "vs 1 block/PE", "vs bound"
+        )?;
+        let mut runs = Vec::new();
+        for (ci, c) in cfgs.iter().enumerate() {
+            let ms: Vec<f64> = jac[ci].iter().map(|s| s.ms_per_iter).collect();
+            let st = stats(&ms);
+            let base = base_of(c.pes).unwrap_or(f64::NAN);
+            let bound = bound_ms(if c.pes == 1 { bw1 } else { bw2 });
+            let vs_base = st.median / base - 1.0;
+            let vs_bound = st.median / bound;
+            if c.pes == 1 && c.blocks_per_pe == 1 {
+                ratio_1pe = Some(vs_bound);
+            }
+            if c.pes == 1 && c.blocks_per_pe > 1 {
+                overhead.push((c.blocks_per_pe, vs_base));
+            }
+            let blocks = jac[ci].first().map_or(String::new(), |s| s.blocks.clone());
+            writeln!(
+                w,
+                "  {:>3} | {:>9} | {:>6} | {:>9} | {:>26} | {:>12.1}% | {:>7.2}x",
+                c.pes,
+                c.blocks_per_pe,
+                blocks,
+                format!("{}x{}", c.bx, c.by),
+                format!("{:.3} [{:.3}..{:.3}]", st.median, st.min, st.max),
+                vs_base * 100.0,
+                vs_bound
+            )?;
+            runs.push(json!({
+                "pes": c.pes, "nodes": 1, "blocks_per_pe": c.blocks_per_pe, "block": [c.bx, c.by], "blocks_rows_x_cols": blocks,
+                "ms_per_iter": stats_json(&ms),
+                "seconds": jac[ci].iter().map(|s| s.seconds).collect::<Vec<_>>(),
+                "checksums": jac[ci].iter().map(|s| s.checksum.clone()).collect::<Vec<_>>(),
+                "vs_1_block_per_pe": vs_base, "vs_bound": vs_bound, "bound_ms_per_iter": bound,
+            }));
+        }
+        if checksum_ok {
+            writeln!(w, "  checksum {first} (identical in all {} runs)", all_sums.len())?;
+        } else {
+            writeln!(w, "  !!! CHECKSUM MISMATCH across Jacobi runs of the same grid and iterations: {all_sums:?}")?;
+        }
+        jac_json = json!({
+            "grid": [o.grid, o.grid], "iters": o.iters, "checksum": first, "checksums_agree": checksum_ok,
+            "bound_ms_per_iter": { "1_thread": bound_ms(bw1), "2_threads": bound_ms(bw2) },
+            "bytes_per_point": JACOBI_BYTES_PER_POINT,
+            "ratio_1pe_1block_vs_bound": ratio_1pe,
+            "overdecomposition_cost_1pe": overhead.iter().map(|(b, v)| (b.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "runs": runs,
+        });
+    }
+
+    // Targets.
+    let over4 = overhead.iter().find(|(b, _)| *b == 4).map(|(_, v)| *v);
+    let targets: Vec<(&str, Option<f64>, &str, String, Option<bool>)> = vec![
+        ("intra-node 8 B one-way", intra_8b, "µs", format!("< {TARGET_INTRA_8B_US}"), intra_8b.map(|v| v < TARGET_INTRA_8B_US)),
+        ("cross-node 8 B one-way", cross_8b, "µs", format!("< {TARGET_CROSS_8B_US}"), cross_8b.map(|v| v < TARGET_CROSS_8B_US)),
+        (
+            "Jacobi 1 PE / bandwidth bound",
+            ratio_1pe,
+            "x",
+            format!("<= {TARGET_JACOBI_VS_BOUND}"),
+            ratio_1pe.map(|v| v <= TARGET_JACOBI_VS_BOUND),
+        ),
+        (
+            "4 blocks/PE overhead at 1 PE",
+            over4.map(|v| v * 100.0),
+            "%",
+            format!("< {}", TARGET_OVERDECOMP_4 * 100.0),
+            over4.map(|v| v < TARGET_OVERDECOMP_4),
+        ),
+    ];
+    writeln!(w, "\nTargets")?;
+    writeln!(w, "  {:<30} | {:>10} | {:>8} | result", "target", "value", "limit")?;
+    for (name, v, unit, limit, pass) in &targets {
+        let val = v.map_or("-".to_string(), |v| format!("{v:.3} {unit}"));
+        writeln!(w, "  {name:<30} | {val:>10} | {:>8} | {}", format!("{limit} {unit}"), pass_str(*pass))?;
+    }
+    print!("{report}");
+
+    let doc = json!({
+        "benchmark": "bench_core",
+        "date_utc": date,
+        "unix_time": now.as_secs(),
+        "command": std::iter::once("bench_core".to_string()).chain(argv.iter().cloned()).collect::<Vec<_>>().join(" "),
+        "git_commit": target_dir.parent().and_then(git_commit),
+        "machine": { "nproc": nproc, "cpu_model": model, "mem_total_kib": mem_total_kib() },
+        "parameters": {
+            "reps": o.reps, "iters": o.iters, "grid": o.grid, "quick": o.quick,
+            "skip_pingpong": o.skip_pingpong, "skip_jacobi": o.skip_jacobi,
+            "pingpong_sizes": sizes, "pingpong_budget_ms": o.budget_ms,
+            "jacobi_pes": JACOBI_PES, "jacobi_blocks_per_pe": BLOCKS_PER_PE,
+            "triad_mib_per_array": o.triad_mib, "triad_passes": o.triad_passes,
+            "child_timeout_s": o.child_timeout_s,
+        },
+        "stream_triad": {
+            "bytes_per_element": TRIAD_BYTES_PER_ELEM,
+            "threads_1": { "best_GBps": bw1, "samples_GBps": bw1_samples },
+            "threads_2": { "best_GBps": bw2, "samples_GBps": bw2_samples },
+        },
+        "pingpong": ping_json,
+        "jacobi": jac_json,
+        "targets": targets.iter().map(|(name, v, unit, limit, pass)| json!({
+            "name": name, "value": v, "unit": unit, "limit": limit, "pass": pass,
+        })).collect::<Vec<_>>(),
+        "ok": checksum_ok,
+        "table": report,
+    });
+    if let Some(dir) = out_path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    std::fs::write(&out_path, serde_json::to_string_pretty(&doc)? + "\n")
+        .with_context(|| format!("cannot write {}", out_path.display()))?;
+    println!("\nJSON: {}", out_path.display());
+
+    if !checksum_ok {
+        eprintln!("bench_core: ERROR: Jacobi checksums differ between runs of the same grid and iterations");
+        return Ok(ExitCode::from(3));
+    }
+    Ok(ExitCode::SUCCESS)
+}
