@@ -5,3 +5,4 @@
 
 pub mod args;
 pub mod jacobi;
+pub mod megatest;

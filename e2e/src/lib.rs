@@ -1,1 +1,114 @@
-//! End-to-end tests live in `tests/`.
+//! Helpers for the end-to-end tests: find the release binaries, run a job
+//! through `ductile run` with its own state directory, and read its output.
+//!
+//! The binaries must be built first (`cargo build --release --workspace
+//! --bins`); `scripts/test` does that before it runs the tests.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// The node x PE shapes every feature is exercised at (Charm++ megatest style).
+pub const SHAPES: &[(u32, u32)] = &[(1, 1), (1, 2), (2, 1), (2, 2), (3, 1)];
+
+/// Directory holding the release binaries.
+pub fn bin_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("DUCTILE_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("release")
+}
+
+/// Path of a release binary, with a clear panic if it was not built.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(p.exists(), "{} is missing: build the binaries first (`cargo build --release --workspace --bins`, or run scripts/test)", p.display());
+    p
+}
+
+/// What a finished job left behind.
+pub struct Job {
+    /// `ductile run`'s exit code (None: killed by a signal).
+    pub code: Option<i32>,
+    /// Everything the job printed on stdout.
+    pub stdout: String,
+    /// Everything on stderr.
+    pub stderr: String,
+    /// The job's state directory (kept until the value is dropped).
+    pub state: tempfile::TempDir,
+}
+
+impl Job {
+    /// The value of the last `key=value` token named `key` in stdout.
+    pub fn value(&self, key: &str) -> Option<String> {
+        let prefix = format!("{key}=");
+        self.stdout
+            .lines()
+            .flat_map(|l| l.split_whitespace())
+            .filter_map(|tok| tok.strip_prefix(&prefix))
+            .last()
+            .map(str::to_string)
+    }
+
+    /// Panics with the job's output unless it exited with `code`.
+    pub fn expect_code(&self, code: i32, what: &str) -> &Self {
+        assert_eq!(self.code, Some(code), "{what}: unexpected exit\n--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr);
+        self
+    }
+
+    /// The job record written by the launcher.
+    pub fn record(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.state.path().join("job.json")).expect("job.json written by ductile run");
+        serde_json::from_str(&text).expect("job.json is JSON")
+    }
+}
+
+/// Runs `program args` as a `nodes` x `pes` job through `ductile run`.
+pub fn run(nodes: u32, pes: u32, program: &str, args: &[&str]) -> Job {
+    run_with(nodes, pes, program, args, &[])
+}
+
+/// As [`run`], with extra `ductile run` flags.
+pub fn run_with(nodes: u32, pes: u32, program: &str, args: &[&str], flags: &[&str]) -> Job {
+    let state = tempfile::tempdir().expect("temp dir");
+    let out: Output = Command::new(bin("ductile"))
+        .arg("run")
+        .args(["--nodes", &nodes.to_string(), "--pes-per-node", &pes.to_string()])
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--timeout", "120"])
+        .args(flags)
+        .arg("--")
+        .arg(bin(program))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawning ductile run");
+    Job {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        state,
+    }
+}
+
+/// Whether a process with this pid still exists.
+pub fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
+}
+
+/// Waits up to `limit` for `cond`.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}

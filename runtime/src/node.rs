@@ -180,7 +180,7 @@ fn hostname() -> String {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env(contract::ENV_LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).with_target(false).try_init();
 }
 
 fn install_panic_exit() {

@@ -231,7 +231,7 @@ impl PeCtx {
         match self.locate(coll, key) {
             Some(pe) => self.send_env(pe, Envelope { prio, dest, payload, counted: true }),
             // The collection's creation has not reached this PE yet: hold the message here.
-            None => self.unknown.entry(coll).or_default().push(Envelope { prio, dest, payload, counted: false }),
+            None => self.hold_for_creation(coll, Envelope { prio, dest, payload, counted: false }),
         }
     }
 
@@ -257,9 +257,25 @@ impl PeCtx {
         }
         if let Some(held) = self.waiting.remove(&(coll, key)) {
             for env in held {
-                self.enqueue(env);
+                self.release(self.pe, env);
             }
         }
+    }
+
+    /// Keeps an envelope until collection `coll` is created on this PE.
+    ///
+    /// Held envelopes leave quiescence detection's books balanced (their
+    /// sending and any earlier handling were both counted); [`Self::release`]
+    /// counts them again as new messages.
+    fn hold_for_creation(&mut self, coll: CollId, mut env: Envelope) {
+        env.counted = false;
+        self.unknown.entry(coll).or_default().push(env);
+    }
+
+    /// Sends on an envelope that was held, as a newly created message.
+    fn release(&mut self, pe: PeId, mut env: Envelope) {
+        env.counted = true;
+        self.send_env(pe, env);
     }
 
     fn home_of(&self, coll: CollId, key: IndexKey) -> Option<PeId> {
@@ -514,7 +530,7 @@ impl Pe {
 
     fn to_element(&mut self, coll: CollId, key: IndexKey, src: PeId, env: Envelope) {
         if !self.ctx.colls.contains_key(&coll) {
-            self.ctx.unknown.entry(coll).or_default().push(env);
+            self.ctx.hold_for_creation(coll, env);
             return;
         }
         if let Some(store) = self.stores.get_mut(&coll) {
@@ -532,7 +548,7 @@ impl Pe {
                 Some(&pe) => pe,
                 None => {
                     // Not inserted yet: wait here, the home, for its insertion.
-                    self.ctx.waiting.entry((coll, key)).or_default().push(env);
+                    self.ctx.waiting.entry((coll, key)).or_default().push(Envelope { counted: false, ..env });
                     return;
                 }
             }
@@ -550,7 +566,7 @@ impl Pe {
 
     fn to_member(&mut self, coll: CollId, env: Envelope) {
         if !self.ctx.colls.contains_key(&coll) {
-            self.ctx.unknown.entry(coll).or_default().push(env);
+            self.ctx.hold_for_creation(coll, env);
             return;
         }
         let me = self.ctx.pe;
@@ -566,7 +582,7 @@ impl Pe {
 
     fn to_all(&mut self, coll: CollId, env: Envelope) {
         if !self.ctx.colls.contains_key(&coll) {
-            self.ctx.unknown.entry(coll).or_default().push(env);
+            self.ctx.hold_for_creation(coll, env);
             return;
         }
         for child in self.ctx.topo.children(self.ctx.pe) {
@@ -601,7 +617,9 @@ impl Pe {
             SysMsg::Create(spec) => self.create(spec),
             SysMsg::InsertRequest { coll, key, init, on } => {
                 let Some(pop) = self.ctx.populations.get_mut(&coll) else {
-                    error!("insertion into unknown collection {coll:#x} refused");
+                    // The creation is still on its way to PE 0.
+                    let msg = SysMsg::InsertRequest { coll, key, init, on };
+                    self.ctx.hold_for_creation(coll, Envelope { prio: 0, dest: Dest::System, payload: Payload::local(msg), counted: false });
                     return;
                 };
                 *pop.births.entry(pop.next_open).or_insert(0) += 1;
@@ -611,7 +629,9 @@ impl Pe {
             }
             SysMsg::Insert { coll, key, init, red_start } => {
                 let Some(store) = self.stores.get_mut(&coll) else {
-                    error!(pe = me, "insertion into unknown collection {coll:#x} refused");
+                    // PE 0 sent this directly; the creation comes down the tree and may be later.
+                    let msg = SysMsg::Insert { coll, key, init, red_start };
+                    self.ctx.hold_for_creation(coll, Envelope { prio: 0, dest: Dest::System, payload: Payload::local(msg), counted: false });
                     return;
                 };
                 if let Err(e) = store.construct(key, &init, red_start, &mut self.ctx) {
@@ -622,7 +642,7 @@ impl Pe {
                 self.ctx.homes.insert((coll, key), pe);
                 if let Some(held) = self.ctx.waiting.remove(&(coll, key)) {
                     for env in held {
-                        self.ctx.send_env(pe, env);
+                        self.ctx.release(pe, env);
                     }
                 }
             }
@@ -699,13 +719,8 @@ impl Pe {
             self.ctx.populations.insert(coll, Population { base, births: BTreeMap::new(), next_open: 0, done: BTreeMap::new() });
         }
         if let Some(held) = self.ctx.unknown.remove(&coll) {
-            for mut env in held {
-                // Messages held before creation on their sending PE were not counted yet.
-                if !env.counted {
-                    env.counted = true;
-                    self.ctx.created += 1;
-                }
-                self.ctx.enqueue(env);
+            for env in held {
+                self.ctx.release(me, env);
             }
         }
     }

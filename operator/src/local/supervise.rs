@@ -502,7 +502,9 @@ impl Supervisor {
             .filter_map(|(i, s)| code_of(s).map(|c| (i, c)))
             .filter(|&(_, c)| c != code)
             .collect();
-        if code == 0 && !disagreeing.is_empty() {
+        // Nodes that disagree with node 0 mean something went wrong beyond the
+        // program's own choice of code (a panic, a lost peer): fail the job.
+        if !disagreeing.is_empty() {
             JobEnd::Failed(Failure::Disagreement { disagreeing })
         } else {
             JobEnd::Completed { code, disagreeing }
@@ -784,13 +786,13 @@ mod tests {
     }
 
     #[test]
-    fn node_zero_failing_passes_its_code_and_reports_disagreement() {
+    fn nodes_disagreeing_with_a_failing_node_zero_fail_the_job() {
         let mut sup = sup(2);
         sup.job_started();
         sup.node_exited(0, Exit::Code(3), s(1.0));
         sup.node_exited(1, Exit::Code(1), s(1.0));
         let end = sup.poll(s(1.0)).unwrap();
-        assert_eq!(end.exit_code(), 3);
+        assert_eq!(end.exit_code(), 1);
         assert!(end.message().unwrap().contains("node 1 exited with code 1"));
     }
 
