@@ -1,0 +1,1 @@
+//! Measurement-based load balancing (being written).
