@@ -109,3 +109,21 @@ pub trait Transport: Send + Sync + 'static {
     /// Orderly shutdown: peers will not report this node as lost.
     fn shutdown(&self);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn tag_fields_roundtrip(src in 0u32..(1 << SRC_BITS), epoch: u64, kind in 0u32..(1 << KIND_BITS)) {
+            let t = Tag::new(src, epoch, kind);
+            prop_assert_eq!(t.src(), src);
+            prop_assert_eq!(t.kind(), kind);
+            prop_assert_eq!(t.epoch_bits(), epoch & 0xffff);
+            // A receive posted on the kind alone matches whatever the sender's id.
+            prop_assert_eq!(t.0 & Tag::KIND_MASK, Tag::new(0, 0, kind).0);
+        }
+    }
+}
