@@ -183,3 +183,12 @@ fn a_node_running_another_build_is_refused_at_start() {
     let out = first.wait_with_output().expect("first node");
     assert_ne!(out.status.code(), Some(0), "the first node cannot run without its peer");
 }
+
+#[test]
+fn the_readme_example_runs_as_written() {
+    for &(n, p) in SHAPES {
+        let job = run(n, p, "counter", &[]);
+        job.expect_code(0, "counter");
+        assert_eq!(job.stdout.trim(), "total hits: 500", "{n}x{p}");
+    }
+}

@@ -215,6 +215,10 @@ impl PeCtx {
             "chare type with id {type_id:#x} is not registered: call `reg.chare::<T>()` in the registration function"
         );
         let coll = self.node.new_collection_id();
+        // The creator can route to the new collection at once; its homes hold
+        // what arrives before the creation does.
+        let linear = self.node.registry.chares[&type_id].linear;
+        self.colls.insert(coll, CollInfo { shape: shape.clone(), linear });
         self.send_sys(0, SysMsg::Create(CreateSpec { coll, type_id, shape, init }));
         coll
     }
