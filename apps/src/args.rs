@@ -40,7 +40,7 @@ pub fn pair(text: &str) -> Result<(u32, u32), String> {
 /// Whether `--name` is present.
 pub fn flag(args: &[String], name: &str) -> bool {
     let flag = format!("--{name}");
-    args.iter().any(|a| *a == flag)
+    args.contains(&flag)
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ impl Job {
             .lines()
             .flat_map(|l| l.split_whitespace())
             .filter_map(|tok| tok.strip_prefix(&prefix))
-            .last()
+            .next_back()
             .map(str::to_string)
     }
 

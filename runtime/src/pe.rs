@@ -500,9 +500,9 @@ impl Pe {
             self.ctx.processed += 1;
         }
         match env.dest {
-            Dest::Element { coll, key, src } => self.to_element(coll, key, src, env),
-            Dest::Member { coll } => self.to_member(coll, env),
-            Dest::Broadcast { coll } => self.to_all(coll, env),
+            Dest::Element { coll, key, src } => self.route_element(coll, key, src, env),
+            Dest::Member { coll } => self.deliver_member(coll, env),
+            Dest::Broadcast { coll } => self.deliver_broadcast(coll, env),
             Dest::System => self.system(env),
         }
         self.settle();
@@ -532,7 +532,7 @@ impl Pe {
         }
     }
 
-    fn to_element(&mut self, coll: CollId, key: IndexKey, src: PeId, env: Envelope) {
+    fn route_element(&mut self, coll: CollId, key: IndexKey, src: PeId, env: Envelope) {
         if !self.ctx.colls.contains_key(&coll) {
             self.ctx.hold_for_creation(coll, env);
             return;
@@ -568,7 +568,7 @@ impl Pe {
         self.ctx.send_env(target, env);
     }
 
-    fn to_member(&mut self, coll: CollId, env: Envelope) {
+    fn deliver_member(&mut self, coll: CollId, env: Envelope) {
         if !self.ctx.colls.contains_key(&coll) {
             self.ctx.hold_for_creation(coll, env);
             return;
@@ -584,7 +584,7 @@ impl Pe {
         }
     }
 
-    fn to_all(&mut self, coll: CollId, env: Envelope) {
+    fn deliver_broadcast(&mut self, coll: CollId, env: Envelope) {
         if !self.ctx.colls.contains_key(&coll) {
             self.ctx.hold_for_creation(coll, env);
             return;
@@ -738,18 +738,17 @@ impl Pe {
                     error!("readonly with id {id:#x} is not registered on this node; ignoring it");
                     continue;
                 };
-                if !table.contains_key(&id) {
-                    match (entry.decode)(&bytes) {
-                        Ok(v) => {
-                            table.insert(id, v);
-                        }
+                let value = match table.entry(id) {
+                    std::collections::hash_map::Entry::Occupied(o) => o.get().clone(),
+                    std::collections::hash_map::Entry::Vacant(v) => match (entry.decode)(&bytes) {
+                        Ok(value) => v.insert(value).clone(),
                         Err(e) => {
                             error!("readonly `{}` did not decode: {e}", entry.name);
                             continue;
                         }
-                    }
-                }
-                self.ctx.readonly.insert(id, table[&id].clone());
+                    },
+                };
+                self.ctx.readonly.insert(id, value);
             }
         }
         if !self.ctx.ready {

@@ -158,6 +158,10 @@ impl Value {
 }
 
 trait Num: Copy + PartialOrd {
+    /// Whether the value is a float NaN (never true for integers and booleans).
+    fn is_nan(self) -> bool {
+        false
+    }
     fn sum(self, o: Self) -> Self;
     fn prod(self, o: Self) -> Self;
     fn bits(self, _o: Self, _op: Reducer) -> Option<Self> {
@@ -179,6 +183,7 @@ int_num!(i32, i64, u32, u64);
 macro_rules! float_num {
     ($($t:ty),*) => {$(
         impl Num for $t {
+            fn is_nan(self) -> bool { <$t>::is_nan(self) }
             fn sum(self, o: Self) -> Self { self + o }
             fn prod(self, o: Self) -> Self { self * o }
         }
@@ -208,14 +213,14 @@ fn scalar<T: Num>(a: T, b: T, op: Reducer, kind: &'static str) -> Result<T, Redu
         Reducer::Product => a.prod(b),
         // NaN-aware: a NaN never wins, so min/max stay order-independent unless all are NaN.
         Reducer::Min => {
-            if b < a || a != a {
+            if b < a || a.is_nan() {
                 b
             } else {
                 a
             }
         }
         Reducer::Max => {
-            if b > a || a != a {
+            if b > a || a.is_nan() {
                 b
             } else {
                 a

@@ -574,8 +574,8 @@ fn real_main() -> Result<ExitCode> {
         )?;
         for (si, &size) in sizes.iter().enumerate() {
             let mut row = format!("  {:>7}", fmt_size(size));
-            for li in 0..LAYOUTS.len() {
-                let (lat, bw, _) = &ping[li][si];
+            for layout in ping.iter().take(LAYOUTS.len()) {
+                let (lat, bw, _) = &layout[si];
                 let (l, b) = (stats(lat), stats(bw));
                 let cell = format!("{:.3} [{:.3}..{:.3}]", l.median, l.min, l.max);
                 write!(row, " | {cell:>28} | {:>10.1}", b.median)?;
@@ -666,7 +666,9 @@ fn real_main() -> Result<ExitCode> {
 
     // Targets.
     let over4 = overhead.iter().find(|(b, _)| *b == 4).map(|(_, v)| *v);
-    let targets: Vec<(&str, Option<f64>, &str, String, Option<bool>)> = vec![
+    // (name, measured value, unit, limit as text, passed)
+    type TargetRow<'a> = (&'a str, Option<f64>, &'a str, String, Option<bool>);
+    let targets: Vec<TargetRow<'_>> = vec![
         ("intra-node 8 B one-way", intra_8b, "µs", format!("< {TARGET_INTRA_8B_US}"), intra_8b.map(|v| v < TARGET_INTRA_8B_US)),
         ("cross-node 8 B one-way", cross_8b, "µs", format!("< {TARGET_CROSS_8B_US}"), cross_8b.map(|v| v < TARGET_CROSS_8B_US)),
         (

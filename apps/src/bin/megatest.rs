@@ -34,7 +34,7 @@ impl ArrayIndex for Cell {
         ((self.level as u128) << 16) | self.id as u128
     }
     fn from_key(key: u128) -> Option<Self> {
-        (key >> 24 == 0).then(|| Cell { level: (key >> 16) as u8, id: key as u16 })
+        (key >> 24 == 0).then_some(Cell { level: (key >> 16) as u8, id: key as u16 })
     }
 }
 
@@ -422,6 +422,9 @@ impl MainMsg {
     }
 }
 
+/// The arrays module's four arrays: 1D, 2D, 3D, custom index.
+type Probes = (Option<ArrayProxy<Probe1>>, Option<ArrayProxy<Probe2>>, Option<ArrayProxy<Probe3>>, Option<ArrayProxy<ProbeC>>);
+
 #[derive(Serialize, Deserialize)]
 struct Main {
     module: String,
@@ -433,7 +436,7 @@ struct Main {
     results: Vec<(String, String)>,
     wanted: usize,
     hoppers: Option<ArrayProxy<Hopper>>,
-    probes: (Option<ArrayProxy<Probe1>>, Option<ArrayProxy<Probe2>>, Option<ArrayProxy<Probe3>>, Option<ArrayProxy<ProbeC>>),
+    probes: Probes,
 }
 
 impl Main {
