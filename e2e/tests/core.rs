@@ -192,3 +192,36 @@ fn the_readme_example_runs_as_written() {
         assert_eq!(job.stdout.trim(), "total hits: 500", "{n}x{p}");
     }
 }
+
+/// A node killed from outside (a vanished host) ends the job with an error
+/// naming it; the survivors stop instead of waiting forever.
+#[test]
+fn a_killed_node_ends_the_job_with_its_name() {
+    let state = tempfile::tempdir().expect("temp dir");
+    let child = Command::new(bin("ductile"))
+        .args(["run", "--nodes", "3", "--pes-per-node", "1", "--timeout", "120", "--state-dir"])
+        .arg(state.path())
+        .arg("--")
+        .arg(bin("jacobi2d"))
+        .args(["--grid", "256", "--block", "32", "--iters", "100000000", "--quiet"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ductile run");
+    let job_json = state.path().join("job.json");
+    let node_pid = |i: usize| -> Option<u32> {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&job_json).ok()?).ok()?;
+        v["nodes"].as_array()?.get(i)?["pid"].as_u64().map(|p| p as u32)
+    };
+    assert!(eventually(Duration::from_secs(20), || node_pid(2).is_some()), "the job never started");
+    std::thread::sleep(Duration::from_millis(500));
+    let victim = node_pid(1).expect("node 1's pid");
+    let killed = Command::new("kill").args(["-9", &victim.to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let out = child.wait_with_output().expect("ductile run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("node 1") && err.contains("SIGKILL"), "the error names node 1 and the signal:\n{err}");
+    let pids: Vec<u32> = (0..3).filter_map(node_pid).collect();
+    assert!(eventually(Duration::from_secs(5), || pids.iter().all(|&p| !alive(p))), "processes left behind: {pids:?}");
+}
