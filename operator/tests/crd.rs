@@ -66,8 +66,13 @@ fn structural_violations(node: &Value, path: &str, out: &mut Vec<String>) {
         // anyOf a structural schema may carry at the node itself.
         if let Some(list) = object.get(junction).and_then(Value::as_array) {
             for (i, branch) in list.iter().enumerate() {
-                for key in ["type", "description", "default", "nullable", "additionalProperties"]
-                {
+                for key in [
+                    "type",
+                    "description",
+                    "default",
+                    "nullable",
+                    "additionalProperties",
+                ] {
                     if branch.get(key).is_some() {
                         out.push(format!("{path}.{junction}[{i}]: `{key}` is not allowed"));
                     }
@@ -103,7 +108,11 @@ fn crd_schema_is_structural() {
     let schema = &versions[0]["schema"]["openAPIV3Schema"];
     let mut violations = Vec::new();
     structural_violations(schema, "", &mut violations);
-    assert!(violations.is_empty(), "not structural:\n{}", violations.join("\n"));
+    assert!(
+        violations.is_empty(),
+        "not structural:\n{}",
+        violations.join("\n")
+    );
     // The root may describe only apiVersion, kind, metadata, spec, status.
     for key in schema["properties"].as_object().unwrap().keys() {
         assert!(
@@ -132,15 +141,46 @@ fn crd_carries_the_cel_rules_and_scale_selector() {
         .iter()
         .map(|r| r["rule"].as_str().unwrap())
         .collect();
-    assert!(rules.contains(&"self.minReplicas <= self.replicas"), "{rules:?}");
+    assert!(
+        rules.contains(&"self.minReplicas <= self.replicas"),
+        "{rules:?}"
+    );
     assert!(rules
         .iter()
         .any(|r| r.contains("self.replicas <= self.maxReplicas")));
-    assert_eq!(spec["properties"]["pesPerPod"]["minimum"].as_f64(), Some(1.0));
-    assert_eq!(spec["properties"]["replicas"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(
+        spec["properties"]["pesPerPod"]["minimum"].as_f64(),
+        Some(1.0)
+    );
+    assert_eq!(
+        spec["properties"]["replicas"]["minimum"].as_f64(),
+        Some(1.0)
+    );
     assert_eq!(
         version["subresources"]["scale"]["labelSelectorPath"],
         ".status.selector"
     );
     assert!(version["subresources"]["status"].is_object());
+}
+
+/// `kubernetes-validate` (PyPI) checks the CRD and the install bundle against
+/// the Kubernetes API schemas, offline. Skipped (with a note) where it is not
+/// installed: `pip install kubernetes-validate`.
+#[test]
+fn kubernetes_validate_accepts_the_crd_and_install_bundle() {
+    let root = repo_root();
+    let run = std::process::Command::new("kubernetes-validate")
+        .current_dir(&root)
+        .args(["-k", "1.35.0", "--strict", "--quiet"])
+        .args(["crds/elasticjob.yaml", "manifests/install.yaml"])
+        .output();
+    match run {
+        Err(e) => eprintln!("kubernetes-validate not run ({e}); pip install kubernetes-validate"),
+        Ok(out) => assert!(
+            out.status.success(),
+            "kubernetes-validate failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
 }

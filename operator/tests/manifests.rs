@@ -1,0 +1,283 @@
+//! The YAML shipped with the operator, checked without a cluster or Helm:
+//! every file parses; the chart's templates have balanced actions; the
+//! chart's values satisfy `values.schema.json`; the example ElasticJobs
+//! satisfy the CRD's own schema and the Rust-side validation; the RBAC is
+//! least-privilege (no wildcards).
+
+use std::path::{Path, PathBuf};
+
+use ductile_operator::crd::ElasticJob;
+use serde::Deserialize;
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("operator/ has a parent")
+        .to_path_buf()
+}
+
+fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            files_under(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+fn is_yaml(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    )
+}
+
+fn is_template(path: &Path) -> bool {
+    path.components().any(|c| c.as_os_str() == "templates")
+}
+
+/// Every document of a multi-document YAML file, as JSON values.
+fn documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn shipped_yaml() -> Vec<PathBuf> {
+    let root = repo_root();
+    let mut files = Vec::new();
+    for dir in ["crds", "manifests", "charts"] {
+        files_under(&root.join(dir), &mut files);
+    }
+    files.retain(|p| is_yaml(p) && !is_template(p));
+    files
+}
+
+#[test]
+fn every_yaml_file_parses() {
+    let files = shipped_yaml();
+    assert!(files.len() >= 6, "too few YAML files found: {files:?}");
+    for path in files {
+        let docs = documents(&path);
+        assert!(!docs.is_empty(), "{} has no document", path.display());
+        for doc in docs {
+            assert!(
+                doc.is_object(),
+                "{}: a document is not a mapping",
+                path.display()
+            );
+        }
+    }
+}
+
+/// Helm templates are not YAML until rendered; check what can be checked
+/// without Helm: balanced `{{ }}` and block actions.
+#[test]
+fn chart_templates_have_balanced_actions() {
+    let mut files = Vec::new();
+    files_under(&repo_root().join("charts/ductile/templates"), &mut files);
+    assert!(files.iter().any(|p| p.ends_with("deployment.yaml")));
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let opens = text.matches("{{").count();
+        let closes = text.matches("}}").count();
+        assert_eq!(opens, closes, "{}: unbalanced {{{{ }}}}", path.display());
+        let mut depth: i32 = 0;
+        for action in text.split("{{").skip(1) {
+            let body = action.split("}}").next().unwrap();
+            let word = body
+                .trim_start_matches('-')
+                .split_whitespace()
+                .next()
+                .unwrap_or("");
+            match word {
+                "if" | "range" | "with" | "define" => depth += 1,
+                "end" => depth -= 1,
+                _ => {}
+            }
+            assert!(depth >= 0, "{}: `end` without a block", path.display());
+        }
+        assert_eq!(depth, 0, "{}: unclosed block", path.display());
+    }
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn errors(validator: &jsonschema::Validator, instance: &Value) -> Vec<String> {
+    validator
+        .iter_errors(instance)
+        .map(|e| format!("{} at {}", e, e.instance_path))
+        .collect()
+}
+
+#[test]
+fn chart_values_satisfy_the_values_schema() {
+    let chart = repo_root().join("charts/ductile");
+    let schema = read_json(&chart.join("values.schema.json"));
+    let validator = jsonschema::validator_for(&schema).expect("values.schema.json is a schema");
+    let values = documents(&chart.join("values.yaml")).remove(0);
+    let problems = errors(&validator, &values);
+    assert!(problems.is_empty(), "values.yaml: {problems:#?}");
+
+    // The schema rejects what it should: two replicas without leader election,
+    // a port out of range, a misspelt key.
+    let mut two_leaders = values.clone();
+    two_leaders["replicaCount"] = 2.into();
+    two_leaders["leaderElection"]["enabled"] = false.into();
+    assert!(!validator.is_valid(&two_leaders));
+    let mut bad_port = values.clone();
+    bad_port["metrics"]["port"] = 70000.into();
+    assert!(!validator.is_valid(&bad_port));
+    let mut typo = values.clone();
+    typo["replicas"] = 1.into();
+    assert!(!validator.is_valid(&typo));
+}
+
+fn crd_schema() -> Value {
+    let crd = documents(&repo_root().join("crds/elasticjob.yaml")).remove(0);
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+}
+
+fn examples() -> Vec<(PathBuf, Value)> {
+    let mut files = Vec::new();
+    files_under(&repo_root().join("manifests/examples"), &mut files);
+    files
+        .into_iter()
+        .filter(|p| is_yaml(p))
+        .flat_map(|p| documents(&p).into_iter().map(move |d| (p.clone(), d)))
+        .filter(|(_, d)| d["kind"] == "ElasticJob")
+        .collect()
+}
+
+#[test]
+fn example_elasticjobs_satisfy_the_crd_schema_and_validation() {
+    let validator = jsonschema::validator_for(&crd_schema()).expect("the CRD schema compiles");
+    let examples = examples();
+    assert!(examples.len() >= 2, "expected a CPU and a GPU example");
+    let mut gpu = false;
+    for (path, doc) in examples {
+        assert_eq!(
+            doc["apiVersion"],
+            "ductile.dev/v1alpha1",
+            "{}",
+            path.display()
+        );
+        let problems = errors(&validator, &doc);
+        assert!(problems.is_empty(), "{}: {problems:#?}", path.display());
+        let job: ElasticJob = serde_json::from_value(doc.clone())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if let Err(e) = job.spec.validate() {
+            panic!("{}: {e}", path.display());
+        }
+        gpu |= doc.to_string().contains("nvidia.com/gpu");
+    }
+    assert!(gpu, "no example asks for nvidia.com/gpu");
+}
+
+#[test]
+fn the_crd_schema_rejects_bad_elasticjobs() {
+    let validator = jsonschema::validator_for(&crd_schema()).unwrap();
+    let (_, good) = examples().remove(0);
+    for (field, value) in [
+        ("pesPerPod", Value::from(0)),
+        ("replicas", Value::from(0)),
+        ("minReplicas", Value::from("two")),
+    ] {
+        let mut bad = good.clone();
+        bad["spec"][field] = value;
+        assert!(
+            !validator.is_valid(&bad),
+            "spec.{field} = {} accepted",
+            bad["spec"][field]
+        );
+    }
+    let mut bad_mode = good.clone();
+    bad_mode["spec"]["rescalePolicy"]["rebalance"]["mode"] = "Sometimes".into();
+    assert!(!validator.is_valid(&bad_mode));
+    let mut no_template = good;
+    no_template["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("template");
+    assert!(!validator.is_valid(&no_template));
+}
+
+/// No `*` in any rule of the shipped RBAC, and the operator's ClusterRole
+/// grants exactly what the reconciler needs.
+#[test]
+fn rbac_is_least_privilege() {
+    let install = documents(&repo_root().join("manifests/install.yaml"));
+    let role = install
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .expect("install.yaml has a ClusterRole");
+    let mut granted = Vec::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for key in ["apiGroups", "resources", "verbs"] {
+            for item in rule[key].as_array().unwrap() {
+                assert_ne!(item, "*", "wildcard in {key}");
+            }
+        }
+        for resource in rule["resources"].as_array().unwrap() {
+            for verb in rule["verbs"].as_array().unwrap() {
+                granted.push(format!(
+                    "{}:{}",
+                    resource.as_str().unwrap(),
+                    verb.as_str().unwrap()
+                ));
+            }
+        }
+    }
+    for needed in [
+        "elasticjobs:watch",
+        "elasticjobs:patch",
+        "elasticjobs/status:patch",
+        "elasticjobs/scale:get",
+        "pods:create",
+        "pods:delete",
+        "services:create",
+        "secrets:create",
+        "nodes:watch",
+        "events:create",
+    ] {
+        assert!(granted.iter().any(|g| g == needed), "missing {needed}");
+    }
+    for forbidden in [
+        "nodes:patch",
+        "nodes:update",
+        "nodes:delete",
+        "secrets:update",
+    ] {
+        assert!(
+            !granted.iter().any(|g| g == forbidden),
+            "grants {forbidden}"
+        );
+    }
+    let lease_role = install
+        .iter()
+        .find(|d| d["kind"] == "Role")
+        .expect("install.yaml has the leader-election Role");
+    assert_eq!(lease_role["rules"][0]["resources"][0], "leases");
+    // The chart's templates grant the same (compared as text, they are not YAML).
+    let chart_rbac =
+        std::fs::read_to_string(repo_root().join("charts/ductile/templates/rbac.yaml")).unwrap();
+    for line in [
+        "resources: [\"elasticjobs/scale\"]",
+        "resources: [\"nodes\"]",
+        "resources: [\"leases\"]",
+    ] {
+        assert!(chart_rbac.contains(line), "chart RBAC lacks {line}");
+    }
+}
