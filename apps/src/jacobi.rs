@@ -31,6 +31,8 @@ pub struct Spec {
     pub iters: u64,
     /// Report the max residual every this many iterations (0: never).
     pub residual_every: u64,
+    /// Load-balance (AtSync) every this many iterations (0: never).
+    pub lb_every: u64,
 }
 
 impl Spec {
@@ -40,7 +42,8 @@ impl Spec {
         let (bx, by) = args::pair(args::value(a, "block").unwrap_or("64"))?;
         let iters = args::parse(a, "iters", 100u64)?;
         let residual_every = args::parse(a, "residual-every", 10u64)?;
-        let s = Spec { nx, ny, bx, by, iters, residual_every };
+        let lb_every = args::parse(a, "lb-every", 0u64)?;
+        let s = Spec { nx, ny, bx, by, iters, residual_every, lb_every };
         if nx == 0 || ny == 0 || bx == 0 || by == 0 {
             return Err(format!("grid and block sizes must be positive: {s:?}"));
         }
@@ -190,6 +193,8 @@ pub struct Block {
     iter: u64,
     got: u32,
     need: u32,
+    /// Waiting in `at_sync` for the load balancer.
+    synced: bool,
     pending: Pending<(Side, Bulk<f64>)>,
 }
 
@@ -259,11 +264,21 @@ impl Block {
                 ctx.contribute(sum, Reducer::Sum, Callback::main::<Main>(MainMsg::Checksum));
                 return;
             }
-            self.send_ghosts(ctx);
-            for (side, data) in self.pending.release(self.iter) {
-                self.fill(side, &data);
-                self.got += 1;
+            if spec.lb_every > 0 && self.iter % spec.lb_every == 0 {
+                // Load balancing point: ghosts of this iteration go out after resume.
+                self.synced = true;
+                ctx.at_sync();
+                return;
             }
+            self.start_iteration(ctx);
+        }
+    }
+
+    fn start_iteration(&mut self, ctx: &mut Ctx<'_, Self>) {
+        self.send_ghosts(ctx);
+        for (side, data) in self.pending.release(self.iter) {
+            self.fill(side, &data);
+            self.got += 1;
         }
     }
 }
@@ -281,7 +296,7 @@ impl Chare for Block {
         let w = spec.bx.min(spec.nx - x0) as usize;
         let h = spec.by.min(spec.ny - y0) as usize;
         let cur = padded(&spec, x0, y0, w, h);
-        let mut b = Block { x0, y0, w, h, next: cur.clone(), cur, iter: 0, got: 0, need: 0, pending: Pending::new() };
+        let mut b = Block { x0, y0, w, h, next: cur.clone(), cur, iter: 0, got: 0, need: 0, synced: false, pending: Pending::new() };
         b.need = b.neighbours((r, c), spec.blocks()).len() as u32;
         ctx.barrier(Callback::main::<Main>(MainMsg::Ready));
         b
@@ -294,16 +309,22 @@ impl Chare for Block {
                 self.advance(ctx);
             }
             BlockMsg::Ghost { iter, side, data } => {
-                if iter == self.iter {
+                if iter == self.iter && !self.synced {
                     self.fill(side, &data);
                     self.got += 1;
                     self.advance(ctx);
                 } else {
-                    assert!(iter > self.iter, "ghost from iteration {iter} reached a block at iteration {}", self.iter);
+                    assert!(iter >= self.iter, "ghost from iteration {iter} reached a block at iteration {}", self.iter);
                     self.pending.hold(iter, (side, data));
                 }
             }
         }
+    }
+
+    fn resume_from_sync(&mut self, ctx: &mut Ctx<'_, Self>) {
+        self.synced = false;
+        self.start_iteration(ctx);
+        self.advance(ctx);
     }
 }
 
@@ -338,7 +359,7 @@ impl Chare for Main {
     fn new(args: Vec<String>, ctx: &mut Ctx<'_, Self>) -> Self {
         let spec = Spec::from_args(&args).unwrap_or_else(|e| {
             eprintln!("jacobi2d: {e}");
-            eprintln!("usage: jacobi2d [--grid NX[xNY]] [--block BX[xBY]] [--iters K] [--residual-every R] [--quiet]");
+            eprintln!("usage: jacobi2d [--grid NX[xNY]] [--block BX[xBY]] [--iters K] [--residual-every R] [--lb-every L] [--quiet] [+lb STRATEGY] [+pe-speed PE:F,...]");
             std::process::exit(2)
         });
         SPEC.set(ctx, spec);
@@ -393,14 +414,14 @@ mod tests {
 
     #[test]
     fn reference_changes_with_iterations_and_is_deterministic() {
-        let s = Spec { nx: 16, ny: 12, bx: 4, by: 4, iters: 5, residual_every: 0 };
+        let s = Spec { nx: 16, ny: 12, bx: 4, by: 4, iters: 5, residual_every: 0, lb_every: 0 };
         assert_eq!(reference(&s), reference(&s));
         assert_ne!(reference(&s), reference(&Spec { iters: 6, ..s }));
     }
 
     #[test]
     fn blocks_cover_uneven_grids() {
-        let s = Spec { nx: 10, ny: 7, bx: 4, by: 3, iters: 1, residual_every: 0 };
+        let s = Spec { nx: 10, ny: 7, bx: 4, by: 3, iters: 1, residual_every: 0, lb_every: 0 };
         assert_eq!(s.blocks(), (3, 3));
     }
 }

@@ -36,6 +36,8 @@ pub(crate) enum Target {
     Element { coll: CollId, key: IndexKey },
     Broadcast { coll: CollId },
     Member { coll: CollId, pe: Pe },
+    /// The runtime: every element of `coll` reached `at_sync`.
+    LbSync { coll: CollId },
 }
 
 /// Where a value of type `T` is delivered.

@@ -3,10 +3,14 @@
 //!
 //! Arrays, groups and nodegroups share one store type: a group is an array
 //! with one element per PE (index `()`), a nodegroup one per node. The store
-//! also tracks, for reductions, how many local elements still owe a
-//! contribution to each reduction number.
+//! also keeps what the runtime needs to know about its elements as a whole:
+//! how many still owe a contribution to each reduction, how much time each
+//! spent in entry methods (for load balancing), which broadcasts each has seen
+//! (so an element that migrates neither misses nor repeats one), and which
+//! elements asked to move or to be destroyed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -14,18 +18,43 @@ use crate::chare::{ArrayIndex, Chare, IndexKey};
 use crate::ctx::Ctx;
 use crate::msg::{CollId, DecodeError, Payload};
 use crate::pe::PeCtx;
+use crate::topo::Pe;
+
+/// How many recent broadcasts a PE keeps per collection, to replay to
+/// elements that migrate in having missed them.
+const BROADCAST_LOG: usize = 256;
 
 /// Runtime bookkeeping that travels with an element.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct ElemMeta {
     /// The reduction number of this element's next contribution.
     pub next_red: u32,
+    /// The sequence number of the last broadcast this element ran.
+    pub bcast_seen: u64,
+    /// Seconds spent in this element's entry methods since the last LB step.
+    pub load: f64,
+    /// The element called `at_sync` and waits for `resume_from_sync`.
+    pub at_sync: bool,
+    /// Asked to move to this PE after the current entry method.
+    #[serde(skip)]
+    pub migrate_to: Option<Pe>,
+    /// Asked to be destroyed after the current entry method.
+    #[serde(skip)]
+    pub destroy: bool,
 }
 
 struct Slot<C: Chare> {
     chare: C,
     index: C::Index,
     meta: ElemMeta,
+}
+
+/// An element that left this PE during an entry method: moved or destroyed.
+pub(crate) enum Departure {
+    /// Packed for PE `to`.
+    Moved { coll: CollId, key: IndexKey, to: Pe, state: Vec<u8>, meta: ElemMeta },
+    /// Destroyed; it owed reduction `next_red` and later ones.
+    Destroyed { coll: CollId, key: IndexKey, next_red: u32 },
 }
 
 /// Why a store refused an operation.
@@ -40,22 +69,32 @@ pub enum StoreError {
     /// Insertion of an index that already exists here.
     #[error("element {0} of {1} already exists")]
     Duplicate(String, &'static str),
+    /// A migrated element's state did not decode.
+    #[error("migrated state of {0} did not decode: {1}")]
+    State(&'static str, postcard::Error),
 }
 
 /// The type-erased face of a collection's local members.
 pub(crate) trait Store: Send {
     fn has(&self, key: IndexKey) -> bool;
-    fn len(&self) -> usize;
     /// Runs `payload` as an entry method of element `key` (which must be local).
     fn deliver(&mut self, key: IndexKey, payload: Payload, pe: &mut PeCtx) -> Result<(), StoreError>;
-    /// Delivers a copy of `payload` to every local element, in index order.
-    fn deliver_all(&mut self, payload: Payload, pe: &mut PeCtx) -> Result<(), StoreError>;
+    /// Delivers broadcast number `seq` to every local element that has not run it, in index order.
+    fn deliver_all(&mut self, seq: u64, payload: Payload, pe: &mut PeCtx) -> Result<(), StoreError>;
     /// Constructs element `key` from an encoded constructor argument.
     fn construct(&mut self, key: IndexKey, init: &[u8], red_start: u32, pe: &mut PeCtx) -> Result<(), StoreError>;
     /// Constructs this PE's share of a bulk range of `count` elements, block-mapped.
     fn construct_bulk(&mut self, dims: IndexKey, count: u64, init: &[u8], pe: &mut PeCtx) -> Result<(), StoreError>;
     /// Whether every local element has contributed to reduction `no` (true when empty).
     fn all_contributed(&self, no: u32) -> bool;
+    /// Removes element `key` and encodes it for another PE.
+    fn pack(&mut self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)>;
+    /// Re-creates a migrated element here and replays broadcasts it missed.
+    fn unpack(&mut self, key: IndexKey, state: &[u8], meta: ElemMeta, pe: &mut PeCtx) -> Result<(), StoreError>;
+    /// `(key, load seconds)` of every local element; resets the loads when `reset`.
+    fn loads(&mut self, reset: bool) -> Vec<(IndexKey, f64)>;
+    /// Calls `resume_from_sync` on every local element waiting in `at_sync`.
+    fn resume_all(&mut self, pe: &mut PeCtx);
 }
 
 /// Row-major position of `key` in the bulk range `dims`, for the block map.
@@ -69,10 +108,14 @@ pub(crate) struct ArrayStore<C: Chare> {
     elems: BTreeMap<IndexKey, Slot<C>>,
     /// Number of local elements whose next contribution is to reduction `k`.
     owed: BTreeMap<u32, usize>,
+    /// Recent broadcasts, oldest first, for elements that migrate in behind them.
+    log: VecDeque<(u64, Payload)>,
+    /// Sequence number of the last broadcast this PE delivered.
+    last_bcast: u64,
 }
 
 pub(crate) fn make_store<C: Chare>(coll: CollId) -> Box<dyn Store> {
-    Box::new(ArrayStore::<C> { coll, elems: BTreeMap::new(), owed: BTreeMap::new() })
+    Box::new(ArrayStore::<C> { coll, elems: BTreeMap::new(), owed: BTreeMap::new(), log: VecDeque::new(), last_bcast: 0 })
 }
 
 impl<C: Chare> ArrayStore<C> {
@@ -88,17 +131,34 @@ impl<C: Chare> ArrayStore<C> {
         }
     }
 
-    fn run(&mut self, key: IndexKey, msg: C::Msg, pe: &mut PeCtx) {
+    /// Runs `f` as an entry method of element `key`: measures it, applies the
+    /// PE's emulated slowdown, and carries out a move or destruction it asked for.
+    fn run(&mut self, key: IndexKey, pe: &mut PeCtx, f: impl FnOnce(&mut C, &mut Ctx<'_, C>)) {
         let slot = self.elems.get_mut(&key).expect("caller checked the element is local");
         let before = slot.meta.next_red;
+        let start = Instant::now();
         {
             let mut ctx = Ctx::new(pe, self.coll, slot.index, &mut slot.meta);
-            slot.chare.handle(msg, &mut ctx);
+            f(&mut slot.chare, &mut ctx);
         }
+        let spent = pe.charge(start.elapsed());
+        slot.meta.load += spent.as_secs_f64();
         let after = slot.meta.next_red;
         if after != before {
             self.owe(before, -1);
             self.owe(after, 1);
+        }
+        let slot = &mut self.elems.get_mut(&key).expect("still here");
+        if slot.meta.destroy {
+            let next_red = slot.meta.next_red;
+            self.elems.remove(&key);
+            self.owe(next_red, -1);
+            pe.depart(Departure::Destroyed { coll: self.coll, key, next_red });
+        } else if let Some(to) = slot.meta.migrate_to.take() {
+            if to != pe.my_pe() {
+                let (state, meta) = self.pack(key).expect("still here");
+                pe.depart(Departure::Moved { coll: self.coll, key, to, state, meta });
+            }
         }
     }
 }
@@ -108,24 +168,29 @@ impl<C: Chare> Store for ArrayStore<C> {
         self.elems.contains_key(&key)
     }
 
-    fn len(&self) -> usize {
-        self.elems.len()
-    }
-
     fn deliver(&mut self, key: IndexKey, payload: Payload, pe: &mut PeCtx) -> Result<(), StoreError> {
         let msg = payload.take::<C::Msg>()?;
-        self.run(key, msg, pe);
+        self.run(key, pe, |c, ctx| c.handle(msg, ctx));
         Ok(())
     }
 
-    fn deliver_all(&mut self, payload: Payload, pe: &mut PeCtx) -> Result<(), StoreError> {
-        let msg = payload.take::<C::Msg>()?;
+    fn deliver_all(&mut self, seq: u64, payload: Payload, pe: &mut PeCtx) -> Result<(), StoreError> {
+        let msg = payload.duplicate().take::<C::Msg>()?;
+        self.last_bcast = self.last_bcast.max(seq);
+        if self.log.len() == BROADCAST_LOG {
+            self.log.pop_front();
+        }
+        self.log.push_back((seq, payload));
         let keys: Vec<IndexKey> = self.elems.keys().copied().collect();
         for key in keys {
-            // An earlier delivery may have destroyed or moved this element.
-            if self.elems.contains_key(&key) {
-                self.run(key, msg.clone(), pe);
+            // An earlier delivery may have destroyed or moved this element; an
+            // element that migrated in may have run this broadcast elsewhere.
+            match self.elems.get_mut(&key) {
+                Some(slot) if slot.meta.bcast_seen < seq => slot.meta.bcast_seen = seq,
+                _ => continue,
             }
+            let m = msg.clone();
+            self.run(key, pe, |c, ctx| c.handle(m, ctx));
         }
         Ok(())
     }
@@ -136,7 +201,7 @@ impl<C: Chare> Store for ArrayStore<C> {
             return Err(StoreError::Duplicate(format!("{index:?}"), C::NAME));
         }
         let init: C::Init = Payload::Wire { bytes: std::sync::Arc::new(init.to_vec()), offset: 0 }.take()?;
-        let mut meta = ElemMeta { next_red: red_start };
+        let mut meta = ElemMeta { next_red: red_start, bcast_seen: self.last_bcast, ..ElemMeta::default() };
         let chare = {
             let mut ctx = Ctx::new(pe, self.coll, index, &mut meta);
             C::new(init, &mut ctx)
@@ -163,5 +228,66 @@ impl<C: Chare> Store for ArrayStore<C> {
 
     fn all_contributed(&self, no: u32) -> bool {
         self.owed.range(..=no).next().is_none()
+    }
+
+    fn pack(&mut self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)> {
+        let slot = self.elems.remove(&key)?;
+        self.owe(slot.meta.next_red, -1);
+        let state = postcard::to_allocvec(&slot.chare).expect("encoding into a Vec cannot fail");
+        Some((state, slot.meta))
+    }
+
+    fn unpack(&mut self, key: IndexKey, state: &[u8], meta: ElemMeta, pe: &mut PeCtx) -> Result<(), StoreError> {
+        let index = Self::index_of(key)?;
+        if self.elems.contains_key(&key) {
+            return Err(StoreError::Duplicate(format!("{index:?}"), C::NAME));
+        }
+        let chare: C = postcard::from_bytes(state).map_err(|e| StoreError::State(C::NAME, e))?;
+        let seen = meta.bcast_seen;
+        self.owe(meta.next_red, 1);
+        self.elems.insert(key, Slot { chare, index, meta });
+        pe.note_local_element(self.coll, key);
+        // Broadcasts this PE delivered after the element left its old PE.
+        let missed: Vec<(u64, Payload)> =
+            self.log.iter().filter(|(s, _)| *s > seen).map(|(s, p)| (*s, p.duplicate())).collect();
+        if let Some((oldest, _)) = self.log.front() {
+            if seen + 1 < *oldest && self.last_bcast > seen {
+                tracing::error!("{}[{index:?}] missed broadcasts older than this PE keeps ({} kept)", C::NAME, BROADCAST_LOG);
+            }
+        }
+        for (seq, payload) in missed {
+            let msg = payload.take::<C::Msg>()?;
+            match self.elems.get_mut(&key) {
+                Some(slot) => slot.meta.bcast_seen = seq,
+                None => break,
+            }
+            self.run(key, pe, |c, ctx| c.handle(msg, ctx));
+        }
+        Ok(())
+    }
+
+    fn loads(&mut self, reset: bool) -> Vec<(IndexKey, f64)> {
+        self.elems
+            .iter_mut()
+            .map(|(k, s)| {
+                let l = s.meta.load;
+                if reset {
+                    s.meta.load = 0.0;
+                }
+                (*k, l)
+            })
+            .collect()
+    }
+
+    fn resume_all(&mut self, pe: &mut PeCtx) {
+        let keys: Vec<IndexKey> = self.elems.iter().filter(|(_, s)| s.meta.at_sync).map(|(k, _)| *k).collect();
+        for key in keys {
+            if let Some(slot) = self.elems.get_mut(&key) {
+                slot.meta.at_sync = false;
+            } else {
+                continue;
+            }
+            self.run(key, pe, |c, ctx| c.resume_from_sync(ctx));
+        }
     }
 }

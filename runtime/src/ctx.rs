@@ -7,13 +7,14 @@
 
 use std::ops::{Deref, DerefMut};
 
-use crate::callback::Callback;
+use crate::callback::{Callback, CallbackSpec, Target};
 use crate::chare::Chare;
 use crate::collection::ElemMeta;
 use crate::msg::CollId;
 use crate::pe::PeCtx;
 use crate::proxy::{ArrayProxy, ElementProxy, GroupProxy};
-use crate::reduce::{custom_value, Reducer, Reducible};
+use crate::reduce::{custom_value, Reducer, Reducible, Value};
+use crate::topo::Pe;
 
 /// The context of one entry-method invocation on element `C`.
 pub struct Ctx<'a, C: Chare> {
@@ -65,6 +66,35 @@ impl<'a, C: Chare> Ctx<'a, C> {
     /// completion is delivered to `callback`.
     pub fn barrier(&mut self, callback: Callback<()>) {
         self.contribute((), Reducer::Sum, callback);
+    }
+
+    /// Joins a load-balancing step (Charm++'s AtSync): once every element of
+    /// this array has called it, the runtime measures, runs the strategy,
+    /// migrates elements, and calls [`Chare::resume_from_sync`] on each.
+    /// It counts as one of the array's reductions, so every element must call
+    /// it at the same point of its sequence of contributions.
+    pub fn at_sync(&mut self) {
+        self.meta.at_sync = true;
+        let no = self.meta.next_red;
+        self.meta.next_red += 1;
+        let callback = CallbackSpec { target: Target::LbSync { coll: self.coll }, prefix: Vec::new() };
+        self.pe.contribute(self.coll, no, Value::Unit, Reducer::Sum, callback);
+    }
+
+    /// Moves this element to PE `pe` once this entry method returns. Messages
+    /// sent to it before, during and after the move are delivered exactly once.
+    ///
+    /// # Panics
+    /// If `pe` is not a PE of the job.
+    pub fn migrate_me(&mut self, pe: Pe) {
+        assert!(pe < self.pe.num_pes(), "cannot migrate to PE {pe}: the job has {} PEs", self.pe.num_pes());
+        self.meta.migrate_to = Some(pe);
+    }
+
+    /// Destroys this element once this entry method returns. It stops owing
+    /// contributions to the array's later reductions.
+    pub fn destroy(&mut self) {
+        self.meta.destroy = true;
     }
 }
 

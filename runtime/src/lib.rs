@@ -25,6 +25,7 @@ mod collection;
 pub mod ctx;
 mod msg;
 pub mod node;
+pub mod options;
 mod pe;
 pub mod proxy;
 pub mod readonly;

@@ -28,7 +28,8 @@ pub(crate) enum Dest {
     /// The group or nodegroup member on the destination PE.
     Member { coll: CollId },
     /// Every local element of a collection, then down the spanning tree.
-    Broadcast { coll: CollId },
+    /// `seq` numbers the collection's broadcasts (assigned by PE 0; 0 until then).
+    Broadcast { coll: CollId, seq: u64 },
     /// The runtime itself.
     System,
 }

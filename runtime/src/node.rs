@@ -21,6 +21,7 @@ use ductile_coordinator::proto::{Registration, Role, ServerMsg};
 use tracing::{error, info, warn};
 
 use crate::msg::{CollId, Envelope, Payload, WireHeader};
+use crate::options::Options;
 use crate::pe::{Inbox, LoopExit, Pe};
 use crate::registry::Registry;
 use crate::topo::Topology;
@@ -45,6 +46,7 @@ pub(crate) struct NodeShared {
     pub inboxes: Vec<Inbox>,
     pub readonly: Mutex<HashMap<u64, Arc<dyn Any + Send + Sync>>>,
     pub args: Vec<String>,
+    pub options: Options,
     topo: Mutex<Option<Arc<Topology>>>,
     topo_set: Condvar,
     transport: OnceLock<Arc<dyn Transport>>,
@@ -56,12 +58,13 @@ pub(crate) struct NodeShared {
 }
 
 impl NodeShared {
-    fn new(registry: Arc<Registry>, pes: u32, args: Vec<String>) -> Self {
+    fn new(registry: Arc<Registry>, pes: u32, args: Vec<String>, options: Options) -> Self {
         NodeShared {
             registry,
             inboxes: (0..pes).map(|_| Inbox::new()).collect(),
             readonly: Mutex::new(HashMap::new()),
             args,
+            options,
             topo: Mutex::new(None),
             topo_set: Condvar::new(),
             transport: OnceLock::new(),
@@ -229,8 +232,8 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
         None => 1,
         Some(p) => p.parse::<u32>().ok().filter(|&p| p > 0).unwrap_or_else(|| fail_startup(format!("{}={p} is not a PE count", contract::ENV_PES))),
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let node = Arc::new(NodeShared::new(registry.clone(), pes, args));
+    let (options, args) = crate::options::parse(std::env::args().skip(1).collect()).unwrap_or_else(|e| fail_startup(e));
+    let node = Arc::new(NodeShared::new(registry.clone(), pes, args, options));
     let code = match env_var(contract::ENV_COORDINATOR) {
         None => {
             node.install(Arc::new(Topology::standalone(pes)));

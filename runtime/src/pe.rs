@@ -16,11 +16,14 @@ use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::SegQueue;
+
+mod balance;
 use tracing::{debug, error, warn};
 
 use crate::callback::{CallbackSpec, Target};
 use crate::chare::IndexKey;
-use crate::collection::Store;
+use crate::collection::{Departure, Store};
+use crate::lb::stats::{ObjStat, PeStat};
 use crate::msg::{CollId, Dest, Envelope, Payload, WireHeader, MAIN_COLL};
 use crate::node::NodeShared;
 use crate::reduce::{combine, Reducer, Value};
@@ -97,7 +100,7 @@ struct CollInfo {
 struct Population {
     base: u64,
     /// Insertions: how many elements joined from each reduction number on.
-    births: BTreeMap<u32, u64>,
+    births: BTreeMap<u32, i64>,
     /// The lowest reduction number whose result has not been delivered.
     next_open: u32,
     /// Results complete but waiting for an earlier reduction (delivered in order).
@@ -106,7 +109,7 @@ struct Population {
 
 impl Population {
     fn expected(&self, no: u32) -> u64 {
-        self.base + self.births.range(..=no).map(|(_, n)| n).sum::<u64>()
+        (self.base as i64 + self.births.range(..=no).map(|(_, n)| n).sum::<i64>()).max(0) as u64
     }
 }
 
@@ -128,6 +131,29 @@ struct Qd {
     next_wave_at: Option<Instant>,
     /// The wave this PE is collecting: (wave, children pending, created, processed).
     current: Option<(u64, usize, u64, u64)>,
+}
+
+/// A PE's part in one load-balancing step of one array.
+#[derive(Default)]
+struct LbStep {
+    step: u64,
+    /// Elements the plan sends here (known once the plan arrived).
+    expected: Option<usize>,
+    /// Elements received for this step (they can arrive before the plan).
+    received: usize,
+    bytes_sent: u64,
+    done: bool,
+}
+
+/// PE 0's bookkeeping of one load-balancing step of one array.
+struct LbRoot {
+    step: u64,
+    started: Instant,
+    reports: Vec<(PeStat, Vec<ObjStat>)>,
+    planned: Option<Instant>,
+    summary: String,
+    done: u32,
+    bytes: u64,
 }
 
 /// The per-PE runtime handle that entry methods send through.
@@ -156,6 +182,18 @@ pub struct PeCtx {
     qd: Qd,
     exiting: bool,
     exit: Option<i32>,
+    departures: Vec<Departure>,
+    /// 1 / emulated speed: how much longer entry methods take here.
+    slowdown: f64,
+    /// Time in entry methods and idle since the last statistics report.
+    busy: Duration,
+    idle: Duration,
+    measured_since: Instant,
+    /// Root: broadcast sequence numbers, LB steps.
+    next_bcast: HashMap<CollId, u64>,
+    lb_root: HashMap<CollId, LbRoot>,
+    lb_steps: HashMap<CollId, u64>,
+    lb: HashMap<CollId, LbStep>,
 }
 
 impl PeCtx {
@@ -245,7 +283,28 @@ impl PeCtx {
     }
 
     pub(crate) fn broadcast(&mut self, coll: CollId, prio: i32, payload: Payload) {
-        self.send_env(0, Envelope { prio, dest: Dest::Broadcast { coll }, payload, counted: true });
+        self.send_env(0, Envelope { prio, dest: Dest::Broadcast { coll, seq: 0 }, payload, counted: true });
+    }
+
+    /// Charges an entry method that took `spent`: emulates this PE's slowdown
+    /// by spinning for the extra time, and returns what the method cost in all.
+    pub(crate) fn charge(&mut self, spent: Duration) -> Duration {
+        let total = if self.slowdown > 1.0 {
+            let total = spent.mul_f64(self.slowdown);
+            let until = Instant::now() + (total - spent);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            total
+        } else {
+            spent
+        };
+        self.busy += total;
+        total
+    }
+
+    pub(crate) fn depart(&mut self, d: Departure) {
+        self.departures.push(d);
     }
 
     pub(crate) fn contribute(&mut self, coll: CollId, no: u32, value: Value, reducer: Reducer, callback: CallbackSpec) {
@@ -257,6 +316,8 @@ impl PeCtx {
         if let Some(home) = self.home_of(coll, key) {
             if home != self.pe {
                 self.send_sys(home, SysMsg::HomeUpdate { coll, key, pe: self.pe });
+            } else {
+                self.homes.remove(&(coll, key));
             }
         }
         if let Some(held) = self.waiting.remove(&(coll, key)) {
@@ -357,6 +418,17 @@ impl PeCtx {
             Target::Element { coll, key } => self.send_element(coll, key, 0, payload),
             Target::Broadcast { coll } => self.broadcast(coll, 0, payload),
             Target::Member { coll, pe } => self.send_member(coll, pe, 0, payload),
+            Target::LbSync { coll } => {
+                // Root: every element of `coll` is at sync; collect statistics.
+                let step = self.lb_steps.entry(coll).or_insert(0);
+                *step += 1;
+                let step = *step;
+                self.lb_root.insert(
+                    coll,
+                    LbRoot { step, started: Instant::now(), reports: Vec::new(), planned: None, summary: String::new(), done: 0, bytes: 0 },
+                );
+                self.send_sys(0, SysMsg::LbCollect { coll, step });
+            }
         }
     }
 }
@@ -394,7 +466,19 @@ impl Pe {
             qd: Qd::default(),
             exiting: false,
             exit: None,
+            departures: Vec::new(),
+            slowdown: 1.0,
+            busy: Duration::ZERO,
+            idle: Duration::ZERO,
+            measured_since: Instant::now(),
+            next_bcast: HashMap::new(),
+            lb_root: HashMap::new(),
+            lb_steps: HashMap::new(),
+            lb: HashMap::new(),
         };
+        if let Some(speed) = ctx.node.options.pe_speed.get(&pe) {
+            ctx.slowdown = 1.0 / speed;
+        }
         // Every PE knows the main chare's collection: one element, on PE 0.
         if let Some(main) = ctx.node.registry.main_type.and_then(|t| ctx.node.registry.chares.get(&t)) {
             ctx.colls.insert(MAIN_COLL, CollInfo { shape: Shape::Array { dims: Some(0), count: 1 }, linear: main.linear });
@@ -465,11 +549,13 @@ impl Pe {
                 }
             }
             // Idle: spin (sub-microsecond wake-up), then park.
+            let idle_from = now;
             let until = now + spin;
             while Instant::now() < until && inbox.queue.is_empty() {
                 std::hint::spin_loop();
             }
             if !inbox.queue.is_empty() {
+                self.ctx.idle += idle_from.elapsed();
                 continue;
             }
             inbox.sleeping.store(true, AtOrd::SeqCst);
@@ -481,6 +567,7 @@ impl Pe {
                 std::thread::park_timeout(nap);
             }
             inbox.sleeping.store(false, AtOrd::SeqCst);
+            self.ctx.idle += idle_from.elapsed();
         }
     }
 
@@ -502,7 +589,7 @@ impl Pe {
         match env.dest {
             Dest::Element { coll, key, src } => self.route_element(coll, key, src, env),
             Dest::Member { coll } => self.deliver_member(coll, env),
-            Dest::Broadcast { coll } => self.deliver_broadcast(coll, env),
+            Dest::Broadcast { coll, seq } => self.deliver_broadcast(coll, seq, env),
             Dest::System => self.system(env),
         }
         self.settle();
@@ -584,18 +671,27 @@ impl Pe {
         }
     }
 
-    fn deliver_broadcast(&mut self, coll: CollId, env: Envelope) {
+    fn deliver_broadcast(&mut self, coll: CollId, seq: u64, env: Envelope) {
         if !self.ctx.colls.contains_key(&coll) {
             self.ctx.hold_for_creation(coll, env);
             return;
         }
+        let seq = if seq == 0 {
+            // The root numbers the collection's broadcasts, so every PE sees them in one order.
+            let n = self.ctx.next_bcast.entry(coll).or_insert(0);
+            *n += 1;
+            *n
+        } else {
+            seq
+        };
         for child in self.ctx.topo.children(self.ctx.pe) {
-            let copy = Envelope { prio: env.prio, dest: env.dest.clone(), payload: env.payload.duplicate(), counted: true };
+            let dest = Dest::Broadcast { coll, seq };
+            let copy = Envelope { prio: env.prio, dest, payload: env.payload.duplicate(), counted: true };
             self.ctx.send_env(child, copy);
         }
         if let Some(store) = self.stores.get_mut(&coll) {
-            if store.len() > 0 {
-                if let Err(e) = store.deliver_all(env.payload, &mut self.ctx) {
+            {
+                if let Err(e) = store.deliver_all(seq, env.payload, &mut self.ctx) {
                     error!(pe = self.ctx.pe, "dropping broadcast to {}: {e}", self.coll_name(coll));
                 }
             }
@@ -692,6 +788,46 @@ impl Pe {
                 self.ctx.exiting = true;
                 self.ctx.exit = Some(code);
             }
+            SysMsg::Migrate { coll, key, state, meta, lb_step } => {
+                let Some(store) = self.stores.get_mut(&coll) else {
+                    let msg = SysMsg::Migrate { coll, key, state, meta, lb_step };
+                    self.ctx.hold_for_creation(coll, Envelope { prio: 0, dest: Dest::System, payload: Payload::local(msg), counted: false });
+                    return;
+                };
+                if let Err(e) = store.unpack(key, &state, meta, &mut self.ctx) {
+                    error!(pe = me, "a migrated element of {} was lost: {e}", self.coll_name(coll));
+                }
+                if let Some(step) = lb_step {
+                    let s = self.ctx.lb.entry(coll).or_default();
+                    if s.step != step {
+                        *s = LbStep { step, ..LbStep::default() };
+                    }
+                    s.received += 1;
+                    self.lb_check_done(coll);
+                }
+            }
+            SysMsg::Death { coll, next_red } => match self.ctx.populations.get_mut(&coll) {
+                Some(pop) => {
+                    *pop.births.entry(next_red).or_insert(0) -= 1;
+                    // Reductions waiting for the destroyed element may be complete now.
+                    let open: Vec<u32> = self.ctx.gathered.keys().filter(|(c, _)| *c == coll).map(|(_, n)| *n).collect();
+                    for no in open {
+                        self.complete_if_done(coll, no);
+                    }
+                }
+                None => error!("destruction in unknown collection {coll:#x}"),
+            },
+            SysMsg::LbCollect { coll, step } => self.lb_collect(coll, step),
+            SysMsg::LbReport { coll, step, pe, objs } => self.lb_report(coll, step, pe, objs),
+            SysMsg::LbPlan { coll, step, moves } => self.lb_apply(coll, step, moves),
+            SysMsg::LbDone { coll, step, bytes } => self.lb_done(coll, step, bytes),
+            SysMsg::LbResume { coll, step } => {
+                debug!(pe = me, step, "resuming {} after load balancing", self.coll_name(coll));
+                self.ctx.lb.remove(&coll);
+                if let Some(store) = self.stores.get_mut(&coll) {
+                    store.resume_all(&mut self.ctx);
+                }
+            }
         }
     }
 
@@ -764,6 +900,33 @@ impl Pe {
         for p in std::mem::take(&mut self.ctx.contributions) {
             self.gather(p);
         }
+        for d in std::mem::take(&mut self.ctx.departures) {
+            match d {
+                Departure::Moved { coll, key, to, state, meta } => {
+                    self.ctx.cache.insert((coll, key), to);
+                    self.ctx.send_sys(to, SysMsg::Migrate { coll, key, state, meta, lb_step: None });
+                    self.recheck_partials(coll);
+                }
+                Departure::Destroyed { coll, key, next_red } => {
+                    self.ctx.cache.remove(&(coll, key));
+                    self.ctx.send_sys(0, SysMsg::Death { coll, next_red });
+                    self.recheck_partials(coll);
+                }
+            }
+        }
+    }
+
+    /// After elements left, partial results that waited only for them can go up.
+    fn recheck_partials(&mut self, coll: CollId) {
+        if self.ctx.pe == 0 {
+            return;
+        }
+        let waiting: Vec<u32> = self.ctx.gathered.keys().filter(|(c, _)| *c == coll).map(|(_, n)| *n).collect();
+        for no in waiting {
+            if self.stores.get(&coll).is_none_or(|s| s.all_contributed(no)) {
+                self.flush_partial(coll, no);
+            }
+        }
     }
 
     /// Merges a partial result; forwards it up the tree once every local
@@ -800,14 +963,15 @@ impl Pe {
         }
         let local_done = self.stores.get(&p.coll).is_none_or(|s| s.all_contributed(p.no));
         if local_done {
-            let g = self.ctx.gathered.remove(&key).expect("just inserted");
-            let parent = self.ctx.topo.parent(self.ctx.pe).expect("only PE 0 has no parent");
-            let value = g.value.unwrap_or(Value::Unit);
-            self.ctx.send_sys(
-                parent,
-                SysMsg::Reduce(Partial { coll: p.coll, no: p.no, value, count: g.count, reducer: g.reducer, callback: g.callback }),
-            );
+            self.flush_partial(p.coll, p.no);
         }
+    }
+
+    fn flush_partial(&mut self, coll: CollId, no: u32) {
+        let Some(g) = self.ctx.gathered.remove(&(coll, no)) else { return };
+        let parent = self.ctx.topo.parent(self.ctx.pe).expect("only PE 0 has no parent");
+        let value = g.value.unwrap_or(Value::Unit);
+        self.ctx.send_sys(parent, SysMsg::Reduce(Partial { coll, no, value, count: g.count, reducer: g.reducer, callback: g.callback }));
     }
 
     fn complete_if_done(&mut self, coll: CollId, no: u32) {
@@ -816,7 +980,7 @@ impl Pe {
             return;
         };
         let expected = pop.expected(no);
-        let g = &self.ctx.gathered[&(coll, no)];
+        let Some(g) = self.ctx.gathered.get(&(coll, no)) else { return };
         if g.count < expected {
             return;
         }

@@ -8,6 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::callback::CallbackSpec;
+use crate::collection::ElemMeta;
+use crate::lb::stats::{ObjStat, PeStat};
 use crate::chare::IndexKey;
 use crate::msg::CollId;
 use crate::reduce::{Reducer, Value};
@@ -78,17 +80,40 @@ pub(crate) enum SysMsg {
     ExitRequest { code: i32 },
     /// Tree broadcast: stop every PE; the job's exit code is `code`.
     Exit { code: i32 },
+    /// An element moving in; `lb_step` when a load-balancing plan moved it.
+    Migrate { coll: CollId, key: IndexKey, state: Vec<u8>, meta: ElemMeta, lb_step: Option<u64> },
+    /// To PE 0: an element was destroyed; it owed reductions from `next_red` on.
+    Death { coll: CollId, next_red: u32 },
+    /// Tree broadcast: every element of `coll` is at sync; report statistics.
+    LbCollect { coll: CollId, step: u64 },
+    /// To PE 0: one PE's statistics for step `step`.
+    LbReport { coll: CollId, step: u64, pe: PeStat, objs: Vec<ObjStat> },
+    /// Tree broadcast: the plan, as `(element, from, to)` moves.
+    LbPlan { coll: CollId, step: u64, moves: Vec<(IndexKey, Pe, Pe)> },
+    /// To PE 0: this PE sent and received every move of the plan (`bytes` sent).
+    LbDone { coll: CollId, step: u64, bytes: u64 },
+    /// Tree broadcast: call `resume_from_sync` on every element.
+    LbResume { coll: CollId, step: u64 },
 }
 
 impl SysMsg {
     /// Runtime bookkeeping is invisible to quiescence detection; insertions and
     /// creations are application activity.
     pub(crate) fn counts_for_qd(&self) -> bool {
-        matches!(self, SysMsg::Create(_) | SysMsg::InsertRequest { .. } | SysMsg::Insert { .. })
+        matches!(self, SysMsg::Create(_) | SysMsg::InsertRequest { .. } | SysMsg::Insert { .. } | SysMsg::Migrate { .. })
     }
 
     /// Whether the message is forwarded down the spanning tree before it is handled.
     pub(crate) fn is_tree_broadcast(&self) -> bool {
-        matches!(self, SysMsg::Create(_) | SysMsg::Readonly { .. } | SysMsg::QdWave { .. } | SysMsg::Exit { .. })
+        matches!(
+            self,
+            SysMsg::Create(_)
+                | SysMsg::Readonly { .. }
+                | SysMsg::QdWave { .. }
+                | SysMsg::Exit { .. }
+                | SysMsg::LbCollect { .. }
+                | SysMsg::LbPlan { .. }
+                | SysMsg::LbResume { .. }
+        )
     }
 }

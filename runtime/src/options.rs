@@ -1,0 +1,122 @@
+//! Runtime options given on a program's command line, Charm++ style: every
+//! argument starting with `+` is the runtime's, and is removed before the
+//! program's main chare sees its arguments.
+//!
+//! | option | meaning |
+//! |---|---|
+//! | `+lb NAME` | load-balancing strategy for `at_sync` steps (`Greedy`, `GreedyRefine`, `Refine`, `Rotate`, `Null`, and the `...RateAware` variants); default `Null` |
+//! | `+lb-params K=V,...` | strategy parameters, e.g. `tolerance=1.1` |
+//! | `+lb-dump DIR` | write each step's statistics to `DIR/lb-<coll>-<step>.json` for offline replay |
+//! | `+lb-report` | print one `lb step=...` line per step on PE 0's stdout |
+//! | `+pe-speed PE:F,...` | emulate slower PEs: PE `PE` does `F` times the work per second (0 < F <= 1) |
+//!
+//! Values may follow as the next argument or after `=`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::lb::{self, strategy::Strategy, Params};
+use crate::topo::Pe;
+
+/// Parsed runtime options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The strategy `at_sync` steps use.
+    pub strategy: Arc<dyn Strategy>,
+    /// Where to dump statistics, if anywhere.
+    pub lb_dump: Option<PathBuf>,
+    /// Print a line per LB step.
+    pub lb_report: bool,
+    /// Emulated speed of each listed PE.
+    pub pe_speed: HashMap<Pe, f64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            strategy: Arc::from(lb::by_name("Null", Params::default()).expect("Null exists")),
+            lb_dump: None,
+            lb_report: false,
+            pe_speed: HashMap::new(),
+        }
+    }
+}
+
+/// Splits `args` into the runtime's options and the program's arguments.
+pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
+    let mut opts = Options::default();
+    let mut rest = Vec::new();
+    let mut name = String::from("Null");
+    let mut params = String::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let Some(flag) = a.strip_prefix('+') else {
+            rest.push(a);
+            continue;
+        };
+        let (key, inline) = match flag.split_once('=') {
+            Some((k, v)) => (k.to_string(), Some(v.to_string())),
+            None => (flag.to_string(), None),
+        };
+        let mut value = |what: &str| -> Result<String, String> {
+            inline.clone().or_else(|| it.next()).ok_or_else(|| format!("+{key} needs {what}"))
+        };
+        match key.as_str() {
+            "lb" => name = value("a strategy name")?,
+            "lb-params" => params = value("KEY=VALUE[,KEY=VALUE]")?,
+            "lb-dump" => opts.lb_dump = Some(PathBuf::from(value("a directory")?)),
+            "lb-report" => opts.lb_report = true,
+            "pe-speed" => opts.pe_speed = parse_speeds(&value("PE:FACTOR[,PE:FACTOR]")?)?,
+            other => {
+                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +pe-speed)"))
+            }
+        }
+    }
+    let params = Params::parse(&params).map_err(|e| e.to_string())?;
+    opts.strategy = Arc::from(lb::by_name(&name, params).map_err(|e| e.to_string())?);
+    Ok((opts, rest))
+}
+
+fn parse_speeds(text: &str) -> Result<HashMap<Pe, f64>, String> {
+    text.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|item| {
+            let (pe, f) = item.split_once(':').ok_or_else(|| format!("+pe-speed: `{item}` is not PE:FACTOR"))?;
+            let pe: Pe = pe.trim().parse().map_err(|_| format!("+pe-speed: `{pe}` is not a PE number"))?;
+            let f: f64 = f.trim().parse().map_err(|_| format!("+pe-speed: `{f}` is not a number"))?;
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(format!("+pe-speed: factor {f} for PE {pe} must be in (0, 1]"));
+            }
+            Ok((pe, f))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn runtime_options_are_taken_out_of_the_program_arguments() {
+        let (o, rest) = parse(args(&["--grid", "64", "+lb", "GreedyRefine", "+pe-speed=1:0.5,3:0.25", "+lb-report", "x"])).unwrap();
+        assert_eq!(rest, args(&["--grid", "64", "x"]));
+        assert_eq!(o.strategy.name(), "GreedyRefine");
+        assert_eq!(o.pe_speed[&1], 0.5);
+        assert_eq!(o.pe_speed[&3], 0.25);
+        assert!(o.lb_report);
+    }
+
+    #[test]
+    fn bad_options_are_refused_with_a_reason() {
+        assert!(parse(args(&["+lb", "Nope"])).unwrap_err().contains("GreedyRefine"));
+        assert!(parse(args(&["+pe-speed", "1:2"])).unwrap_err().contains("(0, 1]"));
+        assert!(parse(args(&["+frobnicate"])).unwrap_err().contains("unknown runtime option"));
+        assert!(parse(args(&["+lb"])).unwrap_err().contains("needs"));
+        assert!(parse(args(&["+lb-params", "tolerance=0.5", "+lb", "Refine"])).is_err());
+    }
+}

@@ -1,0 +1,191 @@
+//! One load-balancing step of one array, as seen by each PE and by PE 0.
+//!
+//! 1. Every element called `at_sync`: that is a reduction, whose completion
+//!    at PE 0 broadcasts `LbCollect`.
+//! 2. Every PE measures its speed, reports its elements' loads and its own
+//!    background and idle time to PE 0 (`LbReport`), and resets its counters.
+//! 3. PE 0 runs the configured strategy on the statistics (dumping them when
+//!    asked) and broadcasts the plan (`LbPlan`).
+//! 4. Every PE packs and sends the elements the plan moves away, counts the
+//!    ones it receives, and tells PE 0 when both are complete (`LbDone`).
+//! 5. PE 0 broadcasts `LbResume`; every PE calls `resume_from_sync` on its
+//!    elements.
+//!
+//! Element loads are wall seconds of entry methods on the element's current
+//! PE, including any emulated slowdown, which is what the strategies' cost
+//! model expects. A PE's speed is measured by timing a fixed kernel under the
+//! same conditions as entry methods (see [`calibrate`]).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, error, info};
+
+use super::{LbStep, Pe};
+use crate::chare::IndexKey;
+use crate::lb::stats::{LbStats, ObjId, ObjStat, PeStat};
+use crate::lb::strategy::{Assignment, CostModel};
+use crate::msg::CollId;
+use crate::system::SysMsg;
+use crate::topo::Pe as PeId;
+
+/// Work of the calibration kernel: a dependent integer chain, so the time
+/// measures the core (and any emulated slowdown), not memory.
+const CALIBRATION_STEPS: u64 = 200_000;
+
+/// Times the calibration kernel on this PE (best of three, charged like an
+/// entry method) and returns a speed: kernels per second, comparable across PEs.
+fn calibrate(charge: &mut dyn FnMut(Duration) -> Duration) -> f64 {
+    let mut best = Duration::MAX;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let mut x = black_box(0x9E37_79B9_7F4A_7C15u64);
+        for i in 0..CALIBRATION_STEPS {
+            x = x.rotate_left(7) ^ i.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        }
+        black_box(x);
+        best = best.min(charge(start.elapsed()));
+    }
+    1.0 / best.as_secs_f64().max(1e-9)
+}
+
+impl Pe {
+    pub(super) fn lb_collect(&mut self, coll: CollId, step: u64) {
+        let me = self.ctx.pe;
+        let busy_before = self.ctx.busy;
+        let speed = calibrate(&mut |d| self.ctx.charge(d));
+        // The calibration is the runtime's work, not an element's.
+        self.ctx.busy = busy_before;
+        let loads = self.stores.get_mut(&coll).map(|s| s.loads(true)).unwrap_or_default();
+        let wall = self.ctx.measured_since.elapsed().as_secs_f64();
+        let idle = self.ctx.idle.as_secs_f64();
+        let object_time: f64 = loads.iter().map(|(_, l)| l).sum();
+        let background = (wall - idle - object_time).max(0.0);
+        self.ctx.busy = Duration::ZERO;
+        self.ctx.idle = Duration::ZERO;
+        self.ctx.measured_since = Instant::now();
+        let objs = loads
+            .into_iter()
+            .map(|(key, load)| ObjStat { id: ObjId::new(coll, key), pe: me, load, bytes: 0, migratable: coll != crate::msg::MAIN_COLL })
+            .collect();
+        let pe = PeStat { pe: me, speed, background, idle, leaving: false };
+        let s = self.ctx.lb.entry(coll).or_default();
+        if s.step != step {
+            *s = LbStep { step, ..LbStep::default() };
+        }
+        self.ctx.send_sys(0, SysMsg::LbReport { coll, step, pe, objs });
+    }
+
+    pub(super) fn lb_report(&mut self, coll: CollId, step: u64, pe: PeStat, objs: Vec<ObjStat>) {
+        let npes = self.ctx.num_pes() as usize;
+        let Some(root) = self.ctx.lb_root.get_mut(&coll).filter(|r| r.step == step) else {
+            error!("ignoring load statistics for an unknown step {step} of collection {coll:#x}");
+            return;
+        };
+        root.reports.push((pe, objs));
+        if root.reports.len() < npes {
+            return;
+        }
+        let mut stats = LbStats { step, objs: Vec::new(), pes: Vec::new() };
+        for (pe, objs) in root.reports.drain(..) {
+            stats.pes.push(pe);
+            stats.objs.extend(objs);
+        }
+        stats.pes.sort_by_key(|p| p.pe);
+        let options = self.ctx.node.options.clone();
+        if let Some(dir) = &options.lb_dump {
+            let path = dir.join(format!("lb-{coll:x}-{step}.json"));
+            if let Err(e) = std::fs::create_dir_all(dir).map_err(|e| e.to_string()).and_then(|_| stats.dump(&path).map_err(|e| e.to_string())) {
+                error!("cannot dump load statistics to {}: {e}", path.display());
+            }
+        }
+        let solve_start = Instant::now();
+        let plan = match options.strategy.solve(&stats) {
+            Ok(plan) => plan,
+            Err(e) => {
+                error!("load balancing step {step} of collection {coll:#x} failed ({}): {e}; keeping the placement", options.strategy.name());
+                Assignment::current(&stats)
+            }
+        };
+        let solve_ms = solve_start.elapsed().as_secs_f64() * 1e3;
+        let moves: Vec<(IndexKey, PeId, PeId)> = plan.migrations(&stats).iter().map(|m| (m.id.index, m.from, m.to)).collect();
+        let ratio = |a: &Assignment| a.max_avg_ratio(&stats, CostModel::RateAware).unwrap_or(f64::NAN);
+        let before = ratio(&Assignment::current(&stats));
+        let after = ratio(&plan);
+        let root = self.ctx.lb_root.get_mut(&coll).expect("present");
+        root.planned = Some(Instant::now());
+        root.summary = format!(
+            "lb step={step} strategy={} objs={} pes={} migrations={} max_avg_before={before:.4} max_avg_after={after:.4} strategy_ms={solve_ms:.3} collect_ms={:.3}",
+            options.strategy.name(),
+            stats.objs.len(),
+            stats.pes.len(),
+            moves.len(),
+            (solve_start - root.started).as_secs_f64() * 1e3,
+        );
+        debug!("{}", root.summary);
+        self.ctx.send_sys(0, SysMsg::LbPlan { coll, step, moves });
+    }
+
+    pub(super) fn lb_apply(&mut self, coll: CollId, step: u64, moves: Vec<(IndexKey, PeId, PeId)>) {
+        let me = self.ctx.pe;
+        let mut sent = 0u64;
+        let mut outgoing = Vec::new();
+        if let Some(store) = self.stores.get_mut(&coll) {
+            for &(key, from, to) in &moves {
+                if from != me {
+                    continue;
+                }
+                match store.pack(key) {
+                    Some((state, meta)) => outgoing.push((key, to, state, meta)),
+                    None => error!(pe = me, "the plan moves element {key:#x} of collection {coll:#x}, which is not here"),
+                }
+            }
+        }
+        for (key, to, state, meta) in outgoing {
+            sent += state.len() as u64;
+            self.ctx.cache.insert((coll, key), to);
+            self.ctx.send_sys(to, SysMsg::Migrate { coll, key, state, meta, lb_step: Some(step) });
+        }
+        let expected = moves.iter().filter(|(_, _, to)| *to == me).count();
+        let s = self.ctx.lb.entry(coll).or_default();
+        if s.step != step {
+            *s = LbStep { step, ..LbStep::default() };
+        }
+        s.expected = Some(expected);
+        s.bytes_sent = sent;
+        self.lb_check_done(coll);
+    }
+
+    pub(super) fn lb_check_done(&mut self, coll: CollId) {
+        let Some(s) = self.ctx.lb.get_mut(&coll) else { return };
+        if s.done || s.expected != Some(s.received) {
+            return;
+        }
+        s.done = true;
+        let (step, bytes) = (s.step, s.bytes_sent);
+        self.ctx.send_sys(0, SysMsg::LbDone { coll, step, bytes });
+    }
+
+    pub(super) fn lb_done(&mut self, coll: CollId, step: u64, bytes: u64) {
+        let npes = self.ctx.num_pes();
+        let report = self.ctx.node.options.lb_report;
+        let Some(root) = self.ctx.lb_root.get_mut(&coll).filter(|r| r.step == step) else {
+            error!("ignoring a migration report for an unknown step {step} of collection {coll:#x}");
+            return;
+        };
+        root.done += 1;
+        root.bytes += bytes;
+        if root.done < npes {
+            return;
+        }
+        let migration_ms = root.planned.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+        let total_ms = root.started.elapsed().as_secs_f64() * 1e3;
+        let line = format!("{} bytes={} migration_ms={migration_ms:.3} total_ms={total_ms:.3}", root.summary, root.bytes);
+        info!("{line}");
+        if report {
+            println!("{line}");
+        }
+        self.ctx.lb_root.remove(&coll);
+        self.ctx.send_sys(0, SysMsg::LbResume { coll, step });
+    }
+}
