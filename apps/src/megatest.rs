@@ -29,6 +29,38 @@ pub fn chain_len(seed: u64, i: u64) -> u64 {
     draw(seed ^ 0xC4A1, i) % 40
 }
 
+/// The element a random walk of the migration test visits at `hop`.
+pub fn walk_target(salt: u64, hop: u64, n: u64) -> u64 {
+    draw(salt, hop) % n
+}
+
+/// The value a walk's token carries at `hop`.
+pub fn walk_value(salt: u64, hop: u64) -> u64 {
+    draw(salt, hop + 1000)
+}
+
+/// What one walker reports: a digest of its index, token count and value sum.
+pub fn walk_digest(index: u64, count: u64, sum: u64) -> u64 {
+    draw(draw(index, count), sum)
+}
+
+/// The migration test's expected total digest, computed sequentially.
+pub fn walk_expectation(seed: u64, n: u64, chains: u64, len: u64) -> u64 {
+    let mut count = vec![0u64; n as usize];
+    let mut sum = vec![0u64; n as usize];
+    for i in 0..n {
+        for t in 0..chains {
+            let salt = draw(seed, i * chains + t);
+            for hop in 0..len {
+                let at = walk_target(salt, hop, n) as usize;
+                count[at] += 1;
+                sum[at] = sum[at].wrapping_add(walk_value(salt, hop));
+            }
+        }
+    }
+    (0..n).fold(0u64, |acc, i| acc.wrapping_add(walk_digest(i, count[i as usize], sum[i as usize])))
+}
+
 /// What each element of the readonly test contributes: a digest of both readonly values.
 pub fn readonly_digest(table: &[u64], name: &str) -> u64 {
     table.iter().fold(draw(name.len() as u64, 0), |a, &b| draw(a, b))

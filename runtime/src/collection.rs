@@ -35,6 +35,8 @@ pub(crate) struct ElemMeta {
     pub load: f64,
     /// The element called `at_sync` and waits for `resume_from_sync`.
     pub at_sync: bool,
+    /// How many times the element has moved: orders location information.
+    pub hops: u64,
     /// Asked to move to this PE after the current entry method.
     #[serde(skip)]
     pub migrate_to: Option<Pe>,
@@ -208,7 +210,7 @@ impl<C: Chare> Store for ArrayStore<C> {
         };
         self.owe(meta.next_red, 1);
         self.elems.insert(key, Slot { chare, index, meta });
-        pe.note_local_element(self.coll, key);
+        pe.note_local_element(self.coll, key, 0);
         Ok(())
     }
 
@@ -231,8 +233,9 @@ impl<C: Chare> Store for ArrayStore<C> {
     }
 
     fn pack(&mut self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)> {
-        let slot = self.elems.remove(&key)?;
+        let mut slot = self.elems.remove(&key)?;
         self.owe(slot.meta.next_red, -1);
+        slot.meta.hops += 1;
         let state = postcard::to_allocvec(&slot.chare).expect("encoding into a Vec cannot fail");
         Some((state, slot.meta))
     }
@@ -243,10 +246,10 @@ impl<C: Chare> Store for ArrayStore<C> {
             return Err(StoreError::Duplicate(format!("{index:?}"), C::NAME));
         }
         let chare: C = postcard::from_bytes(state).map_err(|e| StoreError::State(C::NAME, e))?;
-        let seen = meta.bcast_seen;
+        let (seen, hops) = (meta.bcast_seen, meta.hops);
         self.owe(meta.next_red, 1);
         self.elems.insert(key, Slot { chare, index, meta });
-        pe.note_local_element(self.coll, key);
+        pe.note_local_element(self.coll, key, hops);
         // Broadcasts this PE delivered after the element left its old PE.
         let missed: Vec<(u64, Payload)> =
             self.log.iter().filter(|(s, _)| *s > seen).map(|(s, p)| (*s, p.duplicate())).collect();

@@ -171,8 +171,12 @@ pub struct PeCtx {
     readonly: HashMap<u64, Arc<dyn Any + Send + Sync>>,
     colls: HashMap<CollId, CollInfo>,
     unknown: HashMap<CollId, Vec<Envelope>>,
-    cache: HashMap<(CollId, IndexKey), PeId>,
-    homes: HashMap<(CollId, IndexKey), PeId>,
+    /// Where an element is (or was last sent): `(PE, its move count there)`.
+    /// Entries only ever move to a higher move count, so following them
+    /// always ends at the element (see [`PeCtx::learn`]).
+    cache: HashMap<(CollId, IndexKey), (PeId, u64)>,
+    /// For elements whose home is this PE: where they live, by move count.
+    homes: HashMap<(CollId, IndexKey), (PeId, u64)>,
     waiting: HashMap<(CollId, IndexKey), Vec<Envelope>>,
     gathered: HashMap<(CollId, u32), Gathered>,
     populations: HashMap<CollId, Population>,
@@ -311,13 +315,25 @@ impl PeCtx {
         self.contributions.push(Partial { coll, no, value, count: 1, reducer, callback });
     }
 
-    pub(crate) fn note_local_element(&mut self, coll: CollId, key: IndexKey) {
-        self.cache.insert((coll, key), self.pe);
+    /// Records that element `key` is on `pe` after `hops` moves, unless a
+    /// newer location is known. Forwarding follows these entries, and since
+    /// a PE's entry only changes to a later location, a message can never
+    /// cycle between stale ones.
+    pub(crate) fn learn(&mut self, coll: CollId, key: IndexKey, pe: PeId, hops: u64) {
+        let e = self.cache.entry((coll, key)).or_insert((pe, hops));
+        if hops >= e.1 {
+            *e = (pe, hops);
+        }
+    }
+
+    pub(crate) fn note_local_element(&mut self, coll: CollId, key: IndexKey, hops: u64) {
+        let me = self.pe;
+        self.cache.insert((coll, key), (me, hops));
         if let Some(home) = self.home_of(coll, key) {
-            if home != self.pe {
-                self.send_sys(home, SysMsg::HomeUpdate { coll, key, pe: self.pe });
+            if home != me {
+                self.send_sys(home, SysMsg::HomeUpdate { coll, key, pe: me, hops });
             } else {
-                self.homes.remove(&(coll, key));
+                self.homes.insert((coll, key), (me, hops));
             }
         }
         if let Some(held) = self.waiting.remove(&(coll, key)) {
@@ -355,7 +371,7 @@ impl PeCtx {
     }
 
     fn locate(&self, coll: CollId, key: IndexKey) -> Option<PeId> {
-        self.cache.get(&(coll, key)).copied().or_else(|| self.home_of(coll, key))
+        self.cache.get(&(coll, key)).map(|&(pe, _)| pe).or_else(|| self.home_of(coll, key))
     }
 
     fn send_sys(&mut self, pe: PeId, msg: SysMsg) {
@@ -634,24 +650,26 @@ impl Pe {
         }
         let me = self.ctx.pe;
         let home = self.ctx.home_of(coll, key).expect("collection is known");
-        let target = if home == me {
-            match self.ctx.homes.get(&(coll, key)) {
-                Some(&pe) => pe,
-                None => {
-                    // Not inserted yet: wait here, the home, for its insertion.
-                    self.ctx.waiting.entry((coll, key)).or_default().push(Envelope { counted: false, ..env });
-                    return;
-                }
-            }
-        } else {
-            match self.ctx.cache.get(&(coll, key)) {
-                Some(&pe) if pe != me => pe,
-                _ => home,
-            }
+        // The newest location known here: the home's table, or where the
+        // element went when it last left this PE.
+        let known = match (self.ctx.homes.get(&(coll, key)), self.ctx.cache.get(&(coll, key))) {
+            (Some(&h), Some(&c)) => Some(if c.1 > h.1 { c } else { h }),
+            (h, c) => h.or(c).copied(),
         };
-        if home == me && src != me && src != target {
-            self.ctx.send_sys(src, SysMsg::LocationHint { coll, key, pe: target });
-        }
+        let target = match known {
+            Some((pe, hops)) if pe != me => {
+                if home == me && src != me && src != pe {
+                    self.ctx.send_sys(src, SysMsg::LocationHint { coll, key, pe, hops });
+                }
+                pe
+            }
+            // Not inserted yet (or gone): wait here, the home, for its insertion.
+            _ if home == me => {
+                self.ctx.waiting.entry((coll, key)).or_default().push(Envelope { counted: false, ..env });
+                return;
+            }
+            _ => home,
+        };
         self.ctx.send_env(target, env);
     }
 
@@ -738,17 +756,20 @@ impl Pe {
                     error!(pe = me, "insertion into {} failed: {e}", self.coll_name(coll));
                 }
             }
-            SysMsg::HomeUpdate { coll, key, pe } => {
-                self.ctx.homes.insert((coll, key), pe);
+            SysMsg::HomeUpdate { coll, key, pe, hops } => {
+                let e = self.ctx.homes.entry((coll, key)).or_insert((pe, hops));
+                if hops >= e.1 {
+                    *e = (pe, hops);
+                }
                 if let Some(held) = self.ctx.waiting.remove(&(coll, key)) {
                     for env in held {
-                        self.ctx.release(pe, env);
+                        self.ctx.release(me, env);
                     }
                 }
             }
-            SysMsg::LocationHint { coll, key, pe } => {
+            SysMsg::LocationHint { coll, key, pe, hops } => {
                 if self.stores.get(&coll).is_none_or(|s| !s.has(key)) {
-                    self.ctx.cache.insert((coll, key), pe);
+                    self.ctx.learn(coll, key, pe, hops);
                 }
             }
             SysMsg::Readonly { entries } => self.adopt_readonly(entries),
@@ -903,7 +924,7 @@ impl Pe {
         for d in std::mem::take(&mut self.ctx.departures) {
             match d {
                 Departure::Moved { coll, key, to, state, meta } => {
-                    self.ctx.cache.insert((coll, key), to);
+                    self.ctx.learn(coll, key, to, meta.hops);
                     self.ctx.send_sys(to, SysMsg::Migrate { coll, key, state, meta, lb_step: None });
                     self.recheck_partials(coll);
                 }
@@ -1019,6 +1040,7 @@ impl Pe {
             None => {
                 // Root: quiescent when two consecutive waves saw the same, balanced counts.
                 let now = (created, processed);
+                tracing::trace!(wave, created, processed, "quiescence wave");
                 if created == processed && self.ctx.qd.previous == Some(now) {
                     debug!("quiescence detected after wave {wave}");
                     self.ctx.qd.running = false;

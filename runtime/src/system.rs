@@ -62,10 +62,10 @@ pub(crate) enum SysMsg {
     InsertRequest { coll: CollId, key: IndexKey, init: Vec<u8>, on: Option<Pe> },
     /// To the element's PE: construct it; it joins reductions from `red_start` on.
     Insert { coll: CollId, key: IndexKey, init: Vec<u8>, red_start: u32 },
-    /// To an element's home PE: the element now lives on `pe`.
-    HomeUpdate { coll: CollId, key: IndexKey, pe: Pe },
-    /// To a sender whose message was forwarded: cache the element's PE.
-    LocationHint { coll: CollId, key: IndexKey, pe: Pe },
+    /// To an element's home PE: the element now lives on `pe`, after `hops` moves.
+    HomeUpdate { coll: CollId, key: IndexKey, pe: Pe, hops: u64 },
+    /// To a sender whose message was forwarded: the element's PE, after `hops` moves.
+    LocationHint { coll: CollId, key: IndexKey, pe: Pe, hops: u64 },
     /// Tree broadcast from PE 0: readonly values, `(id, postcard bytes)`.
     Readonly { entries: Vec<(u64, Vec<u8>)> },
     /// Up the spanning tree.

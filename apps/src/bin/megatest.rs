@@ -6,7 +6,8 @@
 //! compare with sequential computations), or `megatest <module> FAILED: ...`
 //! and exits 1.
 //!
-//! Modules: arrays, reduce, group, readonly, insert, priority, qd, exit, panic.
+//! Modules: arrays, reduce, group, readonly, insert, priority, qd, migrate,
+//! destroy, exit, panic.
 
 use std::collections::BTreeSet;
 
@@ -346,6 +347,97 @@ impl Chare for Hopper {
     }
 }
 
+// ---------------------------------------------------------------- migrate
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum WalkMsg {
+    Go { seed: u64, chains: u64, len: u64 },
+    Token { salt: u64, hop: u64, len: u64 },
+    Report,
+}
+
+/// Receives tokens on random walks and jumps to random PEs while they fly.
+#[derive(Serialize, Deserialize)]
+struct Walker {
+    n: u64,
+    count: u64,
+    sum: u64,
+    moves: u64,
+}
+impl Chare for Walker {
+    const NAME: &'static str = "megatest::Walker";
+    type Index = u64;
+    type Init = u64;
+    type Msg = WalkMsg;
+    fn new(n: u64, _: &mut Ctx<'_, Self>) -> Self {
+        Walker { n, count: 0, sum: 0, moves: 0 }
+    }
+    fn handle(&mut self, msg: WalkMsg, ctx: &mut Ctx<'_, Self>) {
+        let me = ctx.index();
+        match msg {
+            WalkMsg::Go { seed, chains, len } => {
+                for t in 0..chains {
+                    let salt = draw(seed, me * chains + t);
+                    let to = walk_target(salt, 0, self.n);
+                    ctx.this_array().elem(to).send(ctx, WalkMsg::Token { salt, hop: 0, len });
+                }
+            }
+            WalkMsg::Token { salt, hop, len } => {
+                self.count += 1;
+                self.sum = self.sum.wrapping_add(walk_value(salt, hop));
+                if hop + 1 < len {
+                    let to = walk_target(salt, hop + 1, self.n);
+                    ctx.this_array().elem(to).send(ctx, WalkMsg::Token { salt, hop: hop + 1, len });
+                }
+                if draw(salt, hop + 2000) % 4 == 0 {
+                    let pe = (draw(salt, hop + 3000) % ctx.num_pes() as u64) as u32;
+                    if pe != ctx.my_pe() {
+                        self.moves += 1;
+                        ctx.migrate_me(pe);
+                    }
+                }
+            }
+            WalkMsg::Report => {
+                let digest = ductile_apps::megatest::walk_digest(me, self.count, self.sum);
+                ctx.contribute(digest, Reducer::Sum, Callback::main::<Main>(MainMsg::WalkDigest));
+                ctx.contribute(self.moves, Reducer::Sum, Callback::main::<Main>(MainMsg::WalkMoves));
+            }
+        }
+    }
+}
+
+use ductile_apps::megatest::{walk_target, walk_value};
+
+// ---------------------------------------------------------------- destroy
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum DoomMsg {
+    Kill(u64),
+    Count,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Doomed;
+impl Chare for Doomed {
+    const NAME: &'static str = "megatest::Doomed";
+    type Index = u64;
+    type Init = ();
+    type Msg = DoomMsg;
+    fn new(_: (), _: &mut Ctx<'_, Self>) -> Self {
+        Doomed
+    }
+    fn handle(&mut self, msg: DoomMsg, ctx: &mut Ctx<'_, Self>) {
+        match msg {
+            DoomMsg::Kill(every) => {
+                if ctx.index() % every == 0 {
+                    ctx.destroy();
+                }
+            }
+            DoomMsg::Count => ctx.contribute(ctx.index(), Reducer::Sum, Callback::main::<Main>(MainMsg::Survivors)),
+        }
+    }
+}
+
 // ---------------------------------------------------------------- panic
 
 #[derive(Serialize, Deserialize)]
@@ -392,6 +484,9 @@ enum MainMsg {
     InsertSum(u64),
     PriorityOrdered(bool),
     QdHops(u64),
+    WalkDigest(u64),
+    WalkMoves(u64),
+    Survivors(u64),
 }
 
 impl MainMsg {
@@ -417,6 +512,9 @@ impl MainMsg {
             MainMsg::InsertSum(v) => ("insert_sum", v.to_string()),
             MainMsg::PriorityOrdered(v) => ("priority_ordered", v.to_string()),
             MainMsg::QdHops(v) => ("qd_hops", v.to_string()),
+            MainMsg::WalkDigest(v) => ("walk_digest", v.to_string()),
+            MainMsg::WalkMoves(v) => ("walk_moves", v.to_string()),
+            MainMsg::Survivors(v) => ("survivor_index_sum", v.to_string()),
             _ => return None,
         })
     }
@@ -436,6 +534,7 @@ struct Main {
     results: Vec<(String, String)>,
     wanted: usize,
     hoppers: Option<ArrayProxy<Hopper>>,
+    walkers: Option<ArrayProxy<Walker>>,
     probes: Probes,
 }
 
@@ -474,6 +573,7 @@ impl Chare for Main {
             results: Vec::new(),
             wanted: 1,
             hoppers: None,
+            walkers: None,
             probes: (None, None, None, None),
         };
         match module.as_str() {
@@ -541,6 +641,21 @@ impl Chare for Main {
                 m.hoppers = Some(arr);
                 m.wanted = 1;
             }
+            "migrate" => {
+                let chains = args::parse(&a, "chains", 3u64).unwrap_or_else(|e| fail(&module, e));
+                let len = args::parse(&a, "len", 30u64).unwrap_or_else(|e| fail(&module, e));
+                let arr = ArrayProxy::<Walker>::create(ctx, elems as u64, elems as u64);
+                arr.broadcast(ctx, WalkMsg::Go { seed, chains, len });
+                ctx.start_quiescence(Callback::main::<Main>(MainMsg::Quiet));
+                m.walkers = Some(arr);
+                m.wanted = 2;
+            }
+            "destroy" => {
+                let arr = ArrayProxy::<Doomed>::create(ctx, elems as u64, ());
+                arr.broadcast(ctx, DoomMsg::Kill(3));
+                arr.broadcast(ctx, DoomMsg::Count);
+                m.wanted = 1;
+            }
             "exit" => {
                 // Exit from a PE other than 0, after a round trip through a group.
                 let g = GroupProxy::<PerPe>::create(ctx, 77);
@@ -553,7 +668,7 @@ impl Chare for Main {
                 g.broadcast(ctx, target);
                 m.wanted = usize::MAX;
             }
-            other => fail(other, "unknown module (arrays, reduce, group, readonly, insert, priority, qd, exit, panic)"),
+            other => fail(other, "unknown module (arrays, reduce, group, readonly, insert, priority, qd, migrate, destroy, exit, panic)"),
         }
         m
     }
@@ -589,7 +704,12 @@ impl Chare for Main {
                 self.record("pes_used_all", spread.to_string(), ctx);
             }
             MainMsg::Quiet(()) => {
-                self.hoppers.expect("qd module").broadcast(ctx, HopMsg::Report);
+                if let Some(h) = self.hoppers {
+                    h.broadcast(ctx, HopMsg::Report);
+                }
+                if let Some(w) = self.walkers {
+                    w.broadcast(ctx, WalkMsg::Report);
+                }
             }
             other => {
                 let (k, v) = other.result().expect("every other message is a result");
@@ -640,6 +760,8 @@ fn main() {
             .chare::<Prioritised>()
             .chare::<Hopper>()
             .chare::<Bomb>()
+            .chare::<Walker>()
+            .chare::<Doomed>()
             .readonly(&RO_TABLE)
             .readonly(&RO_NAME)
             .reducer("merge-sorted", merge_sorted);

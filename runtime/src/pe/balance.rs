@@ -143,7 +143,7 @@ impl Pe {
         }
         for (key, to, state, meta) in outgoing {
             sent += state.len() as u64;
-            self.ctx.cache.insert((coll, key), to);
+            self.ctx.learn(coll, key, to, meta.hops);
             self.ctx.send_sys(to, SysMsg::Migrate { coll, key, state, meta, lb_step: Some(step) });
         }
         let expected = moves.iter().filter(|(_, _, to)| *to == me).count();

@@ -1,0 +1,86 @@
+//! Migration and load balancing, seen from outside: real jobs where elements
+//! move while messages fly, checked against sequential computations.
+
+use ductile_apps::jacobi::{reference, Spec};
+use ductile_apps::megatest::walk_expectation;
+use ductile_e2e::{run, SHAPES};
+use proptest::prelude::*;
+
+proptest! {
+    // Each case is a real multi-process job: few cases, each a fresh random setup.
+    #![proptest_config(ProptestConfig { cases: 8, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Tokens on random walks while their receivers jump to random PEs: every
+    /// element ends with exactly the tokens sent to it (a lost or duplicated
+    /// message changes the digest).
+    #[test]
+    fn messages_to_migrating_elements_arrive_exactly_once(
+        seed in any::<u64>(),
+        shape in prop::sample::select(vec![(1u32, 2u32), (2, 1), (2, 2), (3, 1)]),
+        per_pe in 1u64..5,
+        chains in 1u64..4,
+        len in 5u64..40,
+    ) {
+        let (n, p) = shape;
+        let elems = per_pe * (n * p) as u64 + 1;
+        let job = run(n, p, "megatest", &[
+            "migrate", "--seed", &seed.to_string(), "--elems", &elems.to_string(),
+            "--chains", &chains.to_string(), "--len", &len.to_string(),
+        ]);
+        job.expect_code(0, "megatest migrate");
+        let want = walk_expectation(seed, elems, chains, len);
+        prop_assert_eq!(job.value("walk_digest"), Some(want.to_string()));
+    }
+}
+
+#[test]
+fn elements_that_move_actually_move() {
+    let job = run(2, 2, "megatest", &["migrate", "--seed", "11", "--elems", "24", "--chains", "3", "--len", "30"]);
+    job.expect_code(0, "megatest migrate");
+    let moves: u64 = job.value("walk_moves").expect("moves printed").parse().expect("a number");
+    assert!(moves > 10, "the test must exercise migration, saw {moves} moves");
+}
+
+#[test]
+fn destroyed_elements_leave_reductions_and_the_rest_complete() {
+    for &(n, p) in SHAPES {
+        let elems = 6 * n * p + 2;
+        let job = run(n, p, "megatest", &["destroy", "--elems", &elems.to_string()]);
+        job.expect_code(0, "megatest destroy");
+        let want: u64 = (0..elems as u64).filter(|i| i % 3 != 0).sum();
+        assert_eq!(job.value("survivor_index_sum"), Some(want.to_string()), "{n}x{p}");
+    }
+}
+
+/// Rotate moves every block at every step: the checksum must not notice.
+#[test]
+fn jacobi_checksum_is_unchanged_by_load_balancing() {
+    let spec = Spec { nx: 96, ny: 80, bx: 96, by: 80, iters: 24, residual_every: 4, lb_every: 0 };
+    let want = format!("{:016x}", reference(&spec));
+    for &(n, p) in &[(1, 2), (2, 2), (3, 1)] {
+        for lb in [["+lb", "Rotate"], ["+lb", "GreedyRefineRateAware"], ["+lb", "Greedy"]] {
+            for lb_every in ["1", "5"] {
+                let job = run(n, p, "jacobi2d", &[
+                    "--grid", "96x80", "--block", "13x7", "--iters", "24", "--residual-every", "4",
+                    "--lb-every", lb_every, "--quiet", lb[0], lb[1], "+lb-report", "+pe-speed", "1:0.5",
+                ]);
+                job.expect_code(0, &format!("jacobi2d {n}x{p} {lb:?} every {lb_every}"));
+                assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()), "{n}x{p} {lb:?} every {lb_every}");
+                let steps = job.stdout.lines().filter(|l| l.starts_with("lb step=")).count();
+                let expect_steps = if lb_every == "1" { 23 } else { 4 };
+                assert_eq!(steps, expect_steps, "one LB step per --lb-every iterations:\n{}", job.stdout);
+                if lb[1] == "Rotate" {
+                    assert!(job.stdout.contains("migrations=96"), "Rotate moves every block:\n{}", job.stdout);
+                }
+            }
+        }
+    }
+}
+
+/// A strategy name the runtime does not know stops the job at start, saying which exist.
+#[test]
+fn an_unknown_strategy_is_refused_with_the_list() {
+    let job = run(1, 1, "jacobi2d", &["--grid", "16", "+lb", "Nope"]);
+    job.expect_code(1, "unknown strategy");
+    assert!(job.stderr.contains("GreedyRefine"), "{}", job.stderr);
+}
