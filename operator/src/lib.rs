@@ -13,12 +13,16 @@
 //! * [`policy`]: the rescale policy (sans-IO, virtual time) that both fleets
 //!   drive: replacements, complete replacement, emergency, timeout, scaling;
 //!
-//! The Kubernetes reconciler will live here too. See `docs/cli.md` for the
-//! command line and `docs/operator.md` for the operator.
+//! * [`k8s`]: the Kubernetes fleet: the ElasticJob reconciler (a skeleton
+//!   so far) and the objects it owns.
+//!
+//! See `docs/cli.md` for the command line and `docs/operator.md` for the
+//! operator.
 
 pub mod cli;
 pub mod contract;
 pub mod crd;
+pub mod k8s;
 pub mod local;
 pub mod policy;
 pub mod state;

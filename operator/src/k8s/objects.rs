@@ -1,0 +1,326 @@
+//! The Kubernetes objects an ElasticJob owns, built as plain values (no
+//! client): the job secret, the headless Service, and one pod per node.
+//!
+//! Node 0's pod carries two containers: the coordinator (the operator image's
+//! `ductile coordinator`) and node 0 itself. One pod rather than two because
+//! both must be scheduled, live and die together on the same on-demand node;
+//! every node, node 0 included, reaches the coordinator by its pod DNS name
+//! through the headless Service. Every pod
+//! gets the environment contract of [`crate::contract`], identical to what
+//! `ductile run` sets locally.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, Secret,
+    SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::ByteString;
+use kube::{Resource, ResourceExt};
+
+use crate::contract;
+use crate::crd::{CapacityType, ElasticJob};
+
+/// Label carrying the owning ElasticJob's name on every object.
+pub const JOB_LABEL: &str = "ductile.dev/job";
+/// Label with the node's launch index (launch members only).
+pub const LAUNCH_INDEX_LABEL: &str = "ductile.dev/launch-index";
+/// Label saying `on-demand` or `spot`.
+pub const CAPACITY_LABEL: &str = "ductile.dev/capacity";
+/// Label saying `launch` or `newcomer`.
+pub const ROLE_LABEL: &str = "ductile.dev/role";
+/// Port of the coordinator in node 0's pod.
+pub const COORDINATOR_PORT: i32 = 7070;
+/// Port of PE 0's control endpoint (rescale requests).
+pub const CONTROL_PORT: i32 = 7071;
+/// Where the job secret is mounted in every pod.
+pub const SECRET_DIR: &str = "/var/run/ductile";
+/// Key of the job secret in a generated Secret.
+pub const SECRET_KEY: &str = "secret";
+
+/// Operator-wide settings the objects depend on.
+#[derive(Clone, Debug)]
+pub struct ObjectSettings {
+    /// Image with the `ductile` binary, for the coordinator container.
+    pub coordinator_image: String,
+    /// Seconds the coordinator waits for every launch member.
+    pub launch_timeout_s: u32,
+}
+
+impl Default for ObjectSettings {
+    fn default() -> Self {
+        ObjectSettings {
+            coordinator_image: "ghcr.io/ductile/ductile-operator:0.1.0".to_owned(),
+            launch_timeout_s: 300,
+        }
+    }
+}
+
+fn owner(job: &ElasticJob) -> OwnerReference {
+    job.controller_owner_ref(&())
+        .expect("an ElasticJob from the API server has a name and uid")
+}
+
+/// Labels common to every object of `job`.
+pub fn job_labels(job: &ElasticJob) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (JOB_LABEL.to_owned(), job.name_any()),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            "ductile-operator".to_owned(),
+        ),
+    ])
+}
+
+/// The label selector of the job's pods, as `status.selector` shows it.
+pub fn selector(job: &ElasticJob) -> String {
+    format!("{JOB_LABEL}={}", job.name_any())
+}
+
+/// Name of the generated job Secret.
+pub fn secret_name(job: &ElasticJob) -> String {
+    match &job.spec.secret_ref {
+        Some(reference) => reference.name.clone(),
+        None => format!("{}-secret", job.name_any()),
+    }
+}
+
+fn secret_key(job: &ElasticJob) -> String {
+    job.spec
+        .secret_ref
+        .as_ref()
+        .map_or_else(|| SECRET_KEY.to_owned(), |r| r.key.clone())
+}
+
+/// The generated job Secret holding `secret_hex` (when `spec.secretRef` is absent).
+pub fn job_secret(job: &ElasticJob, secret_hex: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(secret_name(job)),
+            namespace: job.namespace(),
+            labels: Some(job_labels(job)),
+            owner_references: Some(vec![owner(job)]),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            SECRET_KEY.to_owned(),
+            ByteString(secret_hex.as_bytes().to_vec()),
+        )])),
+        type_: Some("Opaque".to_owned()),
+        ..Secret::default()
+    }
+}
+
+/// The headless Service that gives each pod a DNS name
+/// (`{pod}.{job}.{namespace}.svc`), the coordinator's included.
+pub fn headless_service(job: &ElasticJob) -> Service {
+    let port = |name: &str, port: i32| ServicePort {
+        name: Some(name.to_owned()),
+        port,
+        ..ServicePort::default()
+    };
+    Service {
+        metadata: ObjectMeta {
+            name: Some(job.name_any()),
+            namespace: job.namespace(),
+            labels: Some(job_labels(job)),
+            owner_references: Some(vec![owner(job)]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            selector: Some(BTreeMap::from([(JOB_LABEL.to_owned(), job.name_any())])),
+            // Nodes register before they are Ready: they must resolve each other.
+            publish_not_ready_addresses: Some(true),
+            ports: Some(vec![
+                port("coordinator", COORDINATOR_PORT),
+                port("control", CONTROL_PORT),
+            ]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+/// Name of launch member `index`'s pod.
+pub fn pod_name(job: &ElasticJob, index: u32) -> String {
+    format!("{}-{index}", job.name_any())
+}
+
+/// `host:port` of the coordinator (in node 0's pod).
+pub fn coordinator_address(job: &ElasticJob) -> String {
+    format!(
+        "{}.{}.{}.svc:{COORDINATOR_PORT}",
+        pod_name(job, 0),
+        job.name_any(),
+        job.namespace().unwrap_or_else(|| "default".to_owned())
+    )
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+fn secret_mount() -> VolumeMount {
+    VolumeMount {
+        name: "ductile-secret".to_owned(),
+        mount_path: SECRET_DIR.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
+/// Launch member `index`'s pod: the template's first container with the
+/// contract's environment, placed on on-demand capacity for the first
+/// `onDemand.replicas` members and on spot capacity after; node 0's pod
+/// also runs the coordinator.
+pub fn launch_pod(job: &ElasticJob, index: u32, settings: &ObjectSettings) -> Pod {
+    let spec = &job.spec;
+    let on_demand = i64::from(index) < i64::from(spec.on_demand_replicas());
+    let (capacity, placement) = if on_demand {
+        (CapacityType::OnDemand, spec.on_demand_placement())
+    } else {
+        (CapacityType::Spot, spec.spot_placement())
+    };
+    let name = pod_name(job, index);
+    let mut pod_spec: PodSpec = spec.template.spec.clone().unwrap_or_default();
+
+    let secret_file = format!("{SECRET_DIR}/{SECRET_KEY}");
+    let mut contract_env = vec![
+        env(contract::ENV_COORDINATOR, coordinator_address(job)),
+        env(contract::ENV_SECRET_FILE, secret_file.clone()),
+        env(contract::ENV_ROLE, contract::ROLE_LAUNCH),
+        env(contract::ENV_LAUNCH_INDEX, index.to_string()),
+        env(contract::ENV_PES, spec.pes_per_pod.to_string()),
+        env(contract::ENV_BIND, "0.0.0.0"),
+        env(contract::ENV_TRANSPORT, "tcp"),
+        EnvVar {
+            name: contract::ENV_ADVERTISE.to_owned(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "status.podIP".to_owned(),
+                    api_version: None,
+                }),
+                ..EnvVarSource::default()
+            }),
+        },
+    ];
+    if index == 0 {
+        contract_env.push(env(
+            contract::ENV_CONTROL,
+            format!("0.0.0.0:{CONTROL_PORT}"),
+        ));
+    }
+    if let Some(node) = pod_spec.containers.first_mut() {
+        let mut merged = contract_env;
+        // The user's variables win, except for the contract's own names.
+        for var in node.env.take().unwrap_or_default() {
+            if !merged.iter().any(|v| v.name == var.name) {
+                merged.push(var);
+            }
+        }
+        node.env = Some(merged);
+        node.volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(secret_mount());
+        if index == 0 {
+            node.ports.get_or_insert_with(Vec::new).push(ContainerPort {
+                name: Some("control".to_owned()),
+                container_port: CONTROL_PORT,
+                ..ContainerPort::default()
+            });
+        }
+    }
+    if index == 0 {
+        pod_spec.containers.insert(
+            0,
+            Container {
+                name: "coordinator".to_owned(),
+                image: Some(settings.coordinator_image.clone()),
+                args: Some(vec![
+                    "coordinator".to_owned(),
+                    "--listen".to_owned(),
+                    format!("0.0.0.0:{COORDINATOR_PORT}"),
+                    "--expect".to_owned(),
+                    spec.replicas.to_string(),
+                    "--secret-file".to_owned(),
+                    secret_file,
+                    "--launch-timeout".to_owned(),
+                    settings.launch_timeout_s.to_string(),
+                ]),
+                ports: Some(vec![ContainerPort {
+                    name: Some("coordinator".to_owned()),
+                    container_port: COORDINATOR_PORT,
+                    ..ContainerPort::default()
+                }]),
+                volume_mounts: Some(vec![secret_mount()]),
+                ..Container::default()
+            },
+        );
+    }
+    pod_spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: "ductile-secret".to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret_name(job)),
+            items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
+                key: secret_key(job),
+                path: SECRET_KEY.to_owned(),
+                mode: None,
+            }]),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
+    // A node is never restarted in place: a process that ends has left the job.
+    pod_spec.restart_policy = Some("Never".to_owned());
+    pod_spec.hostname = Some(name.clone());
+    pod_spec.subdomain = Some(job.name_any());
+    if let Some(selector) = placement.node_selector.clone() {
+        pod_spec
+            .node_selector
+            .get_or_insert_with(BTreeMap::new)
+            .extend(selector);
+    }
+    if let Some(affinity) = placement.effective_affinity(capacity) {
+        pod_spec.affinity = Some(affinity);
+    }
+    if let Some(tolerations) = placement.tolerations.clone() {
+        pod_spec
+            .tolerations
+            .get_or_insert_with(Vec::new)
+            .extend(tolerations);
+    }
+
+    let template_meta = spec.template.metadata.clone().unwrap_or_default();
+    let mut labels = template_meta.labels.unwrap_or_default();
+    labels.extend(job_labels(job));
+    labels.insert(LAUNCH_INDEX_LABEL.to_owned(), index.to_string());
+    labels.insert(
+        CAPACITY_LABEL.to_owned(),
+        if on_demand { "on-demand" } else { "spot" }.to_owned(),
+    );
+    labels.insert(ROLE_LABEL.to_owned(), contract::ROLE_LAUNCH.to_owned());
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: job.namespace(),
+            labels: Some(labels),
+            annotations: template_meta.annotations,
+            owner_references: Some(vec![owner(job)]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(pod_spec),
+        status: None,
+    }
+}
+
+/// Whether `job` is being deleted.
+pub fn is_deleting(job: &ElasticJob) -> bool {
+    job.meta().deletion_timestamp.is_some()
+}
