@@ -84,3 +84,26 @@ fn an_unknown_strategy_is_refused_with_the_list() {
     job.expect_code(1, "unknown strategy");
     assert!(job.stderr.contains("GreedyRefine"), "{}", job.stderr);
 }
+
+/// With +lb-period, at_sync every iteration balances only now and then, and
+/// the result is the same.
+#[test]
+fn periodic_balancing_skips_steps_but_not_results() {
+    let spec = Spec { nx: 128, ny: 128, bx: 128, by: 128, iters: 200, residual_every: 0, lb_every: 0 };
+    let want = format!("{:016x}", reference(&spec));
+    let job = run(1, 2, "jacobi2d", &[
+        "--grid", "128", "--block", "32", "--iters", "200", "--residual-every", "0", "--lb-every", "1", "--quiet",
+        "+lb", "Rotate", "+lb-report", "+lb-period", "1000",
+    ]);
+    job.expect_code(0, "jacobi2d with +lb-period");
+    assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
+    let steps = job.stdout.lines().filter(|l| l.starts_with("lb step=")).count();
+    assert_eq!(steps, 0, "a 1000 s period never comes round in this run:\n{}", job.stdout);
+    let job = run(1, 2, "jacobi2d", &[
+        "--grid", "128", "--block", "32", "--iters", "200", "--residual-every", "0", "--lb-every", "1", "--quiet",
+        "+lb", "Rotate", "+lb-report", "+lb-period", "0",
+    ]);
+    job.expect_code(0, "jacobi2d with +lb-period 0");
+    assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
+    assert_eq!(job.stdout.lines().filter(|l| l.starts_with("lb step=")).count(), 199, "period 0 balances at every at_sync");
+}

@@ -8,6 +8,7 @@
 //! | `+lb-params K=V,...` | strategy parameters, e.g. `tolerance=1.1` |
 //! | `+lb-dump DIR` | write each step's statistics to `DIR/lb-<coll>-<step>.json` for offline replay |
 //! | `+lb-report` | print one `lb step=...` line per step on PE 0's stdout |
+//! | `+lb-period SECS` | periodic balancing: an `at_sync` step only balances when SECS have passed since the last one that did (others resume at once) |
 //! | `+pe-speed PE:F,...` | emulate slower PEs: PE `PE` does `F` times the work per second (0 < F <= 1) |
 //!
 //! Values may follow as the next argument or after `=`.
@@ -28,6 +29,8 @@ pub struct Options {
     pub lb_dump: Option<PathBuf>,
     /// Print a line per LB step.
     pub lb_report: bool,
+    /// Balance at most once per this period; `at_sync` steps in between resume at once.
+    pub lb_period: Option<std::time::Duration>,
     /// Emulated speed of each listed PE.
     pub pe_speed: HashMap<Pe, f64>,
 }
@@ -38,6 +41,7 @@ impl Default for Options {
             strategy: Arc::from(lb::by_name("Null", Params::default()).expect("Null exists")),
             lb_dump: None,
             lb_report: false,
+            lb_period: None,
             pe_speed: HashMap::new(),
         }
     }
@@ -67,9 +71,14 @@ pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
             "lb-params" => params = value("KEY=VALUE[,KEY=VALUE]")?,
             "lb-dump" => opts.lb_dump = Some(PathBuf::from(value("a directory")?)),
             "lb-report" => opts.lb_report = true,
+            "lb-period" => {
+                let v = value("seconds")?;
+                let secs: f64 = v.parse().ok().filter(|s: &f64| s.is_finite() && *s >= 0.0).ok_or_else(|| format!("+lb-period: `{v}` is not a number of seconds"))?;
+                opts.lb_period = Some(std::time::Duration::from_secs_f64(secs));
+            }
             "pe-speed" => opts.pe_speed = parse_speeds(&value("PE:FACTOR[,PE:FACTOR]")?)?,
             other => {
-                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +pe-speed)"))
+                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +pe-speed)"))
             }
         }
     }
@@ -109,6 +118,9 @@ mod tests {
         assert_eq!(o.pe_speed[&1], 0.5);
         assert_eq!(o.pe_speed[&3], 0.25);
         assert!(o.lb_report);
+        let (o, _) = parse(args(&["+lb-period", "2.5"])).unwrap();
+        assert_eq!(o.lb_period, Some(std::time::Duration::from_millis(2500)));
+        assert!(parse(args(&["+lb-period", "soon"])).is_err());
     }
 
     #[test]

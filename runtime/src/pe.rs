@@ -198,6 +198,8 @@ pub struct PeCtx {
     lb_root: HashMap<CollId, LbRoot>,
     lb_steps: HashMap<CollId, u64>,
     lb: HashMap<CollId, LbStep>,
+    /// Root, with `+lb-period`: when each collection was last balanced.
+    last_balanced: HashMap<CollId, Instant>,
 }
 
 impl PeCtx {
@@ -435,7 +437,18 @@ impl PeCtx {
             Target::Broadcast { coll } => self.broadcast(coll, 0, payload),
             Target::Member { coll, pe } => self.send_member(coll, pe, 0, payload),
             Target::LbSync { coll } => {
-                // Root: every element of `coll` is at sync; collect statistics.
+                // Root: every element of `coll` is at sync.
+                if let Some(period) = self.node.options.lb_period {
+                    let last = self.last_balanced.get(&coll).copied().unwrap_or(self.measured_since);
+                    if last.elapsed() < period {
+                        // Periodic balancing: too soon, resume without a step.
+                        let step = self.lb_steps.get(&coll).copied().unwrap_or(0);
+                        self.send_sys(0, SysMsg::LbResume { coll, step });
+                        return;
+                    }
+                    self.last_balanced.insert(coll, Instant::now());
+                }
+                // Collect statistics.
                 let step = self.lb_steps.entry(coll).or_insert(0);
                 *step += 1;
                 let step = *step;
@@ -491,6 +504,7 @@ impl Pe {
             lb_root: HashMap::new(),
             lb_steps: HashMap::new(),
             lb: HashMap::new(),
+            last_balanced: HashMap::new(),
         };
         if let Some(speed) = ctx.node.options.pe_speed.get(&pe) {
             ctx.slowdown = 1.0 / speed;
