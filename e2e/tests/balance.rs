@@ -107,3 +107,33 @@ fn periodic_balancing_skips_steps_but_not_results() {
     assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
     assert_eq!(job.stdout.lines().filter(|l| l.starts_with("lb step=")).count(), 199, "period 0 balances at every at_sync");
 }
+
+/// Statistics dumped by a live step, replayed into the same strategy
+/// offline, give exactly the plan the live step made.
+#[test]
+fn replayed_statistics_give_the_live_plan() {
+    let dump = tempfile::tempdir().expect("temp dir");
+    let dir = dump.path().to_str().expect("utf-8 path");
+    let job = run(2, 2, "jacobi2d", &[
+        "--grid", "128", "--block", "16", "--iters", "30", "--lb-every", "10", "--quiet",
+        "+lb", "GreedyRefineRateAware", "+lb-dump", dir, "+pe-speed", "1:0.5,2:0.75",
+    ]);
+    job.expect_code(0, "jacobi2d with +lb-dump");
+    let mut replayed = 0;
+    for entry in std::fs::read_dir(dump.path()).expect("dump dir") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).expect("name").to_string();
+        if !name.ends_with(".json") || name.ends_with(".plan.json") {
+            continue;
+        }
+        let stats = ductile::lb::stats::LbStats::load(&path).expect("statistics load");
+        let strategy = ductile::lb::by_name("GreedyRefineRateAware", ductile::lb::Params::default()).expect("strategy");
+        let offline = strategy.solve(&stats).expect("replay solves");
+        let live_text = std::fs::read_to_string(path.with_extension("plan.json")).expect("plan dumped beside the statistics");
+        let live: ductile::lb::strategy::Assignment = serde_json::from_str(&live_text).expect("plan parses");
+        assert_eq!(offline, live, "replay of {name}");
+        assert_eq!(stats.pes.len(), 4);
+        replayed += 1;
+    }
+    assert_eq!(replayed, 2, "one dump per LB step (iterations 10 and 20)");
+}

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `+lb NAME` | load-balancing strategy for `at_sync` steps (`Greedy`, `GreedyRefine`, `Refine`, `Rotate`, `Null`, and the `...RateAware` variants); default `Null` |
 //! | `+lb-params K=V,...` | strategy parameters, e.g. `tolerance=1.1` |
-//! | `+lb-dump DIR` | write each step's statistics to `DIR/lb-<coll>-<step>.json` for offline replay |
+//! | `+lb-dump DIR` | write each step's statistics to `DIR/lb-<coll>-<step>.json` (and the plan the strategy made to `...plan.json`) for offline replay |
 //! | `+lb-report` | print one `lb step=...` line per step on PE 0's stdout |
 //! | `+lb-period SECS` | periodic balancing: an `at_sync` step only balances when SECS have passed since the last one that did (others resume at once) |
 //! | `+pe-speed PE:F,...` | emulate slower PEs: PE `PE` does `F` times the work per second (0 < F <= 1) |

@@ -108,6 +108,14 @@ impl Pe {
             }
         };
         let solve_ms = solve_start.elapsed().as_secs_f64() * 1e3;
+        if let Some(dir) = &options.lb_dump {
+            // The plan beside its statistics, so a replay can be checked against it.
+            let path = dir.join(format!("lb-{coll:x}-{step}.plan.json"));
+            let written = serde_json::to_string(&plan).map_err(|e| e.to_string()).and_then(|j| std::fs::write(&path, j).map_err(|e| e.to_string()));
+            if let Err(e) = written {
+                error!("cannot dump the load-balancing plan to {}: {e}", path.display());
+            }
+        }
         let moves: Vec<(IndexKey, PeId, PeId)> = plan.migrations(&stats).iter().map(|m| (m.id.index, m.from, m.to)).collect();
         let ratio = |a: &Assignment| a.max_avg_ratio(&stats, CostModel::RateAware).unwrap_or(f64::NAN);
         let before = ratio(&Assignment::current(&stats));
