@@ -21,13 +21,18 @@ pub fn value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
 pub fn parse<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result<T, String> {
     match value(args, name) {
         None => Ok(default),
-        Some(v) => v.parse().map_err(|_| format!("--{name}: cannot parse `{v}`")),
+        Some(v) => v
+            .parse()
+            .map_err(|_| format!("--{name}: cannot parse `{v}`")),
     }
 }
 
 /// Parses `N` or `AxB` into a pair (`N` means `NxN`).
 pub fn pair(text: &str) -> Result<(u32, u32), String> {
-    let parse = |s: &str| s.parse::<u32>().map_err(|_| format!("`{text}` is not N or AxB"));
+    let parse = |s: &str| {
+        s.parse::<u32>()
+            .map_err(|_| format!("`{text}` is not N or AxB"))
+    };
     match text.split_once('x') {
         Some((a, b)) => Ok((parse(a)?, parse(b)?)),
         None => {
@@ -49,7 +54,10 @@ mod tests {
 
     #[test]
     fn parses_flags() {
-        let a: Vec<String> = ["--grid", "64x32", "--iters=5", "--quiet"].iter().map(|s| s.to_string()).collect();
+        let a: Vec<String> = ["--grid", "64x32", "--iters=5", "--quiet"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         assert_eq!(pair(value(&a, "grid").unwrap()), Ok((64, 32)));
         assert_eq!(parse(&a, "iters", 1u64), Ok(5));
         assert_eq!(parse(&a, "missing", 7u64), Ok(7));

@@ -43,7 +43,15 @@ impl Spec {
         let iters = args::parse(a, "iters", 100u64)?;
         let residual_every = args::parse(a, "residual-every", 10u64)?;
         let lb_every = args::parse(a, "lb-every", 0u64)?;
-        let s = Spec { nx, ny, bx, by, iters, residual_every, lb_every };
+        let s = Spec {
+            nx,
+            ny,
+            bx,
+            by,
+            iters,
+            residual_every,
+            lb_every,
+        };
         if nx == 0 || ny == 0 || bx == 0 || by == 0 {
             return Err(format!("grid and block sizes must be positive: {s:?}"));
         }
@@ -52,7 +60,10 @@ impl Spec {
 
     /// Number of block rows and columns (the array's dims).
     pub fn blocks(&self) -> (i32, i32) {
-        (self.ny.div_ceil(self.by) as i32, self.nx.div_ceil(self.bx) as i32)
+        (
+            self.ny.div_ceil(self.by) as i32,
+            self.nx.div_ceil(self.bx) as i32,
+        )
     }
 }
 
@@ -123,7 +134,11 @@ fn padded(spec: &Spec, x0: u32, y0: u32, w: usize, h: usize) -> Vec<f64> {
         for lx in 0..w + 2 {
             let (gx, gy) = (x0 as i64 + lx as i64 - 1, y0 as i64 + ly as i64 - 1);
             let inside = gx >= 0 && gy >= 0 && gx < spec.nx as i64 && gy < spec.ny as i64;
-            g[ly * stride + lx] = if inside { initial(gx as u32, gy as u32) } else { boundary(gx, gy, spec) };
+            g[ly * stride + lx] = if inside {
+                initial(gx as u32, gy as u32)
+            } else {
+                boundary(gx, gy, spec)
+            };
         }
     }
     g
@@ -146,7 +161,11 @@ fn checksum_of(g: &[f64], x0: u32, y0: u32, w: usize, h: usize) -> u64 {
     let mut sum = 0u64;
     for ly in 0..h {
         for lx in 0..w {
-            sum = sum.wrapping_add(point_hash(x0 + lx as u32, y0 + ly as u32, g[(ly + 1) * stride + lx + 1]));
+            sum = sum.wrapping_add(point_hash(
+                x0 + lx as u32,
+                y0 + ly as u32,
+                g[(ly + 1) * stride + lx + 1],
+            ));
         }
     }
     sum
@@ -223,7 +242,9 @@ impl Block {
             Side::South => self.cur[stride + 1..stride + 1 + self.w].to_vec(),
             Side::North => self.cur[self.h * stride + 1..self.h * stride + 1 + self.w].to_vec(),
             Side::East => (1..=self.h).map(|y| self.cur[y * stride + 1]).collect(),
-            Side::West => (1..=self.h).map(|y| self.cur[y * stride + self.w]).collect(),
+            Side::West => (1..=self.h)
+                .map(|y| self.cur[y * stride + self.w])
+                .collect(),
         }
     }
 
@@ -231,9 +252,14 @@ impl Block {
         let stride = self.w + 2;
         match side {
             Side::North => self.cur[1..1 + self.w].copy_from_slice(data),
-            Side::South => self.cur[(self.h + 1) * stride + 1..(self.h + 1) * stride + 1 + self.w].copy_from_slice(data),
-            Side::West => (1..=self.h).zip(data).for_each(|(y, v)| self.cur[y * stride] = *v),
-            Side::East => (1..=self.h).zip(data).for_each(|(y, v)| self.cur[y * stride + self.w + 1] = *v),
+            Side::South => self.cur[(self.h + 1) * stride + 1..(self.h + 1) * stride + 1 + self.w]
+                .copy_from_slice(data),
+            Side::West => (1..=self.h)
+                .zip(data)
+                .for_each(|(y, v)| self.cur[y * stride] = *v),
+            Side::East => (1..=self.h)
+                .zip(data)
+                .for_each(|(y, v)| self.cur[y * stride + self.w + 1] = *v),
         }
     }
 
@@ -243,7 +269,14 @@ impl Block {
         let array = ctx.this_array();
         for (to, side) in self.neighbours(me, dims) {
             let data = Bulk(self.edge(side));
-            array.elem(to).send(ctx, BlockMsg::Ghost { iter: self.iter, side, data });
+            array.elem(to).send(
+                ctx,
+                BlockMsg::Ghost {
+                    iter: self.iter,
+                    side,
+                    data,
+                },
+            );
         }
     }
 
@@ -296,7 +329,19 @@ impl Chare for Block {
         let w = spec.bx.min(spec.nx - x0) as usize;
         let h = spec.by.min(spec.ny - y0) as usize;
         let cur = padded(&spec, x0, y0, w, h);
-        let mut b = Block { x0, y0, w, h, next: cur.clone(), cur, iter: 0, got: 0, need: 0, synced: false, pending: Pending::new() };
+        let mut b = Block {
+            x0,
+            y0,
+            w,
+            h,
+            next: cur.clone(),
+            cur,
+            iter: 0,
+            got: 0,
+            need: 0,
+            synced: false,
+            pending: Pending::new(),
+        };
         b.need = b.neighbours((r, c), spec.blocks()).len() as u32;
         ctx.barrier(Callback::main::<Main>(MainMsg::Ready));
         b
@@ -314,7 +359,11 @@ impl Chare for Block {
                     self.got += 1;
                     self.advance(ctx);
                 } else {
-                    assert!(iter >= self.iter, "ghost from iteration {iter} reached a block at iteration {}", self.iter);
+                    assert!(
+                        iter >= self.iter,
+                        "ghost from iteration {iter} reached a block at iteration {}",
+                        self.iter
+                    );
                     self.pending.hold(iter, (side, data));
                 }
             }
@@ -364,7 +413,13 @@ impl Chare for Main {
         });
         SPEC.set(ctx, spec);
         let blocks = ArrayProxy::<Block>::create(ctx, spec.blocks(), ());
-        Main { blocks, started: None, residuals: 0, last_residual: f64::NAN, quiet: args::flag(&args, "quiet") }
+        Main {
+            blocks,
+            started: None,
+            residuals: 0,
+            last_residual: f64::NAN,
+            quiet: args::flag(&args, "quiet"),
+        }
     }
 
     fn handle(&mut self, msg: MainMsg, ctx: &mut Ctx<'_, Self>) {
@@ -378,7 +433,10 @@ impl Chare for Main {
                 self.residuals += 1;
                 self.last_residual = r;
                 if !self.quiet {
-                    println!("iteration {} residual {r:.6e}", self.residuals * spec.residual_every);
+                    println!(
+                        "iteration {} residual {r:.6e}",
+                        self.residuals * spec.residual_every
+                    );
                 }
             }
             MainMsg::Checksum(sum) => {
@@ -414,14 +472,30 @@ mod tests {
 
     #[test]
     fn reference_changes_with_iterations_and_is_deterministic() {
-        let s = Spec { nx: 16, ny: 12, bx: 4, by: 4, iters: 5, residual_every: 0, lb_every: 0 };
+        let s = Spec {
+            nx: 16,
+            ny: 12,
+            bx: 4,
+            by: 4,
+            iters: 5,
+            residual_every: 0,
+            lb_every: 0,
+        };
         assert_eq!(reference(&s), reference(&s));
         assert_ne!(reference(&s), reference(&Spec { iters: 6, ..s }));
     }
 
     #[test]
     fn blocks_cover_uneven_grids() {
-        let s = Spec { nx: 10, ny: 7, bx: 4, by: 3, iters: 1, residual_every: 0, lb_every: 0 };
+        let s = Spec {
+            nx: 10,
+            ny: 7,
+            bx: 4,
+            by: 3,
+            iters: 1,
+            residual_every: 0,
+            lb_every: 0,
+        };
         assert_eq!(s.blocks(), (3, 3));
     }
 }

@@ -58,12 +58,16 @@ pub fn walk_expectation(seed: u64, n: u64, chains: u64, len: u64) -> u64 {
             }
         }
     }
-    (0..n).fold(0u64, |acc, i| acc.wrapping_add(walk_digest(i, count[i as usize], sum[i as usize])))
+    (0..n).fold(0u64, |acc, i| {
+        acc.wrapping_add(walk_digest(i, count[i as usize], sum[i as usize]))
+    })
 }
 
 /// What each element of the readonly test contributes: a digest of both readonly values.
 pub fn readonly_digest(table: &[u64], name: &str) -> u64 {
-    table.iter().fold(draw(name.len() as u64, 0), |a, &b| draw(a, b))
+    table
+        .iter()
+        .fold(draw(name.len() as u64, 0), |a, &b| draw(a, b))
 }
 
 /// The readonly test's table for `seed`.
@@ -94,9 +98,15 @@ pub fn reduce_expectations(seed: u64, n: u64) -> Vec<(String, String)> {
         ("and".into(), all.to_string()),
         ("or".into(), any.to_string()),
         ("count_i32".into(), (n as i32).to_string()),
-        ("custom_sorted".into(), format!("{sorted:?}").replace(' ', "")),
+        (
+            "custom_sorted".into(),
+            format!("{sorted:?}").replace(' ', ""),
+        ),
         ("element_cb".into(), sum.to_string()),
-        ("broadcast_cb".into(), sum.wrapping_mul(n as i64).to_string()),
+        (
+            "broadcast_cb".into(),
+            sum.wrapping_mul(n as i64).to_string(),
+        ),
     ]
 }
 

@@ -55,13 +55,20 @@ impl Job {
 
     /// Panics with the job's output unless it exited with `code`.
     pub fn expect_code(&self, code: i32, what: &str) -> &Self {
-        assert_eq!(self.code, Some(code), "{what}: unexpected exit\n--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr);
+        assert_eq!(
+            self.code,
+            Some(code),
+            "{what}: unexpected exit\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout,
+            self.stderr
+        );
         self
     }
 
     /// The job record written by the launcher.
     pub fn record(&self) -> serde_json::Value {
-        let text = std::fs::read_to_string(self.state.path().join("job.json")).expect("job.json written by ductile run");
+        let text = std::fs::read_to_string(self.state.path().join("job.json"))
+            .expect("job.json written by ductile run");
         serde_json::from_str(&text).expect("job.json is JSON")
     }
 }
@@ -76,7 +83,12 @@ pub fn run_with(nodes: u32, pes: u32, program: &str, args: &[&str], flags: &[&st
     let state = tempfile::tempdir().expect("temp dir");
     let out: Output = Command::new(bin("ductile"))
         .arg("run")
-        .args(["--nodes", &nodes.to_string(), "--pes-per-node", &pes.to_string()])
+        .args([
+            "--nodes",
+            &nodes.to_string(),
+            "--pes-per-node",
+            &pes.to_string(),
+        ])
         .arg("--state-dir")
         .arg(state.path())
         .args(["--timeout", "120"])
@@ -98,7 +110,8 @@ pub fn run_with(nodes: u32, pes: u32, program: &str, args: &[&str], flags: &[&st
 /// Whether a process with this pid still exists.
 pub fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
 }
 
 /// Waits up to `limit` for `cond`.

@@ -35,42 +35,112 @@ proptest! {
 
 #[test]
 fn elements_that_move_actually_move() {
-    let job = run(2, 2, "megatest", &["migrate", "--seed", "11", "--elems", "24", "--chains", "3", "--len", "30"]);
+    let job = run(
+        2,
+        2,
+        "megatest",
+        &[
+            "migrate", "--seed", "11", "--elems", "24", "--chains", "3", "--len", "30",
+        ],
+    );
     job.expect_code(0, "megatest migrate");
-    let moves: u64 = job.value("walk_moves").expect("moves printed").parse().expect("a number");
-    assert!(moves > 10, "the test must exercise migration, saw {moves} moves");
+    let moves: u64 = job
+        .value("walk_moves")
+        .expect("moves printed")
+        .parse()
+        .expect("a number");
+    assert!(
+        moves > 10,
+        "the test must exercise migration, saw {moves} moves"
+    );
 }
 
 #[test]
 fn destroyed_elements_leave_reductions_and_the_rest_complete() {
     for &(n, p) in SHAPES {
         let elems = 6 * n * p + 2;
-        let job = run(n, p, "megatest", &["destroy", "--elems", &elems.to_string()]);
+        let job = run(
+            n,
+            p,
+            "megatest",
+            &["destroy", "--elems", &elems.to_string()],
+        );
         job.expect_code(0, "megatest destroy");
         let want: u64 = (0..elems as u64).filter(|i| i % 3 != 0).sum();
-        assert_eq!(job.value("survivor_index_sum"), Some(want.to_string()), "{n}x{p}");
+        assert_eq!(
+            job.value("survivor_index_sum"),
+            Some(want.to_string()),
+            "{n}x{p}"
+        );
     }
 }
 
 /// Rotate moves every block at every step: the checksum must not notice.
 #[test]
 fn jacobi_checksum_is_unchanged_by_load_balancing() {
-    let spec = Spec { nx: 96, ny: 80, bx: 96, by: 80, iters: 24, residual_every: 4, lb_every: 0 };
+    let spec = Spec {
+        nx: 96,
+        ny: 80,
+        bx: 96,
+        by: 80,
+        iters: 24,
+        residual_every: 4,
+        lb_every: 0,
+    };
     let want = format!("{:016x}", reference(&spec));
     for &(n, p) in &[(1, 2), (2, 2), (3, 1)] {
-        for lb in [["+lb", "Rotate"], ["+lb", "GreedyRefineRateAware"], ["+lb", "Greedy"]] {
+        for lb in [
+            ["+lb", "Rotate"],
+            ["+lb", "GreedyRefineRateAware"],
+            ["+lb", "Greedy"],
+        ] {
             for lb_every in ["1", "5"] {
-                let job = run(n, p, "jacobi2d", &[
-                    "--grid", "96x80", "--block", "13x7", "--iters", "24", "--residual-every", "4",
-                    "--lb-every", lb_every, "--quiet", lb[0], lb[1], "+lb-report", "+pe-speed", "1:0.5",
-                ]);
+                let job = run(
+                    n,
+                    p,
+                    "jacobi2d",
+                    &[
+                        "--grid",
+                        "96x80",
+                        "--block",
+                        "13x7",
+                        "--iters",
+                        "24",
+                        "--residual-every",
+                        "4",
+                        "--lb-every",
+                        lb_every,
+                        "--quiet",
+                        lb[0],
+                        lb[1],
+                        "+lb-report",
+                        "+pe-speed",
+                        "1:0.5",
+                    ],
+                );
                 job.expect_code(0, &format!("jacobi2d {n}x{p} {lb:?} every {lb_every}"));
-                assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()), "{n}x{p} {lb:?} every {lb_every}");
-                let steps = job.stdout.lines().filter(|l| l.starts_with("lb step=")).count();
+                assert_eq!(
+                    job.value("checksum").as_deref(),
+                    Some(want.as_str()),
+                    "{n}x{p} {lb:?} every {lb_every}"
+                );
+                let steps = job
+                    .stdout
+                    .lines()
+                    .filter(|l| l.starts_with("lb step="))
+                    .count();
                 let expect_steps = if lb_every == "1" { 23 } else { 4 };
-                assert_eq!(steps, expect_steps, "one LB step per --lb-every iterations:\n{}", job.stdout);
+                assert_eq!(
+                    steps, expect_steps,
+                    "one LB step per --lb-every iterations:\n{}",
+                    job.stdout
+                );
                 if lb[1] == "Rotate" {
-                    assert!(job.stdout.contains("migrations=96"), "Rotate moves every block:\n{}", job.stdout);
+                    assert!(
+                        job.stdout.contains("migrations=96"),
+                        "Rotate moves every block:\n{}",
+                        job.stdout
+                    );
                 }
             }
         }
@@ -89,23 +159,84 @@ fn an_unknown_strategy_is_refused_with_the_list() {
 /// the result is the same.
 #[test]
 fn periodic_balancing_skips_steps_but_not_results() {
-    let spec = Spec { nx: 128, ny: 128, bx: 128, by: 128, iters: 200, residual_every: 0, lb_every: 0 };
+    let spec = Spec {
+        nx: 128,
+        ny: 128,
+        bx: 128,
+        by: 128,
+        iters: 200,
+        residual_every: 0,
+        lb_every: 0,
+    };
     let want = format!("{:016x}", reference(&spec));
-    let job = run(1, 2, "jacobi2d", &[
-        "--grid", "128", "--block", "32", "--iters", "200", "--residual-every", "0", "--lb-every", "1", "--quiet",
-        "+lb", "Rotate", "+lb-report", "+lb-period", "1000",
-    ]);
+    let job = run(
+        1,
+        2,
+        "jacobi2d",
+        &[
+            "--grid",
+            "128",
+            "--block",
+            "32",
+            "--iters",
+            "200",
+            "--residual-every",
+            "0",
+            "--lb-every",
+            "1",
+            "--quiet",
+            "+lb",
+            "Rotate",
+            "+lb-report",
+            "+lb-period",
+            "1000",
+        ],
+    );
     job.expect_code(0, "jacobi2d with +lb-period");
     assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
-    let steps = job.stdout.lines().filter(|l| l.starts_with("lb step=")).count();
-    assert_eq!(steps, 0, "a 1000 s period never comes round in this run:\n{}", job.stdout);
-    let job = run(1, 2, "jacobi2d", &[
-        "--grid", "128", "--block", "32", "--iters", "200", "--residual-every", "0", "--lb-every", "1", "--quiet",
-        "+lb", "Rotate", "+lb-report", "+lb-period", "0",
-    ]);
+    let steps = job
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("lb step="))
+        .count();
+    assert_eq!(
+        steps, 0,
+        "a 1000 s period never comes round in this run:\n{}",
+        job.stdout
+    );
+    let job = run(
+        1,
+        2,
+        "jacobi2d",
+        &[
+            "--grid",
+            "128",
+            "--block",
+            "32",
+            "--iters",
+            "200",
+            "--residual-every",
+            "0",
+            "--lb-every",
+            "1",
+            "--quiet",
+            "+lb",
+            "Rotate",
+            "+lb-report",
+            "+lb-period",
+            "0",
+        ],
+    );
     job.expect_code(0, "jacobi2d with +lb-period 0");
     assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
-    assert_eq!(job.stdout.lines().filter(|l| l.starts_with("lb step=")).count(), 199, "period 0 balances at every at_sync");
+    assert_eq!(
+        job.stdout
+            .lines()
+            .filter(|l| l.starts_with("lb step="))
+            .count(),
+        199,
+        "period 0 balances at every at_sync"
+    );
 }
 
 /// Statistics dumped by a live step, replayed into the same strategy
@@ -114,23 +245,49 @@ fn periodic_balancing_skips_steps_but_not_results() {
 fn replayed_statistics_give_the_live_plan() {
     let dump = tempfile::tempdir().expect("temp dir");
     let dir = dump.path().to_str().expect("utf-8 path");
-    let job = run(2, 2, "jacobi2d", &[
-        "--grid", "128", "--block", "16", "--iters", "30", "--lb-every", "10", "--quiet",
-        "+lb", "GreedyRefineRateAware", "+lb-dump", dir, "+pe-speed", "1:0.5,2:0.75",
-    ]);
+    let job = run(
+        2,
+        2,
+        "jacobi2d",
+        &[
+            "--grid",
+            "128",
+            "--block",
+            "16",
+            "--iters",
+            "30",
+            "--lb-every",
+            "10",
+            "--quiet",
+            "+lb",
+            "GreedyRefineRateAware",
+            "+lb-dump",
+            dir,
+            "+pe-speed",
+            "1:0.5,2:0.75",
+        ],
+    );
     job.expect_code(0, "jacobi2d with +lb-dump");
     let mut replayed = 0;
     for entry in std::fs::read_dir(dump.path()).expect("dump dir") {
         let path = entry.expect("entry").path();
-        let name = path.file_name().and_then(|n| n.to_str()).expect("name").to_string();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("name")
+            .to_string();
         if !name.ends_with(".json") || name.ends_with(".plan.json") {
             continue;
         }
         let stats = ductile::lb::stats::LbStats::load(&path).expect("statistics load");
-        let strategy = ductile::lb::by_name("GreedyRefineRateAware", ductile::lb::Params::default()).expect("strategy");
+        let strategy =
+            ductile::lb::by_name("GreedyRefineRateAware", ductile::lb::Params::default())
+                .expect("strategy");
         let offline = strategy.solve(&stats).expect("replay solves");
-        let live_text = std::fs::read_to_string(path.with_extension("plan.json")).expect("plan dumped beside the statistics");
-        let live: ductile::lb::strategy::Assignment = serde_json::from_str(&live_text).expect("plan parses");
+        let live_text = std::fs::read_to_string(path.with_extension("plan.json"))
+            .expect("plan dumped beside the statistics");
+        let live: ductile::lb::strategy::Assignment =
+            serde_json::from_str(&live_text).expect("plan parses");
         assert_eq!(offline, live, "replay of {name}");
         assert_eq!(stats.pes.len(), 4);
         replayed += 1;

@@ -14,7 +14,11 @@ fn megatest(nodes: u32, pes: u32, module: &str, extra: &[&str]) -> ductile_e2e::
     args.extend_from_slice(extra);
     let job = run(nodes, pes, "megatest", &args);
     job.expect_code(0, &format!("megatest {module} at {nodes}x{pes}"));
-    assert!(job.stdout.contains(&format!("megatest {module} ok")), "megatest {module} at {nodes}x{pes}:\n{}", job.stdout);
+    assert!(
+        job.stdout.contains(&format!("megatest {module} ok")),
+        "megatest {module} at {nodes}x{pes}:\n{}",
+        job.stdout
+    );
     job
 }
 
@@ -24,9 +28,17 @@ fn arrays_of_every_dimension_are_built_once_and_reachable() {
         let job = megatest(n, p, "arrays", &[]);
         // 1D, 2D, 3D and custom-index arrays each summed correctly; every PE got elements.
         for i in 0..4 {
-            assert_eq!(job.value(&format!("array_sum_{i}")).as_deref(), Some("ok"), "{n}x{p}");
+            assert_eq!(
+                job.value(&format!("array_sum_{i}")).as_deref(),
+                Some("ok"),
+                "{n}x{p}"
+            );
         }
-        assert_eq!(job.value("pes_used_all").as_deref(), Some("true"), "{n}x{p}: some PE got no element");
+        assert_eq!(
+            job.value("pes_used_all").as_deref(),
+            Some("true"),
+            "{n}x{p}: some PE got no element"
+        );
     }
 }
 
@@ -35,9 +47,18 @@ fn reductions_match_sequential_folds() {
     for &(n, p) in SHAPES {
         for seed in [1u64, 42, 0xDEAD_BEEF] {
             let elems = 7 * n * p + 3;
-            let job = megatest(n, p, "reduce", &["--seed", &seed.to_string(), "--elems", &elems.to_string()]);
+            let job = megatest(
+                n,
+                p,
+                "reduce",
+                &["--seed", &seed.to_string(), "--elems", &elems.to_string()],
+            );
             for (key, want) in reduce_expectations(seed, elems as u64) {
-                assert_eq!(job.value(&key).as_deref(), Some(want.as_str()), "{key} at {n}x{p}, seed {seed}");
+                assert_eq!(
+                    job.value(&key).as_deref(),
+                    Some(want.as_str()),
+                    "{key} at {n}x{p}, seed {seed}"
+                );
             }
         }
     }
@@ -50,10 +71,26 @@ fn groups_and_nodegroups_have_one_member_per_pe_and_node() {
         let total = n * p;
         let pe_sum: u32 = (0..total).sum();
         let node_sum: u32 = (0..n).sum();
-        assert_eq!(job.value("group_sum"), Some((pe_sum as u64 + 10 * total as u64).to_string()), "{n}x{p}");
-        assert_eq!(job.value("nodegroup_sum"), Some((node_sum as u64 + 100 * n as u64).to_string()), "{n}x{p}");
-        assert_eq!(job.value("group_where"), Some((total - 1).to_string()), "{n}x{p}: member of the last PE");
-        assert_eq!(job.value("nodegroup_where"), Some(((n - 1) * p).to_string()), "{n}x{p}: first PE of the last node");
+        assert_eq!(
+            job.value("group_sum"),
+            Some((pe_sum as u64 + 10 * total as u64).to_string()),
+            "{n}x{p}"
+        );
+        assert_eq!(
+            job.value("nodegroup_sum"),
+            Some((node_sum as u64 + 100 * n as u64).to_string()),
+            "{n}x{p}"
+        );
+        assert_eq!(
+            job.value("group_where"),
+            Some((total - 1).to_string()),
+            "{n}x{p}: member of the last PE"
+        );
+        assert_eq!(
+            job.value("nodegroup_where"),
+            Some(((n - 1) * p).to_string()),
+            "{n}x{p}: first PE of the last node"
+        );
     }
 }
 
@@ -61,9 +98,18 @@ fn groups_and_nodegroups_have_one_member_per_pe_and_node() {
 fn readonly_data_reaches_every_pe_before_any_element_runs() {
     for &(n, p) in SHAPES {
         let elems = 3 * n * p;
-        let job = megatest(n, p, "readonly", &["--seed", "9", "--elems", &elems.to_string()]);
+        let job = megatest(
+            n,
+            p,
+            "readonly",
+            &["--seed", "9", "--elems", &elems.to_string()],
+        );
         let digest = readonly_digest(&readonly_table(9), "seed-9");
-        assert_eq!(job.value("readonly_sum"), Some(digest.wrapping_mul(elems as u64).to_string()), "{n}x{p}");
+        assert_eq!(
+            job.value("readonly_sum"),
+            Some(digest.wrapping_mul(elems as u64).to_string()),
+            "{n}x{p}"
+        );
     }
 }
 
@@ -81,8 +127,17 @@ fn dynamic_insertion_delivers_messages_sent_before_and_after() {
 fn priorities_order_queued_messages() {
     for &(n, p) in SHAPES {
         let job = megatest(n, p, "priority", &["--seed", "5"]);
-        let ordered = job.stdout.lines().filter(|l| *l == "priority_ordered=true").count();
-        assert_eq!(ordered as u32, n * p, "{n}x{p}: every PE's element saw its messages in priority order\n{}", job.stdout);
+        let ordered = job
+            .stdout
+            .lines()
+            .filter(|l| *l == "priority_ordered=true")
+            .count();
+        assert_eq!(
+            ordered as u32,
+            n * p,
+            "{n}x{p}: every PE's element saw its messages in priority order\n{}",
+            job.stdout
+        );
     }
 }
 
@@ -91,9 +146,18 @@ fn quiescence_is_detected_only_after_every_message_ran() {
     for &(n, p) in SHAPES {
         for seed in [3u64, 17] {
             let elems = 4 * n * p;
-            let job = megatest(n, p, "qd", &["--seed", &seed.to_string(), "--elems", &elems.to_string()]);
+            let job = megatest(
+                n,
+                p,
+                "qd",
+                &["--seed", &seed.to_string(), "--elems", &elems.to_string()],
+            );
             let want: u64 = (0..elems as u64).map(|i| chain_len(seed, i)).sum();
-            assert_eq!(job.value("qd_hops"), Some(want.to_string()), "{n}x{p} seed {seed}: hops counted when quiescence fired");
+            assert_eq!(
+                job.value("qd_hops"),
+                Some(want.to_string()),
+                "{n}x{p} seed {seed}: hops counted when quiescence fired"
+            );
         }
     }
 }
@@ -111,24 +175,74 @@ fn exit_code_reaches_the_launcher() {
 fn a_panicking_node_ends_the_job_with_its_name_and_leaves_nothing_behind() {
     let job = run(3, 1, "megatest", &["panic", "--pe", "1"]);
     job.expect_code(1, "a node panicked");
-    assert!(job.stderr.contains("node 1"), "the error names node 1:\n{}", job.stderr);
-    assert!(job.stderr.contains("101"), "the error gives the panic exit code:\n{}", job.stderr);
+    assert!(
+        job.stderr.contains("node 1"),
+        "the error names node 1:\n{}",
+        job.stderr
+    );
+    assert!(
+        job.stderr.contains("101"),
+        "the error gives the panic exit code:\n{}",
+        job.stderr
+    );
     let record = job.record();
-    let pids: Vec<u32> = record["nodes"].as_array().expect("nodes").iter().map(|n| n["pid"].as_u64().expect("pid") as u32).collect();
+    let pids: Vec<u32> = record["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["pid"].as_u64().expect("pid") as u32)
+        .collect();
     assert_eq!(pids.len(), 3);
-    assert!(eventually(Duration::from_secs(5), || pids.iter().all(|&p| !alive(p))), "node processes left behind: {pids:?}");
+    assert!(
+        eventually(Duration::from_secs(5), || pids.iter().all(|&p| !alive(p))),
+        "node processes left behind: {pids:?}"
+    );
 }
 
 #[test]
 fn jacobi_checksum_is_identical_across_shapes_and_decompositions() {
-    let spec = Spec { nx: 96, ny: 80, bx: 96, by: 80, iters: 25, residual_every: 5, lb_every: 0 };
+    let spec = Spec {
+        nx: 96,
+        ny: 80,
+        bx: 96,
+        by: 80,
+        iters: 25,
+        residual_every: 5,
+        lb_every: 0,
+    };
     let want = format!("{:016x}", reference(&spec));
     for &(n, p) in SHAPES {
         for block in ["96x80", "32x16", "24x40", "13x7"] {
-            let job = run(n, p, "jacobi2d", &["--grid", "96x80", "--block", block, "--iters", "25", "--residual-every", "5", "--quiet"]);
+            let job = run(
+                n,
+                p,
+                "jacobi2d",
+                &[
+                    "--grid",
+                    "96x80",
+                    "--block",
+                    block,
+                    "--iters",
+                    "25",
+                    "--residual-every",
+                    "5",
+                    "--quiet",
+                ],
+            );
             job.expect_code(0, &format!("jacobi2d {n}x{p} block {block}"));
-            assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()), "{n}x{p}, block {block}");
-            assert_eq!(job.stdout.lines().last().map(|l| l.starts_with("checksum=")), Some(true), "the checksum is the last line");
+            assert_eq!(
+                job.value("checksum").as_deref(),
+                Some(want.as_str()),
+                "{n}x{p}, block {block}"
+            );
+            assert_eq!(
+                job.stdout
+                    .lines()
+                    .last()
+                    .map(|l| l.starts_with("checksum=")),
+                Some(true),
+                "the checksum is the last line"
+            );
         }
     }
 }
@@ -136,11 +250,29 @@ fn jacobi_checksum_is_identical_across_shapes_and_decompositions() {
 #[test]
 fn pingpong_runs_same_node_and_cross_node() {
     for (n, p) in [(1, 2), (2, 1)] {
-        let job = run(n, p, "pingpong", &["--sizes", "8,65536,1048576", "--min-iters", "5", "--budget-ms", "5"]);
+        let job = run(
+            n,
+            p,
+            "pingpong",
+            &[
+                "--sizes",
+                "8,65536,1048576",
+                "--min-iters",
+                "5",
+                "--budget-ms",
+                "5",
+            ],
+        );
         job.expect_code(0, "pingpong");
-        let lines: Vec<&str> = job.stdout.lines().filter(|l| l.starts_with("pingpong size=")).collect();
+        let lines: Vec<&str> = job
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("pingpong size="))
+            .collect();
         assert_eq!(lines.len(), 3, "{}", job.stdout);
-        assert!(job.stdout.contains(&format!("pingpong done pes=2 nodes={n}")));
+        assert!(job
+            .stdout
+            .contains(&format!("pingpong done pes=2 nodes={n}")));
     }
 }
 
@@ -152,15 +284,28 @@ fn a_node_running_another_build_is_refused_at_start() {
     let secret = ductile_coordinator::secret::Secret::generate().to_hex();
     let addr_file = dir.path().join("coord.addr");
     let mut coord = Command::new(bin("ductile"))
-        .args(["coordinator", "--expect", "2", "--launch-timeout", "20", "--addr-file"])
+        .args([
+            "coordinator",
+            "--expect",
+            "2",
+            "--launch-timeout",
+            "20",
+            "--addr-file",
+        ])
         .arg(&addr_file)
         .env("DUCTILE_SECRET", &secret)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("coordinator");
-    assert!(eventually(Duration::from_secs(10), || addr_file.exists()), "coordinator did not start");
-    let addr = std::fs::read_to_string(&addr_file).expect("address").trim().to_string();
+    assert!(
+        eventually(Duration::from_secs(10), || addr_file.exists()),
+        "coordinator did not start"
+    );
+    let addr = std::fs::read_to_string(&addr_file)
+        .expect("address")
+        .trim()
+        .to_string();
     let node = |program: &str, index: u32| {
         Command::new(bin(program))
             .env("DUCTILE_COORDINATOR", &addr)
@@ -175,13 +320,21 @@ fn a_node_running_another_build_is_refused_at_start() {
     let first = node("megatest", 0);
     std::thread::sleep(Duration::from_millis(300));
     let second = node("pingpong", 1).wait_with_output().expect("second node");
-    assert_eq!(second.status.code(), Some(2), "the mismatched node exits with the startup code");
+    assert_eq!(
+        second.status.code(),
+        Some(2),
+        "the mismatched node exits with the startup code"
+    );
     let err = String::from_utf8_lossy(&second.stderr);
     assert!(err.contains("fingerprint"), "the refusal says why:\n{err}");
     let _ = coord.kill();
     let _ = coord.wait();
     let out = first.wait_with_output().expect("first node");
-    assert_ne!(out.status.code(), Some(0), "the first node cannot run without its peer");
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "the first node cannot run without its peer"
+    );
 }
 
 #[test]
@@ -199,29 +352,61 @@ fn the_readme_example_runs_as_written() {
 fn a_killed_node_ends_the_job_with_its_name() {
     let state = tempfile::tempdir().expect("temp dir");
     let child = Command::new(bin("ductile"))
-        .args(["run", "--nodes", "3", "--pes-per-node", "1", "--timeout", "120", "--state-dir"])
+        .args([
+            "run",
+            "--nodes",
+            "3",
+            "--pes-per-node",
+            "1",
+            "--timeout",
+            "120",
+            "--state-dir",
+        ])
         .arg(state.path())
         .arg("--")
         .arg(bin("jacobi2d"))
-        .args(["--grid", "256", "--block", "32", "--iters", "100000000", "--quiet"])
+        .args([
+            "--grid",
+            "256",
+            "--block",
+            "32",
+            "--iters",
+            "100000000",
+            "--quiet",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("ductile run");
     let job_json = state.path().join("job.json");
     let node_pid = |i: usize| -> Option<u32> {
-        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&job_json).ok()?).ok()?;
-        v["nodes"].as_array()?.get(i)?["pid"].as_u64().map(|p| p as u32)
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&job_json).ok()?).ok()?;
+        v["nodes"].as_array()?.get(i)?["pid"]
+            .as_u64()
+            .map(|p| p as u32)
     };
-    assert!(eventually(Duration::from_secs(20), || node_pid(2).is_some()), "the job never started");
+    assert!(
+        eventually(Duration::from_secs(20), || node_pid(2).is_some()),
+        "the job never started"
+    );
     std::thread::sleep(Duration::from_millis(500));
     let victim = node_pid(1).expect("node 1's pid");
-    let killed = Command::new("kill").args(["-9", &victim.to_string()]).status().expect("kill");
+    let killed = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .expect("kill");
     assert!(killed.success());
     let out = child.wait_with_output().expect("ductile run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("node 1") && err.contains("SIGKILL"), "the error names node 1 and the signal:\n{err}");
+    assert!(
+        err.contains("node 1") && err.contains("SIGKILL"),
+        "the error names node 1 and the signal:\n{err}"
+    );
     let pids: Vec<u32> = (0..3).filter_map(node_pid).collect();
-    assert!(eventually(Duration::from_secs(5), || pids.iter().all(|&p| !alive(p))), "processes left behind: {pids:?}");
+    assert!(
+        eventually(Duration::from_secs(5), || pids.iter().all(|&p| !alive(p))),
+        "processes left behind: {pids:?}"
+    );
 }

@@ -18,7 +18,9 @@ pub struct Pending<M> {
 
 impl<M> Default for Pending<M> {
     fn default() -> Self {
-        Pending { by_step: BTreeMap::new() }
+        Pending {
+            by_step: BTreeMap::new(),
+        }
     }
 }
 

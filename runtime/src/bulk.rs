@@ -63,7 +63,11 @@ impl<'de, T: Pod> Deserialize<'de> for Bulk<T> {
         let bytes = d.deserialize_byte_buf(BytesVisitor)?;
         let size = std::mem::size_of::<T>().max(1);
         if bytes.len() % size != 0 {
-            return Err(D::Error::custom(format!("{} bytes is not a whole number of {}-byte values", bytes.len(), size)));
+            return Err(D::Error::custom(format!(
+                "{} bytes is not a whole number of {}-byte values",
+                bytes.len(),
+                size
+            )));
         }
         Ok(Bulk(bytemuck::pod_collect_to_vec(&bytes)))
     }

@@ -33,11 +33,21 @@ pub struct CallbackSpec {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Target {
     Ignore,
-    Element { coll: CollId, key: IndexKey },
-    Broadcast { coll: CollId },
-    Member { coll: CollId, pe: Pe },
+    Element {
+        coll: CollId,
+        key: IndexKey,
+    },
+    Broadcast {
+        coll: CollId,
+    },
+    Member {
+        coll: CollId,
+        pe: Pe,
+    },
     /// The runtime: every element of `coll` reached `at_sync`.
-    LbSync { coll: CollId },
+    LbSync {
+        coll: CollId,
+    },
 }
 
 /// Where a value of type `T` is delivered.
@@ -51,7 +61,10 @@ pub struct Callback<T> {
 
 impl<T> Clone for Callback<T> {
     fn clone(&self) -> Self {
-        Callback { spec: self.spec.clone(), _t: PhantomData }
+        Callback {
+            spec: self.spec.clone(),
+            _t: PhantomData,
+        }
     }
 }
 
@@ -68,7 +81,8 @@ impl<T> std::fmt::Debug for Callback<T> {
 /// encoding: the constructor must be a tuple variant holding exactly the value.
 fn variant_prefix<T: Reducible, M: Serialize>(ctor: fn(T) -> M) -> Vec<u8> {
     let value = postcard::to_allocvec(&T::default()).expect("encoding into a Vec cannot fail");
-    let whole = postcard::to_allocvec(&ctor(T::default())).expect("encoding into a Vec cannot fail");
+    let whole =
+        postcard::to_allocvec(&ctor(T::default())).expect("encoding into a Vec cannot fail");
     assert!(
         whole.len() >= value.len() && whole.ends_with(&value),
         "callback constructor for {} must be a one-field tuple variant holding the value (like `Msg::Done`)",
@@ -80,12 +94,24 @@ fn variant_prefix<T: Reducible, M: Serialize>(ctor: fn(T) -> M) -> Vec<u8> {
 impl<T: Reducible> Callback<T> {
     /// A callback that drops the value.
     pub fn ignore() -> Self {
-        Callback { spec: CallbackSpec { target: Target::Ignore, prefix: Vec::new() }, _t: PhantomData }
+        Callback {
+            spec: CallbackSpec {
+                target: Target::Ignore,
+                prefix: Vec::new(),
+            },
+            _t: PhantomData,
+        }
     }
 
     /// Delivers to one array element through entry `ctor`.
     pub fn element<C: Chare>(to: ElementProxy<C>, ctor: fn(T) -> C::Msg) -> Self {
-        Self::with(Target::Element { coll: to.coll, key: to.index.to_key() }, variant_prefix(ctor))
+        Self::with(
+            Target::Element {
+                coll: to.coll,
+                key: to.index.to_key(),
+            },
+            variant_prefix(ctor),
+        )
     }
 
     /// Delivers to every element of an array through entry `ctor`.
@@ -105,11 +131,20 @@ impl<T: Reducible> Callback<T> {
 
     /// Delivers to the main chare through entry `ctor`.
     pub fn main<M: Chare<Index = ()>>(ctor: fn(T) -> M::Msg) -> Self {
-        Self::with(Target::Element { coll: MAIN_COLL, key: ().to_key() }, variant_prefix(ctor))
+        Self::with(
+            Target::Element {
+                coll: MAIN_COLL,
+                key: ().to_key(),
+            },
+            variant_prefix(ctor),
+        )
     }
 
     fn with(target: Target, prefix: Vec<u8>) -> Self {
-        Callback { spec: CallbackSpec { target, prefix }, _t: PhantomData }
+        Callback {
+            spec: CallbackSpec { target, prefix },
+            _t: PhantomData,
+        }
     }
 }
 
@@ -134,9 +169,18 @@ mod tests {
         let p = variant_prefix::<Vec<i32>, M>(M::C);
         let mut bytes = p;
         bytes.extend(postcard::to_allocvec(&vec![1, -2, 3]).unwrap());
-        assert_eq!(postcard::from_bytes::<M>(&bytes).unwrap(), M::C(vec![1, -2, 3]));
+        assert_eq!(
+            postcard::from_bytes::<M>(&bytes).unwrap(),
+            M::C(vec![1, -2, 3])
+        );
         let p = variant_prefix::<u64, M>(M::A);
-        assert_eq!(postcard::from_bytes::<M>(&[p.as_slice(), &postcard::to_allocvec(&9u64).unwrap()].concat()).unwrap(), M::A(9));
+        assert_eq!(
+            postcard::from_bytes::<M>(
+                &[p.as_slice(), &postcard::to_allocvec(&9u64).unwrap()].concat()
+            )
+            .unwrap(),
+            M::A(9)
+        );
     }
 
     #[test]

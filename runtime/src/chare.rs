@@ -29,7 +29,9 @@ pub type IndexKey = u128;
 /// Implemented for `()` (singletons), `u32`, `u64`, `i32`, `i64`, and pairs and
 /// triples of `u32`/`i32`. A user-defined index implements the two key
 /// conversions (it must fit in 128 bits, injectively).
-pub trait ArrayIndex: Copy + Eq + Ord + Hash + Debug + Send + Sync + Serialize + DeserializeOwned + 'static {
+pub trait ArrayIndex:
+    Copy + Eq + Ord + Hash + Debug + Send + Sync + Serialize + DeserializeOwned + 'static
+{
     /// The routing key of this index.
     fn to_key(&self) -> IndexKey;
     /// The index of a routing key; `None` if the key does not encode an index of this type.

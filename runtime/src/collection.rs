@@ -54,9 +54,19 @@ struct Slot<C: Chare> {
 /// An element that left this PE during an entry method: moved or destroyed.
 pub(crate) enum Departure {
     /// Packed for PE `to`.
-    Moved { coll: CollId, key: IndexKey, to: Pe, state: Vec<u8>, meta: ElemMeta },
+    Moved {
+        coll: CollId,
+        key: IndexKey,
+        to: Pe,
+        state: Vec<u8>,
+        meta: ElemMeta,
+    },
     /// Destroyed; it owed reduction `next_red` and later ones.
-    Destroyed { coll: CollId, key: IndexKey, next_red: u32 },
+    Destroyed {
+        coll: CollId,
+        key: IndexKey,
+        next_red: u32,
+    },
 }
 
 /// Why a store refused an operation.
@@ -80,19 +90,43 @@ pub enum StoreError {
 pub(crate) trait Store: Send {
     fn has(&self, key: IndexKey) -> bool;
     /// Runs `payload` as an entry method of element `key` (which must be local).
-    fn deliver(&mut self, key: IndexKey, payload: Payload, pe: &mut PeCtx) -> Result<(), StoreError>;
+    fn deliver(
+        &mut self,
+        key: IndexKey,
+        payload: Payload,
+        pe: &mut PeCtx,
+    ) -> Result<(), StoreError>;
     /// Delivers broadcast number `seq` to every local element that has not run it, in index order.
-    fn deliver_all(&mut self, seq: u64, payload: Payload, pe: &mut PeCtx) -> Result<(), StoreError>;
+    fn deliver_all(&mut self, seq: u64, payload: Payload, pe: &mut PeCtx)
+        -> Result<(), StoreError>;
     /// Constructs element `key` from an encoded constructor argument.
-    fn construct(&mut self, key: IndexKey, init: &[u8], red_start: u32, pe: &mut PeCtx) -> Result<(), StoreError>;
+    fn construct(
+        &mut self,
+        key: IndexKey,
+        init: &[u8],
+        red_start: u32,
+        pe: &mut PeCtx,
+    ) -> Result<(), StoreError>;
     /// Constructs this PE's share of a bulk range of `count` elements, block-mapped.
-    fn construct_bulk(&mut self, dims: IndexKey, count: u64, init: &[u8], pe: &mut PeCtx) -> Result<(), StoreError>;
+    fn construct_bulk(
+        &mut self,
+        dims: IndexKey,
+        count: u64,
+        init: &[u8],
+        pe: &mut PeCtx,
+    ) -> Result<(), StoreError>;
     /// Whether every local element has contributed to reduction `no` (true when empty).
     fn all_contributed(&self, no: u32) -> bool;
     /// Removes element `key` and encodes it for another PE.
     fn pack(&mut self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)>;
     /// Re-creates a migrated element here and replays broadcasts it missed.
-    fn unpack(&mut self, key: IndexKey, state: &[u8], meta: ElemMeta, pe: &mut PeCtx) -> Result<(), StoreError>;
+    fn unpack(
+        &mut self,
+        key: IndexKey,
+        state: &[u8],
+        meta: ElemMeta,
+        pe: &mut PeCtx,
+    ) -> Result<(), StoreError>;
     /// `(key, load seconds)` of every local element; resets the loads when `reset`.
     fn loads(&mut self, reset: bool) -> Vec<(IndexKey, f64)>;
     /// Calls `resume_from_sync` on every local element waiting in `at_sync`.
@@ -117,7 +151,13 @@ pub(crate) struct ArrayStore<C: Chare> {
 }
 
 pub(crate) fn make_store<C: Chare>(coll: CollId) -> Box<dyn Store> {
-    Box::new(ArrayStore::<C> { coll, elems: BTreeMap::new(), owed: BTreeMap::new(), log: VecDeque::new(), last_bcast: 0 })
+    Box::new(ArrayStore::<C> {
+        coll,
+        elems: BTreeMap::new(),
+        owed: BTreeMap::new(),
+        log: VecDeque::new(),
+        last_bcast: 0,
+    })
 }
 
 impl<C: Chare> ArrayStore<C> {
@@ -127,7 +167,9 @@ impl<C: Chare> ArrayStore<C> {
 
     fn owe(&mut self, no: u32, delta: isize) {
         let e = self.owed.entry(no).or_insert(0);
-        *e = e.checked_add_signed(delta).expect("reduction bookkeeping underflow");
+        *e = e
+            .checked_add_signed(delta)
+            .expect("reduction bookkeeping underflow");
         if *e == 0 {
             self.owed.remove(&no);
         }
@@ -136,7 +178,10 @@ impl<C: Chare> ArrayStore<C> {
     /// Runs `f` as an entry method of element `key`: measures it, applies the
     /// PE's emulated slowdown, and carries out a move or destruction it asked for.
     fn run(&mut self, key: IndexKey, pe: &mut PeCtx, f: impl FnOnce(&mut C, &mut Ctx<'_, C>)) {
-        let slot = self.elems.get_mut(&key).expect("caller checked the element is local");
+        let slot = self
+            .elems
+            .get_mut(&key)
+            .expect("caller checked the element is local");
         let before = slot.meta.next_red;
         let start = Instant::now();
         {
@@ -155,11 +200,21 @@ impl<C: Chare> ArrayStore<C> {
             let next_red = slot.meta.next_red;
             self.elems.remove(&key);
             self.owe(next_red, -1);
-            pe.depart(Departure::Destroyed { coll: self.coll, key, next_red });
+            pe.depart(Departure::Destroyed {
+                coll: self.coll,
+                key,
+                next_red,
+            });
         } else if let Some(to) = slot.meta.migrate_to.take() {
             if to != pe.my_pe() {
                 let (state, meta) = self.pack(key).expect("still here");
-                pe.depart(Departure::Moved { coll: self.coll, key, to, state, meta });
+                pe.depart(Departure::Moved {
+                    coll: self.coll,
+                    key,
+                    to,
+                    state,
+                    meta,
+                });
             }
         }
     }
@@ -170,13 +225,23 @@ impl<C: Chare> Store for ArrayStore<C> {
         self.elems.contains_key(&key)
     }
 
-    fn deliver(&mut self, key: IndexKey, payload: Payload, pe: &mut PeCtx) -> Result<(), StoreError> {
+    fn deliver(
+        &mut self,
+        key: IndexKey,
+        payload: Payload,
+        pe: &mut PeCtx,
+    ) -> Result<(), StoreError> {
         let msg = payload.take::<C::Msg>()?;
         self.run(key, pe, |c, ctx| c.handle(msg, ctx));
         Ok(())
     }
 
-    fn deliver_all(&mut self, seq: u64, payload: Payload, pe: &mut PeCtx) -> Result<(), StoreError> {
+    fn deliver_all(
+        &mut self,
+        seq: u64,
+        payload: Payload,
+        pe: &mut PeCtx,
+    ) -> Result<(), StoreError> {
         let msg = payload.duplicate().take::<C::Msg>()?;
         self.last_bcast = self.last_bcast.max(seq);
         if self.log.len() == BROADCAST_LOG {
@@ -197,13 +262,27 @@ impl<C: Chare> Store for ArrayStore<C> {
         Ok(())
     }
 
-    fn construct(&mut self, key: IndexKey, init: &[u8], red_start: u32, pe: &mut PeCtx) -> Result<(), StoreError> {
+    fn construct(
+        &mut self,
+        key: IndexKey,
+        init: &[u8],
+        red_start: u32,
+        pe: &mut PeCtx,
+    ) -> Result<(), StoreError> {
         let index = Self::index_of(key)?;
         if self.elems.contains_key(&key) {
             return Err(StoreError::Duplicate(format!("{index:?}"), C::NAME));
         }
-        let init: C::Init = Payload::Wire { bytes: std::sync::Arc::new(init.to_vec()), offset: 0 }.take()?;
-        let mut meta = ElemMeta { next_red: red_start, bcast_seen: self.last_bcast, ..ElemMeta::default() };
+        let init: C::Init = Payload::Wire {
+            bytes: std::sync::Arc::new(init.to_vec()),
+            offset: 0,
+        }
+        .take()?;
+        let mut meta = ElemMeta {
+            next_red: red_start,
+            bcast_seen: self.last_bcast,
+            ..ElemMeta::default()
+        };
         let chare = {
             let mut ctx = Ctx::new(pe, self.coll, index, &mut meta);
             C::new(init, &mut ctx)
@@ -214,7 +293,13 @@ impl<C: Chare> Store for ArrayStore<C> {
         Ok(())
     }
 
-    fn construct_bulk(&mut self, dims: IndexKey, count: u64, init: &[u8], pe: &mut PeCtx) -> Result<(), StoreError> {
+    fn construct_bulk(
+        &mut self,
+        dims: IndexKey,
+        count: u64,
+        init: &[u8],
+        pe: &mut PeCtx,
+    ) -> Result<(), StoreError> {
         let dims_ix = Self::index_of(dims)?;
         let (me, npes) = (pe.my_pe() as u128, pe.num_pes() as u128);
         let total = count as u128;
@@ -240,7 +325,13 @@ impl<C: Chare> Store for ArrayStore<C> {
         Some((state, slot.meta))
     }
 
-    fn unpack(&mut self, key: IndexKey, state: &[u8], meta: ElemMeta, pe: &mut PeCtx) -> Result<(), StoreError> {
+    fn unpack(
+        &mut self,
+        key: IndexKey,
+        state: &[u8],
+        meta: ElemMeta,
+        pe: &mut PeCtx,
+    ) -> Result<(), StoreError> {
         let index = Self::index_of(key)?;
         if self.elems.contains_key(&key) {
             return Err(StoreError::Duplicate(format!("{index:?}"), C::NAME));
@@ -251,11 +342,19 @@ impl<C: Chare> Store for ArrayStore<C> {
         self.elems.insert(key, Slot { chare, index, meta });
         pe.note_local_element(self.coll, key, hops);
         // Broadcasts this PE delivered after the element left its old PE.
-        let missed: Vec<(u64, Payload)> =
-            self.log.iter().filter(|(s, _)| *s > seen).map(|(s, p)| (*s, p.duplicate())).collect();
+        let missed: Vec<(u64, Payload)> = self
+            .log
+            .iter()
+            .filter(|(s, _)| *s > seen)
+            .map(|(s, p)| (*s, p.duplicate()))
+            .collect();
         if let Some((oldest, _)) = self.log.front() {
             if seen + 1 < *oldest && self.last_bcast > seen {
-                tracing::error!("{}[{index:?}] missed broadcasts older than this PE keeps ({} kept)", C::NAME, BROADCAST_LOG);
+                tracing::error!(
+                    "{}[{index:?}] missed broadcasts older than this PE keeps ({} kept)",
+                    C::NAME,
+                    BROADCAST_LOG
+                );
             }
         }
         for (seq, payload) in missed {
@@ -283,7 +382,12 @@ impl<C: Chare> Store for ArrayStore<C> {
     }
 
     fn resume_all(&mut self, pe: &mut PeCtx) {
-        let keys: Vec<IndexKey> = self.elems.iter().filter(|(_, s)| s.meta.at_sync).map(|(k, _)| *k).collect();
+        let keys: Vec<IndexKey> = self
+            .elems
+            .iter()
+            .filter(|(_, s)| s.meta.at_sync)
+            .map(|(k, _)| *k)
+            .collect();
         for key in keys {
             if let Some(slot) = self.elems.get_mut(&key) {
                 slot.meta.at_sync = false;

@@ -25,8 +25,18 @@ pub struct Ctx<'a, C: Chare> {
 }
 
 impl<'a, C: Chare> Ctx<'a, C> {
-    pub(crate) fn new(pe: &'a mut PeCtx, coll: CollId, index: C::Index, meta: &'a mut ElemMeta) -> Self {
-        Ctx { pe, coll, index, meta }
+    pub(crate) fn new(
+        pe: &'a mut PeCtx,
+        coll: CollId,
+        index: C::Index,
+        meta: &'a mut ElemMeta,
+    ) -> Self {
+        Ctx {
+            pe,
+            coll,
+            index,
+            meta,
+        }
     }
 
     /// This element's index.
@@ -77,8 +87,12 @@ impl<'a, C: Chare> Ctx<'a, C> {
         self.meta.at_sync = true;
         let no = self.meta.next_red;
         self.meta.next_red += 1;
-        let callback = CallbackSpec { target: Target::LbSync { coll: self.coll }, prefix: Vec::new() };
-        self.pe.contribute(self.coll, no, Value::Unit, Reducer::Sum, callback);
+        let callback = CallbackSpec {
+            target: Target::LbSync { coll: self.coll },
+            prefix: Vec::new(),
+        };
+        self.pe
+            .contribute(self.coll, no, Value::Unit, Reducer::Sum, callback);
     }
 
     /// Moves this element to PE `pe` once this entry method returns. Messages
@@ -87,7 +101,11 @@ impl<'a, C: Chare> Ctx<'a, C> {
     /// # Panics
     /// If `pe` is not a PE of the job.
     pub fn migrate_me(&mut self, pe: Pe) {
-        assert!(pe < self.pe.num_pes(), "cannot migrate to PE {pe}: the job has {} PEs", self.pe.num_pes());
+        assert!(
+            pe < self.pe.num_pes(),
+            "cannot migrate to PE {pe}: the job has {} PEs",
+            self.pe.num_pes()
+        );
         self.meta.migrate_to = Some(pe);
     }
 

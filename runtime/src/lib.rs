@@ -20,9 +20,9 @@ pub mod buffer;
 pub mod bulk;
 pub mod callback;
 pub mod chare;
-pub mod lb;
 mod collection;
 pub mod ctx;
+pub mod lb;
 mod msg;
 pub mod node;
 pub mod options;
@@ -52,8 +52,8 @@ pub use topo::{Pe, Topology};
 /// Re-exports for `use ductile::prelude::*`.
 pub mod prelude {
     pub use crate::{
-        main_chare, ArrayIndex, ArrayProxy, Bulk, BulkIndex, Callback, Chare, Ctx, ElementProxy, GroupProxy, NodeGroupProxy, PeCtx,
-        Pending, Readonly, Reducer, Registry,
+        main_chare, ArrayIndex, ArrayProxy, Bulk, BulkIndex, Callback, Chare, Ctx, ElementProxy,
+        GroupProxy, NodeGroupProxy, PeCtx, Pending, Readonly, Reducer, Registry,
     };
     pub use serde::{Deserialize, Serialize};
 }

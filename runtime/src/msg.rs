@@ -24,7 +24,11 @@ pub const MAIN_COLL: CollId = 1;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) enum Dest {
     /// An array element; `src` is the sending PE (for location-cache hints).
-    Element { coll: CollId, key: IndexKey, src: Pe },
+    Element {
+        coll: CollId,
+        key: IndexKey,
+        src: Pe,
+    },
     /// The group or nodegroup member on the destination PE.
     Member { coll: CollId },
     /// Every local element of a collection, then down the spanning tree.
@@ -58,7 +62,10 @@ pub(crate) enum Payload {
     /// Passed by value between PEs of one node.
     Local(Box<dyn ErasedMsg>),
     /// Received from another node: `bytes[offset..]` is the postcard body.
-    Wire { bytes: std::sync::Arc<Vec<u8>>, offset: usize },
+    Wire {
+        bytes: std::sync::Arc<Vec<u8>>,
+        offset: usize,
+    },
 }
 
 /// A body that did not decode into the type its destination expects.
@@ -88,13 +95,20 @@ impl Payload {
     /// Takes the typed message out.
     pub(crate) fn take<M: Message>(self) -> Result<M, DecodeError> {
         match self {
-            Payload::Local(b) => b
-                .into_any()
-                .downcast::<M>()
-                .map(|b| *b)
-                .map_err(|_| DecodeError::WrongType { expected: std::any::type_name::<M>() }),
-            Payload::Wire { bytes, offset } => postcard::from_bytes(&bytes[offset..])
-                .map_err(|source| DecodeError::Malformed { expected: std::any::type_name::<M>(), source }),
+            Payload::Local(b) => {
+                b.into_any()
+                    .downcast::<M>()
+                    .map(|b| *b)
+                    .map_err(|_| DecodeError::WrongType {
+                        expected: std::any::type_name::<M>(),
+                    })
+            }
+            Payload::Wire { bytes, offset } => {
+                postcard::from_bytes(&bytes[offset..]).map_err(|source| DecodeError::Malformed {
+                    expected: std::any::type_name::<M>(),
+                    source,
+                })
+            }
         }
     }
 
@@ -102,7 +116,10 @@ impl Payload {
     pub(crate) fn duplicate(&self) -> Payload {
         match self {
             Payload::Local(b) => Payload::Local(b.clone_box()),
-            Payload::Wire { bytes, offset } => Payload::Wire { bytes: bytes.clone(), offset: *offset },
+            Payload::Wire { bytes, offset } => Payload::Wire {
+                bytes: bytes.clone(),
+                offset: *offset,
+            },
         }
     }
 
@@ -113,7 +130,6 @@ impl Payload {
             Payload::Wire { bytes, offset } => std::borrow::Cow::Borrowed(&bytes[*offset..]),
         }
     }
-
 }
 
 /// One queued message.

@@ -83,8 +83,10 @@ impl NodeShared {
 
     fn topology(&self, wait: Duration) -> Option<Arc<Topology>> {
         let guard = self.topo.lock().expect("topology lock poisoned");
-        let (guard, _) =
-            self.topo_set.wait_timeout_while(guard, wait, |t| t.is_none()).expect("topology lock poisoned");
+        let (guard, _) = self
+            .topo_set
+            .wait_timeout_while(guard, wait, |t| t.is_none())
+            .expect("topology lock poisoned");
         guard.clone()
     }
 
@@ -94,10 +96,24 @@ impl NodeShared {
         ((self.uid.load(Ordering::Relaxed) + 1) << 32) | n as u64
     }
 
-    pub(crate) fn send_to_node(&self, node: u32, head: &[u8], body: &[u8]) -> Result<(), TransportError> {
-        let topo = self.topology(Duration::ZERO).expect("sending before the topology is installed");
-        let t = self.transport.get().ok_or(TransportError::NoEndpoint(node))?;
-        t.send(node, Tag::new(topo.my_node(), topo.epoch(), kind::ENVELOPE), &[head, body])
+    pub(crate) fn send_to_node(
+        &self,
+        node: u32,
+        head: &[u8],
+        body: &[u8],
+    ) -> Result<(), TransportError> {
+        let topo = self
+            .topology(Duration::ZERO)
+            .expect("sending before the topology is installed");
+        let t = self
+            .transport
+            .get()
+            .ok_or(TransportError::NoEndpoint(node))?;
+        t.send(
+            node,
+            Tag::new(topo.my_node(), topo.epoch(), kind::ENVELOPE),
+            &[head, body],
+        )
     }
 
     /// Makes every PE leave its loop; the node then exits with [`EXIT_ABORTED`].
@@ -125,15 +141,26 @@ impl Sink for NodeSink {
     fn deliver(&self, tag: Tag, frame: Vec<u8>) {
         let Some(node) = self.0.upgrade() else { return };
         let Some(topo) = node.topology(TOPOLOGY_WAIT) else {
-            error!("dropping a frame from node {}: this node never received its view", tag.src());
+            error!(
+                "dropping a frame from node {}: this node never received its view",
+                tag.src()
+            );
             return;
         };
         if tag.epoch_bits() != topo.epoch() & 0xffff {
-            error!("dropping a frame from node {} sent at another epoch ({} here)", tag.src(), topo.epoch());
+            error!(
+                "dropping a frame from node {} sent at another epoch ({} here)",
+                tag.src(),
+                topo.epoch()
+            );
             return;
         }
         if tag.kind() != kind::ENVELOPE {
-            warn!("dropping a frame of unknown kind {} from node {}", tag.kind(), tag.src());
+            warn!(
+                "dropping a frame of unknown kind {} from node {}",
+                tag.kind(),
+                tag.src()
+            );
             return;
         }
         let (header, rest) = match postcard::take_from_bytes::<WireHeader>(&frame) {
@@ -145,21 +172,30 @@ impl Sink for NodeSink {
         };
         let offset = frame.len() - rest.len();
         if header.dest_pe >= topo.num_pes() || !topo.is_local(header.dest_pe) {
-            error!("dropping a frame from node {} for PE {}, which is not on this node", tag.src(), header.dest_pe);
+            error!(
+                "dropping a frame from node {} for PE {}, which is not on this node",
+                tag.src(),
+                header.dest_pe
+            );
             return;
         }
         let env = Envelope {
             prio: header.prio,
             dest: header.dest,
             counted: header.counted,
-            payload: Payload::Wire { bytes: Arc::new(frame), offset },
+            payload: Payload::Wire {
+                bytes: Arc::new(frame),
+                offset,
+            },
         };
         node.inboxes[topo.rank_of(header.dest_pe)].push(env);
     }
 
     fn lost(&self, peer_uid: u64, reason: String) {
         if let Some(node) = self.0.upgrade() {
-            node.abort(format!("lost the connection from the node with uid {peer_uid}: {reason}; ending the job"));
+            node.abort(format!(
+                "lost the connection from the node with uid {peer_uid}: {reason}; ending the job"
+            ));
         }
     }
 }
@@ -183,7 +219,12 @@ fn hostname() -> String {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env(contract::ENV_LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
 }
 
 fn install_panic_exit() {
@@ -191,7 +232,10 @@ fn install_panic_exit() {
     std::panic::set_hook(Box::new(move |info| {
         default(info);
         let thread = std::thread::current();
-        eprintln!("ductile node: {} panicked; the node exits with {EXIT_PANIC}", thread.name().unwrap_or("a thread"));
+        eprintln!(
+            "ductile node: {} panicked; the node exits with {EXIT_PANIC}",
+            thread.name().unwrap_or("a thread")
+        );
         std::process::exit(EXIT_PANIC);
     }));
 }
@@ -199,14 +243,18 @@ fn install_panic_exit() {
 /// Exits when the local launcher that started this node goes away, so a
 /// killed `ductile run` never leaves orphans behind.
 fn watch_launcher() {
-    let Some(pid) = env_var(contract::ENV_LAUNCHER_PID).and_then(|p| p.parse::<u32>().ok()) else { return };
-    let _ = std::thread::Builder::new().name("ductile-watchdog".into()).spawn(move || loop {
-        if std::os::unix::process::parent_id() != pid {
-            eprintln!("ductile node: the launcher (pid {pid}) is gone; exiting");
-            std::process::exit(EXIT_ABORTED);
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    });
+    let Some(pid) = env_var(contract::ENV_LAUNCHER_PID).and_then(|p| p.parse::<u32>().ok()) else {
+        return;
+    };
+    let _ = std::thread::Builder::new()
+        .name("ductile-watchdog".into())
+        .spawn(move || loop {
+            if std::os::unix::process::parent_id() != pid {
+                eprintln!("ductile node: the launcher (pid {pid}) is gone; exiting");
+                std::process::exit(EXIT_ABORTED);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        });
 }
 
 /// Runs this process as a node of a job, with the chare types, readonlies and
@@ -225,14 +273,19 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
         fail_startup(format!("registration failed: {e}"));
     }
     if reg.main_type.is_none() {
-        fail_startup("no main chare registered: call `reg.main::<Main>()` in the registration function");
+        fail_startup(
+            "no main chare registered: call `reg.main::<Main>()` in the registration function",
+        );
     }
     let registry = Arc::new(reg);
     let pes = match env_var(contract::ENV_PES) {
         None => 1,
-        Some(p) => p.parse::<u32>().ok().filter(|&p| p > 0).unwrap_or_else(|| fail_startup(format!("{}={p} is not a PE count", contract::ENV_PES))),
+        Some(p) => p.parse::<u32>().ok().filter(|&p| p > 0).unwrap_or_else(|| {
+            fail_startup(format!("{}={p} is not a PE count", contract::ENV_PES))
+        }),
     };
-    let (options, args) = crate::options::parse(std::env::args().skip(1).collect()).unwrap_or_else(|e| fail_startup(e));
+    let (options, args) = crate::options::parse(std::env::args().skip(1).collect())
+        .unwrap_or_else(|e| fail_startup(e));
     let node = Arc::new(NodeShared::new(registry.clone(), pes, args, options));
     let code = match env_var(contract::ENV_COORDINATOR) {
         None => {
@@ -252,23 +305,40 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
     let secret = contract::secret_from_env().unwrap_or_else(|e| fail_startup(e));
     let role = contract::role_from_env().unwrap_or_else(|e| fail_startup(e));
     if role == Role::Newcomer {
-        fail_startup("this build cannot join a running job as a newcomer yet (elasticity is not built in)");
+        fail_startup(
+            "this build cannot join a running job as a newcomer yet (elasticity is not built in)",
+        );
     }
     let bind: IpAddr = env_var(contract::ENV_BIND)
-        .map(|b| b.parse().unwrap_or_else(|e| fail_startup(format!("{}={b}: {e}", contract::ENV_BIND))))
+        .map(|b| {
+            b.parse()
+                .unwrap_or_else(|e| fail_startup(format!("{}={b}: {e}", contract::ENV_BIND)))
+        })
         .unwrap_or(IpAddr::from([127, 0, 0, 1]));
-    let advertise: Option<IpAddr> =
-        env_var(contract::ENV_ADVERTISE).map(|a| a.parse().unwrap_or_else(|e| fail_startup(format!("{}={a}: {e}", contract::ENV_ADVERTISE))));
+    let advertise: Option<IpAddr> = env_var(contract::ENV_ADVERTISE).map(|a| {
+        a.parse()
+            .unwrap_or_else(|e| fail_startup(format!("{}={a}: {e}", contract::ENV_ADVERTISE)))
+    });
     if let Some(t) = env_var(contract::ENV_TRANSPORT) {
         if t != "tcp" {
-            fail_startup(format!("transport `{t}` is not built into this program (available: tcp)"));
+            fail_startup(format!(
+                "transport `{t}` is not built into this program (available: tcp)"
+            ));
         }
     }
-    let transport = TcpTransport::bind(bind, advertise, secret.clone(), Arc::new(NodeSink(Arc::downgrade(node))))
-        .unwrap_or_else(|e| fail_startup(e));
+    let transport = TcpTransport::bind(
+        bind,
+        advertise,
+        secret.clone(),
+        Arc::new(NodeSink(Arc::downgrade(node))),
+    )
+    .unwrap_or_else(|e| fail_startup(e));
     let _ = node.transport.set(transport.clone());
-    let client = Client::connect(coordinator, &secret, CONNECT_TIMEOUT)
-        .unwrap_or_else(|e| fail_startup(format!("cannot reach the coordinator at {coordinator}: {e}")));
+    let client = Client::connect(coordinator, &secret, CONNECT_TIMEOUT).unwrap_or_else(|e| {
+        fail_startup(format!(
+            "cannot reach the coordinator at {coordinator}: {e}"
+        ))
+    });
     let registration = Registration {
         role,
         address: transport.address(),
@@ -279,14 +349,21 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
     };
     let (me, view) = match client.register(registration, LAUNCH_TIMEOUT) {
         Ok(Admission::Member { node, view }) => (node, view),
-        Ok(Admission::Waiting { .. }) => fail_startup("the coordinator queued this launch member as a newcomer"),
+        Ok(Admission::Waiting { .. }) => {
+            fail_startup("the coordinator queued this launch member as a newcomer")
+        }
         Err(e) => fail_startup(format!("the coordinator refused this node: {e}")),
     };
     let uid = view.members[me as usize].uid;
     transport.set_uid(uid);
     node.uid.store(uid, Ordering::Relaxed);
     let topo = Arc::new(Topology::new(&view, me));
-    info!(node = me, epoch = view.epoch, pes = topo.num_pes(), "joined the job");
+    info!(
+        node = me,
+        epoch = view.epoch,
+        pes = topo.num_pes(),
+        "joined the job"
+    );
     if let Err(e) = transport.reconcile(&view, me) {
         error!("connecting to peers failed: {e}");
         return EXIT_ABORTED;
@@ -302,9 +379,11 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
             .spawn(move || {
                 while watching.load(Ordering::SeqCst) {
                     match client.events().recv_timeout(Duration::from_millis(50)) {
-                        Ok(ServerMsg::MemberLost { node: lost, uid, .. }) => {
-                            node.abort(format!("node {lost} (uid {uid}) left the job unexpectedly; ending the job"))
-                        }
+                        Ok(ServerMsg::MemberLost {
+                            node: lost, uid, ..
+                        }) => node.abort(format!(
+                            "node {lost} (uid {uid}) left the job unexpectedly; ending the job"
+                        )),
                         Ok(other) => warn!("ignoring coordinator notice {other:?}"),
                         Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                         Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
@@ -340,8 +419,14 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
 /// Runs one scheduler thread per local PE; the job's main chare starts on
 /// global PE 0 when `main_here`.
 fn run_pes(node: &Arc<NodeShared>, main_here: bool) -> LoopExit {
-    let topo = node.topology(Duration::ZERO).expect("topology installed before PEs start");
-    let spin = Duration::from_micros(env_var("DUCTILE_SPIN_US").and_then(|s| s.parse().ok()).unwrap_or(100));
+    let topo = node
+        .topology(Duration::ZERO)
+        .expect("topology installed before PEs start");
+    let spin = Duration::from_micros(
+        env_var("DUCTILE_SPIN_US")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(100),
+    );
     let handles: Vec<_> = (0..topo.local_pes() as usize)
         .map(|rank| {
             let (node, topo) = (node.clone(), topo.clone());
@@ -361,7 +446,9 @@ fn run_pes(node: &Arc<NodeShared>, main_here: bool) -> LoopExit {
     let mut outcome = LoopExit::Exit(0);
     for h in handles {
         match h.join() {
-            Ok(LoopExit::Exit(code)) if outcome != LoopExit::Aborted => outcome = LoopExit::Exit(code),
+            Ok(LoopExit::Exit(code)) if outcome != LoopExit::Aborted => {
+                outcome = LoopExit::Exit(code)
+            }
             Ok(_) => outcome = LoopExit::Aborted,
             Err(_) => std::process::exit(EXIT_PANIC),
         }

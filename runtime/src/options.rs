@@ -64,7 +64,10 @@ pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
             None => (flag.to_string(), None),
         };
         let mut value = |what: &str| -> Result<String, String> {
-            inline.clone().or_else(|| it.next()).ok_or_else(|| format!("+{key} needs {what}"))
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("+{key} needs {what}"))
         };
         match key.as_str() {
             "lb" => name = value("a strategy name")?,
@@ -91,11 +94,21 @@ fn parse_speeds(text: &str) -> Result<HashMap<Pe, f64>, String> {
     text.split(',')
         .filter(|s| !s.trim().is_empty())
         .map(|item| {
-            let (pe, f) = item.split_once(':').ok_or_else(|| format!("+pe-speed: `{item}` is not PE:FACTOR"))?;
-            let pe: Pe = pe.trim().parse().map_err(|_| format!("+pe-speed: `{pe}` is not a PE number"))?;
-            let f: f64 = f.trim().parse().map_err(|_| format!("+pe-speed: `{f}` is not a number"))?;
+            let (pe, f) = item
+                .split_once(':')
+                .ok_or_else(|| format!("+pe-speed: `{item}` is not PE:FACTOR"))?;
+            let pe: Pe = pe
+                .trim()
+                .parse()
+                .map_err(|_| format!("+pe-speed: `{pe}` is not a PE number"))?;
+            let f: f64 = f
+                .trim()
+                .parse()
+                .map_err(|_| format!("+pe-speed: `{f}` is not a number"))?;
             if !(f > 0.0 && f <= 1.0) {
-                return Err(format!("+pe-speed: factor {f} for PE {pe} must be in (0, 1]"));
+                return Err(format!(
+                    "+pe-speed: factor {f} for PE {pe} must be in (0, 1]"
+                ));
             }
             Ok((pe, f))
         })
@@ -112,7 +125,16 @@ mod tests {
 
     #[test]
     fn runtime_options_are_taken_out_of_the_program_arguments() {
-        let (o, rest) = parse(args(&["--grid", "64", "+lb", "GreedyRefine", "+pe-speed=1:0.5,3:0.25", "+lb-report", "x"])).unwrap();
+        let (o, rest) = parse(args(&[
+            "--grid",
+            "64",
+            "+lb",
+            "GreedyRefine",
+            "+pe-speed=1:0.5,3:0.25",
+            "+lb-report",
+            "x",
+        ]))
+        .unwrap();
         assert_eq!(rest, args(&["--grid", "64", "x"]));
         assert_eq!(o.strategy.name(), "GreedyRefine");
         assert_eq!(o.pe_speed[&1], 0.5);
@@ -125,9 +147,15 @@ mod tests {
 
     #[test]
     fn bad_options_are_refused_with_a_reason() {
-        assert!(parse(args(&["+lb", "Nope"])).unwrap_err().contains("GreedyRefine"));
-        assert!(parse(args(&["+pe-speed", "1:2"])).unwrap_err().contains("(0, 1]"));
-        assert!(parse(args(&["+frobnicate"])).unwrap_err().contains("unknown runtime option"));
+        assert!(parse(args(&["+lb", "Nope"]))
+            .unwrap_err()
+            .contains("GreedyRefine"));
+        assert!(parse(args(&["+pe-speed", "1:2"]))
+            .unwrap_err()
+            .contains("(0, 1]"));
+        assert!(parse(args(&["+frobnicate"]))
+            .unwrap_err()
+            .contains("unknown runtime option"));
         assert!(parse(args(&["+lb"])).unwrap_err().contains("needs"));
         assert!(parse(args(&["+lb-params", "tolerance=0.5", "+lb", "Refine"])).is_err());
     }

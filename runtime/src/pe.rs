@@ -45,7 +45,11 @@ pub(crate) struct Inbox {
 
 impl Inbox {
     pub(crate) fn new() -> Self {
-        Inbox { queue: SegQueue::new(), sleeping: AtomicBool::new(false), thread: OnceLock::new() }
+        Inbox {
+            queue: SegQueue::new(),
+            sleeping: AtomicBool::new(false),
+            thread: OnceLock::new(),
+        }
     }
 
     /// Queues `env` and wakes the PE if it is parked.
@@ -237,15 +241,30 @@ impl PeCtx {
     /// Calls `callback` once no application message is queued or in flight
     /// anywhere in the job (Charm++'s quiescence detection).
     pub fn start_quiescence(&mut self, callback: crate::Callback<()>) {
-        self.send_sys(0, SysMsg::QdStart { callback: callback.spec });
+        self.send_sys(
+            0,
+            SysMsg::QdStart {
+                callback: callback.spec,
+            },
+        );
     }
 
     // ---- internals used by proxies, contexts and stores ----
 
     pub(crate) fn set_readonly(&mut self, id: u64, name: &str, value: Arc<dyn Any + Send + Sync>) {
-        assert!(self.in_main_ctor, "readonly `{name}` can only be set in the main chare's constructor");
-        assert!(self.node.registry.readonlies.contains_key(&id), "readonly `{name}` is not registered");
-        self.node.readonly.lock().expect("readonly table poisoned").insert(id, value.clone());
+        assert!(
+            self.in_main_ctor,
+            "readonly `{name}` can only be set in the main chare's constructor"
+        );
+        assert!(
+            self.node.registry.readonlies.contains_key(&id),
+            "readonly `{name}` is not registered"
+        );
+        self.node
+            .readonly
+            .lock()
+            .expect("readonly table poisoned")
+            .insert(id, value.clone());
         self.readonly.insert(id, value);
     }
 
@@ -253,7 +272,12 @@ impl PeCtx {
         self.readonly.get(&id).map(|v| &**v)
     }
 
-    pub(crate) fn create_collection(&mut self, type_id: u64, shape: Shape, init: Vec<u8>) -> CollId {
+    pub(crate) fn create_collection(
+        &mut self,
+        type_id: u64,
+        shape: Shape,
+        init: Vec<u8>,
+    ) -> CollId {
         assert!(
             self.node.registry.chares.contains_key(&type_id),
             "chare type with id {type_id:#x} is not registered: call `reg.chare::<T>()` in the registration function"
@@ -262,34 +286,106 @@ impl PeCtx {
         // The creator can route to the new collection at once; its homes hold
         // what arrives before the creation does.
         let linear = self.node.registry.chares[&type_id].linear;
-        self.colls.insert(coll, CollInfo { shape: shape.clone(), linear });
-        self.send_sys(0, SysMsg::Create(CreateSpec { coll, type_id, shape, init }));
+        self.colls.insert(
+            coll,
+            CollInfo {
+                shape: shape.clone(),
+                linear,
+            },
+        );
+        self.send_sys(
+            0,
+            SysMsg::Create(CreateSpec {
+                coll,
+                type_id,
+                shape,
+                init,
+            }),
+        );
         coll
     }
 
     pub(crate) fn insert(&mut self, coll: CollId, key: IndexKey, init: Vec<u8>, on: Option<PeId>) {
         if let Some(pe) = on {
-            assert!(pe < self.num_pes(), "cannot insert on PE {pe}: the job has {} PEs", self.num_pes());
+            assert!(
+                pe < self.num_pes(),
+                "cannot insert on PE {pe}: the job has {} PEs",
+                self.num_pes()
+            );
         }
-        self.send_sys(0, SysMsg::InsertRequest { coll, key, init, on });
+        self.send_sys(
+            0,
+            SysMsg::InsertRequest {
+                coll,
+                key,
+                init,
+                on,
+            },
+        );
     }
 
-    pub(crate) fn send_element(&mut self, coll: CollId, key: IndexKey, prio: i32, payload: Payload) {
-        let dest = Dest::Element { coll, key, src: self.pe };
+    pub(crate) fn send_element(
+        &mut self,
+        coll: CollId,
+        key: IndexKey,
+        prio: i32,
+        payload: Payload,
+    ) {
+        let dest = Dest::Element {
+            coll,
+            key,
+            src: self.pe,
+        };
         match self.locate(coll, key) {
-            Some(pe) => self.send_env(pe, Envelope { prio, dest, payload, counted: true }),
+            Some(pe) => self.send_env(
+                pe,
+                Envelope {
+                    prio,
+                    dest,
+                    payload,
+                    counted: true,
+                },
+            ),
             // The collection's creation has not reached this PE yet: hold the message here.
-            None => self.hold_for_creation(coll, Envelope { prio, dest, payload, counted: false }),
+            None => self.hold_for_creation(
+                coll,
+                Envelope {
+                    prio,
+                    dest,
+                    payload,
+                    counted: false,
+                },
+            ),
         }
     }
 
     pub(crate) fn send_member(&mut self, coll: CollId, pe: PeId, prio: i32, payload: Payload) {
-        assert!(pe < self.num_pes(), "no PE {pe}: the job has {} PEs", self.num_pes());
-        self.send_env(pe, Envelope { prio, dest: Dest::Member { coll }, payload, counted: true });
+        assert!(
+            pe < self.num_pes(),
+            "no PE {pe}: the job has {} PEs",
+            self.num_pes()
+        );
+        self.send_env(
+            pe,
+            Envelope {
+                prio,
+                dest: Dest::Member { coll },
+                payload,
+                counted: true,
+            },
+        );
     }
 
     pub(crate) fn broadcast(&mut self, coll: CollId, prio: i32, payload: Payload) {
-        self.send_env(0, Envelope { prio, dest: Dest::Broadcast { coll, seq: 0 }, payload, counted: true });
+        self.send_env(
+            0,
+            Envelope {
+                prio,
+                dest: Dest::Broadcast { coll, seq: 0 },
+                payload,
+                counted: true,
+            },
+        );
     }
 
     /// Charges an entry method that took `spent`: emulates this PE's slowdown
@@ -313,8 +409,22 @@ impl PeCtx {
         self.departures.push(d);
     }
 
-    pub(crate) fn contribute(&mut self, coll: CollId, no: u32, value: Value, reducer: Reducer, callback: CallbackSpec) {
-        self.contributions.push(Partial { coll, no, value, count: 1, reducer, callback });
+    pub(crate) fn contribute(
+        &mut self,
+        coll: CollId,
+        no: u32,
+        value: Value,
+        reducer: Reducer,
+        callback: CallbackSpec,
+    ) {
+        self.contributions.push(Partial {
+            coll,
+            no,
+            value,
+            count: 1,
+            reducer,
+            callback,
+        });
     }
 
     /// Records that element `key` is on `pe` after `hops` moves, unless a
@@ -333,7 +443,15 @@ impl PeCtx {
         self.cache.insert((coll, key), (me, hops));
         if let Some(home) = self.home_of(coll, key) {
             if home != me {
-                self.send_sys(home, SysMsg::HomeUpdate { coll, key, pe: me, hops });
+                self.send_sys(
+                    home,
+                    SysMsg::HomeUpdate {
+                        coll,
+                        key,
+                        pe: me,
+                        hops,
+                    },
+                );
             } else {
                 self.homes.insert((coll, key), (me, hops));
             }
@@ -364,7 +482,10 @@ impl PeCtx {
     fn home_of(&self, coll: CollId, key: IndexKey) -> Option<PeId> {
         let info = self.colls.get(&coll)?;
         Some(match &info.shape {
-            Shape::Array { dims: Some(dims), count } => match (info.linear)(key, *dims) {
+            Shape::Array {
+                dims: Some(dims),
+                count,
+            } => match (info.linear)(key, *dims) {
                 Some(lin) => self.topo.block_home(lin, *count),
                 None => self.topo.hash_home(key),
             },
@@ -373,12 +494,23 @@ impl PeCtx {
     }
 
     fn locate(&self, coll: CollId, key: IndexKey) -> Option<PeId> {
-        self.cache.get(&(coll, key)).map(|&(pe, _)| pe).or_else(|| self.home_of(coll, key))
+        self.cache
+            .get(&(coll, key))
+            .map(|&(pe, _)| pe)
+            .or_else(|| self.home_of(coll, key))
     }
 
     fn send_sys(&mut self, pe: PeId, msg: SysMsg) {
         let counted = msg.counts_for_qd();
-        self.send_env(pe, Envelope { prio: 0, dest: Dest::System, payload: Payload::local(msg), counted });
+        self.send_env(
+            pe,
+            Envelope {
+                prio: 0,
+                dest: Dest::System,
+                payload: Payload::local(msg),
+                counted,
+            },
+        );
     }
 
     /// The one place an envelope leaves this PE.
@@ -401,13 +533,23 @@ impl PeCtx {
     }
 
     fn send_remote(&mut self, pe: PeId, env: Envelope) {
-        let header = WireHeader { dest_pe: pe, prio: env.prio, counted: env.counted, dest: env.dest };
+        let header = WireHeader {
+            dest_pe: pe,
+            prio: env.prio,
+            counted: env.counted,
+            dest: env.dest,
+        };
         let head = postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail");
         let body = env.payload.body();
         let node = self.topo.node_of(pe);
         if let Err(e) = self.node.send_to_node(node, &head, &body) {
-            error!(pe = self.pe, to_node = node, "send failed: {e}; ending the job");
-            self.node.abort(format!("lost the connection to node {node}: {e}"));
+            error!(
+                pe = self.pe,
+                to_node = node,
+                "send failed: {e}; ending the job"
+            );
+            self.node
+                .abort(format!("lost the connection to node {node}: {e}"));
         }
     }
 
@@ -416,7 +558,11 @@ impl PeCtx {
             self.fifo.push_back(env);
         } else {
             self.seq += 1;
-            self.heap.push(Queued { prio: env.prio, seq: self.seq, env });
+            self.heap.push(Queued {
+                prio: env.prio,
+                seq: self.seq,
+                env,
+            });
         }
     }
 
@@ -430,7 +576,10 @@ impl PeCtx {
     fn deliver_callback(&mut self, cb: &CallbackSpec, value: &Value) {
         let mut bytes = cb.prefix.clone();
         bytes.extend(value.encode_payload());
-        let payload = Payload::Wire { bytes: Arc::new(bytes), offset: 0 };
+        let payload = Payload::Wire {
+            bytes: Arc::new(bytes),
+            offset: 0,
+        };
         match cb.target {
             Target::Ignore => {}
             Target::Element { coll, key } => self.send_element(coll, key, 0, payload),
@@ -439,7 +588,11 @@ impl PeCtx {
             Target::LbSync { coll } => {
                 // Root: every element of `coll` is at sync.
                 if let Some(period) = self.node.options.lb_period {
-                    let last = self.last_balanced.get(&coll).copied().unwrap_or(self.measured_since);
+                    let last = self
+                        .last_balanced
+                        .get(&coll)
+                        .copied()
+                        .unwrap_or(self.measured_since);
                     if last.elapsed() < period {
                         // Periodic balancing: too soon, resume without a step.
                         let step = self.lb_steps.get(&coll).copied().unwrap_or(0);
@@ -454,7 +607,15 @@ impl PeCtx {
                 let step = *step;
                 self.lb_root.insert(
                     coll,
-                    LbRoot { step, started: Instant::now(), reports: Vec::new(), planned: None, summary: String::new(), done: 0, bytes: 0 },
+                    LbRoot {
+                        step,
+                        started: Instant::now(),
+                        reports: Vec::new(),
+                        planned: None,
+                        summary: String::new(),
+                        done: 0,
+                        bytes: 0,
+                    },
                 );
                 self.send_sys(0, SysMsg::LbCollect { coll, step });
             }
@@ -510,13 +671,38 @@ impl Pe {
             ctx.slowdown = 1.0 / speed;
         }
         // Every PE knows the main chare's collection: one element, on PE 0.
-        if let Some(main) = ctx.node.registry.main_type.and_then(|t| ctx.node.registry.chares.get(&t)) {
-            ctx.colls.insert(MAIN_COLL, CollInfo { shape: Shape::Array { dims: Some(0), count: 1 }, linear: main.linear });
+        if let Some(main) = ctx
+            .node
+            .registry
+            .main_type
+            .and_then(|t| ctx.node.registry.chares.get(&t))
+        {
+            ctx.colls.insert(
+                MAIN_COLL,
+                CollInfo {
+                    shape: Shape::Array {
+                        dims: Some(0),
+                        count: 1,
+                    },
+                    linear: main.linear,
+                },
+            );
         }
         if pe == 0 {
-            ctx.populations.insert(MAIN_COLL, Population { base: 1, births: BTreeMap::new(), next_open: 0, done: BTreeMap::new() });
+            ctx.populations.insert(
+                MAIN_COLL,
+                Population {
+                    base: 1,
+                    births: BTreeMap::new(),
+                    next_open: 0,
+                    done: BTreeMap::new(),
+                },
+            );
         }
-        Pe { ctx, stores: HashMap::new() }
+        Pe {
+            ctx,
+            stores: HashMap::new(),
+        }
     }
 
     /// Constructs the main chare (PE 0 at launch), then releases readonly data
@@ -530,7 +716,8 @@ impl Pe {
         };
         let entry = reg.chares.get(&main_type).expect("main type is registered");
         let mut store = (entry.make)(MAIN_COLL);
-        let args = postcard::to_allocvec(&self.ctx.node.args).expect("encoding into a Vec cannot fail");
+        let args =
+            postcard::to_allocvec(&self.ctx.node.args).expect("encoding into a Vec cannot fail");
         self.ctx.in_main_ctor = true;
         let built = store.construct(0, &args, 0, &mut self.ctx);
         self.ctx.in_main_ctor = false;
@@ -640,7 +827,10 @@ impl Pe {
             }
         };
         let pass = matches!(msg, SysMsg::Readonly { .. } | SysMsg::Exit { .. });
-        let env = Envelope { payload: Payload::local(msg), ..env };
+        let env = Envelope {
+            payload: Payload::local(msg),
+            ..env
+        };
         if pass {
             Some(env)
         } else {
@@ -657,7 +847,11 @@ impl Pe {
         if let Some(store) = self.stores.get_mut(&coll) {
             if store.has(key) {
                 if let Err(e) = store.deliver(key, env.payload, &mut self.ctx) {
-                    error!(pe = self.ctx.pe, "dropping message for {}[{key:#x}]: {e}", self.coll_name(coll));
+                    error!(
+                        pe = self.ctx.pe,
+                        "dropping message for {}[{key:#x}]: {e}",
+                        self.coll_name(coll)
+                    );
                 }
                 return;
             }
@@ -666,20 +860,38 @@ impl Pe {
         let home = self.ctx.home_of(coll, key).expect("collection is known");
         // The newest location known here: the home's table, or where the
         // element went when it last left this PE.
-        let known = match (self.ctx.homes.get(&(coll, key)), self.ctx.cache.get(&(coll, key))) {
+        let known = match (
+            self.ctx.homes.get(&(coll, key)),
+            self.ctx.cache.get(&(coll, key)),
+        ) {
             (Some(&h), Some(&c)) => Some(if c.1 > h.1 { c } else { h }),
             (h, c) => h.or(c).copied(),
         };
         let target = match known {
             Some((pe, hops)) if pe != me => {
                 if home == me && src != me && src != pe {
-                    self.ctx.send_sys(src, SysMsg::LocationHint { coll, key, pe, hops });
+                    self.ctx.send_sys(
+                        src,
+                        SysMsg::LocationHint {
+                            coll,
+                            key,
+                            pe,
+                            hops,
+                        },
+                    );
                 }
                 pe
             }
             // Not inserted yet (or gone): wait here, the home, for its insertion.
             _ if home == me => {
-                self.ctx.waiting.entry((coll, key)).or_default().push(Envelope { counted: false, ..env });
+                self.ctx
+                    .waiting
+                    .entry((coll, key))
+                    .or_default()
+                    .push(Envelope {
+                        counted: false,
+                        ..env
+                    });
                 return;
             }
             _ => home,
@@ -696,10 +908,18 @@ impl Pe {
         match self.stores.get_mut(&coll) {
             Some(store) if store.has(0) => {
                 if let Err(e) = store.deliver(0, env.payload, &mut self.ctx) {
-                    error!(pe = me, "dropping message for {}: {e}", self.coll_name(coll));
+                    error!(
+                        pe = me,
+                        "dropping message for {}: {e}",
+                        self.coll_name(coll)
+                    );
                 }
             }
-            _ => error!(pe = me, "dropping message for {}: it has no member on PE {me}", self.coll_name(coll)),
+            _ => error!(
+                pe = me,
+                "dropping message for {}: it has no member on PE {me}",
+                self.coll_name(coll)
+            ),
         }
     }
 
@@ -718,13 +938,22 @@ impl Pe {
         };
         for child in self.ctx.topo.children(self.ctx.pe) {
             let dest = Dest::Broadcast { coll, seq };
-            let copy = Envelope { prio: env.prio, dest, payload: env.payload.duplicate(), counted: true };
+            let copy = Envelope {
+                prio: env.prio,
+                dest,
+                payload: env.payload.duplicate(),
+                counted: true,
+            };
             self.ctx.send_env(child, copy);
         }
         if let Some(store) = self.stores.get_mut(&coll) {
             {
                 if let Err(e) = store.deliver_all(seq, env.payload, &mut self.ctx) {
-                    error!(pe = self.ctx.pe, "dropping broadcast to {}: {e}", self.coll_name(coll));
+                    error!(
+                        pe = self.ctx.pe,
+                        "dropping broadcast to {}: {e}",
+                        self.coll_name(coll)
+                    );
                 }
             }
         }
@@ -747,30 +976,85 @@ impl Pe {
         let me = self.ctx.pe;
         match msg {
             SysMsg::Create(spec) => self.create(spec),
-            SysMsg::InsertRequest { coll, key, init, on } => {
+            SysMsg::InsertRequest {
+                coll,
+                key,
+                init,
+                on,
+            } => {
                 let Some(pop) = self.ctx.populations.get_mut(&coll) else {
                     // The creation is still on its way to PE 0.
-                    let msg = SysMsg::InsertRequest { coll, key, init, on };
-                    self.ctx.hold_for_creation(coll, Envelope { prio: 0, dest: Dest::System, payload: Payload::local(msg), counted: false });
+                    let msg = SysMsg::InsertRequest {
+                        coll,
+                        key,
+                        init,
+                        on,
+                    };
+                    self.ctx.hold_for_creation(
+                        coll,
+                        Envelope {
+                            prio: 0,
+                            dest: Dest::System,
+                            payload: Payload::local(msg),
+                            counted: false,
+                        },
+                    );
                     return;
                 };
                 *pop.births.entry(pop.next_open).or_insert(0) += 1;
                 let red_start = pop.next_open;
-                let target = on.or_else(|| self.ctx.home_of(coll, key)).expect("collection is known on PE 0");
-                self.ctx.send_sys(target, SysMsg::Insert { coll, key, init, red_start });
+                let target = on
+                    .or_else(|| self.ctx.home_of(coll, key))
+                    .expect("collection is known on PE 0");
+                self.ctx.send_sys(
+                    target,
+                    SysMsg::Insert {
+                        coll,
+                        key,
+                        init,
+                        red_start,
+                    },
+                );
             }
-            SysMsg::Insert { coll, key, init, red_start } => {
+            SysMsg::Insert {
+                coll,
+                key,
+                init,
+                red_start,
+            } => {
                 let Some(store) = self.stores.get_mut(&coll) else {
                     // PE 0 sent this directly; the creation comes down the tree and may be later.
-                    let msg = SysMsg::Insert { coll, key, init, red_start };
-                    self.ctx.hold_for_creation(coll, Envelope { prio: 0, dest: Dest::System, payload: Payload::local(msg), counted: false });
+                    let msg = SysMsg::Insert {
+                        coll,
+                        key,
+                        init,
+                        red_start,
+                    };
+                    self.ctx.hold_for_creation(
+                        coll,
+                        Envelope {
+                            prio: 0,
+                            dest: Dest::System,
+                            payload: Payload::local(msg),
+                            counted: false,
+                        },
+                    );
                     return;
                 };
                 if let Err(e) = store.construct(key, &init, red_start, &mut self.ctx) {
-                    error!(pe = me, "insertion into {} failed: {e}", self.coll_name(coll));
+                    error!(
+                        pe = me,
+                        "insertion into {} failed: {e}",
+                        self.coll_name(coll)
+                    );
                 }
             }
-            SysMsg::HomeUpdate { coll, key, pe, hops } => {
+            SysMsg::HomeUpdate {
+                coll,
+                key,
+                pe,
+                hops,
+            } => {
                 let e = self.ctx.homes.entry((coll, key)).or_insert((pe, hops));
                 if hops >= e.1 {
                     *e = (pe, hops);
@@ -781,7 +1065,12 @@ impl Pe {
                     }
                 }
             }
-            SysMsg::LocationHint { coll, key, pe, hops } => {
+            SysMsg::LocationHint {
+                coll,
+                key,
+                pe,
+                hops,
+            } => {
                 if self.stores.get(&coll).is_none_or(|s| !s.has(key)) {
                     self.ctx.learn(coll, key, pe, hops);
                 }
@@ -803,7 +1092,11 @@ impl Pe {
                     self.qd_report();
                 }
             }
-            SysMsg::QdReport { wave, created, processed } => match &mut self.ctx.qd.current {
+            SysMsg::QdReport {
+                wave,
+                created,
+                processed,
+            } => match &mut self.ctx.qd.current {
                 Some((w, pending, c, p)) if *w == wave && *pending > 0 => {
                     *pending -= 1;
                     *c += created;
@@ -812,7 +1105,10 @@ impl Pe {
                         self.qd_report();
                     }
                 }
-                _ => warn!(pe = me, "ignoring a stray quiescence report for wave {wave}"),
+                _ => warn!(
+                    pe = me,
+                    "ignoring a stray quiescence report for wave {wave}"
+                ),
             },
             SysMsg::ExitRequest { code } => {
                 if !self.ctx.exiting {
@@ -823,19 +1119,46 @@ impl Pe {
                 self.ctx.exiting = true;
                 self.ctx.exit = Some(code);
             }
-            SysMsg::Migrate { coll, key, state, meta, lb_step } => {
+            SysMsg::Migrate {
+                coll,
+                key,
+                state,
+                meta,
+                lb_step,
+            } => {
                 let Some(store) = self.stores.get_mut(&coll) else {
-                    let msg = SysMsg::Migrate { coll, key, state, meta, lb_step };
-                    self.ctx.hold_for_creation(coll, Envelope { prio: 0, dest: Dest::System, payload: Payload::local(msg), counted: false });
+                    let msg = SysMsg::Migrate {
+                        coll,
+                        key,
+                        state,
+                        meta,
+                        lb_step,
+                    };
+                    self.ctx.hold_for_creation(
+                        coll,
+                        Envelope {
+                            prio: 0,
+                            dest: Dest::System,
+                            payload: Payload::local(msg),
+                            counted: false,
+                        },
+                    );
                     return;
                 };
                 if let Err(e) = store.unpack(key, &state, meta, &mut self.ctx) {
-                    error!(pe = me, "a migrated element of {} was lost: {e}", self.coll_name(coll));
+                    error!(
+                        pe = me,
+                        "a migrated element of {} was lost: {e}",
+                        self.coll_name(coll)
+                    );
                 }
                 if let Some(step) = lb_step {
                     let s = self.ctx.lb.entry(coll).or_default();
                     if s.step != step {
-                        *s = LbStep { step, ..LbStep::default() };
+                        *s = LbStep {
+                            step,
+                            ..LbStep::default()
+                        };
                     }
                     s.received += 1;
                     self.lb_check_done(coll);
@@ -845,7 +1168,13 @@ impl Pe {
                 Some(pop) => {
                     *pop.births.entry(next_red).or_insert(0) -= 1;
                     // Reductions waiting for the destroyed element may be complete now.
-                    let open: Vec<u32> = self.ctx.gathered.keys().filter(|(c, _)| *c == coll).map(|(_, n)| *n).collect();
+                    let open: Vec<u32> = self
+                        .ctx
+                        .gathered
+                        .keys()
+                        .filter(|(c, _)| *c == coll)
+                        .map(|(_, n)| *n)
+                        .collect();
                     for no in open {
                         self.complete_if_done(coll, no);
                     }
@@ -853,11 +1182,21 @@ impl Pe {
                 None => error!("destruction in unknown collection {coll:#x}"),
             },
             SysMsg::LbCollect { coll, step } => self.lb_collect(coll, step),
-            SysMsg::LbReport { coll, step, pe, objs } => self.lb_report(coll, step, pe, objs),
+            SysMsg::LbReport {
+                coll,
+                step,
+                pe,
+                objs,
+            } => self.lb_report(coll, step, pe, objs),
             SysMsg::LbPlan { coll, step, moves } => self.lb_apply(coll, step, moves),
             SysMsg::LbDone { coll, step, bytes } => self.lb_done(coll, step, bytes),
             SysMsg::LbResume { coll, step } => {
-                debug!(pe = me, step, "resuming {} after load balancing", self.coll_name(coll));
+                debug!(
+                    pe = me,
+                    step,
+                    "resuming {} after load balancing",
+                    self.coll_name(coll)
+                );
                 self.ctx.lb.remove(&coll);
                 if let Some(store) = self.stores.get_mut(&coll) {
                     store.resume_all(&mut self.ctx);
@@ -869,20 +1208,42 @@ impl Pe {
     fn create(&mut self, spec: CreateSpec) {
         let reg = self.ctx.node.registry.clone();
         let Some(entry) = reg.chares.get(&spec.type_id) else {
-            error!(pe = self.ctx.pe, "cannot create collection of unregistered chare type {:#x}", spec.type_id);
+            error!(
+                pe = self.ctx.pe,
+                "cannot create collection of unregistered chare type {:#x}", spec.type_id
+            );
             return;
         };
         let coll = spec.coll;
-        self.ctx.colls.insert(coll, CollInfo { shape: spec.shape.clone(), linear: entry.linear });
+        self.ctx.colls.insert(
+            coll,
+            CollInfo {
+                shape: spec.shape.clone(),
+                linear: entry.linear,
+            },
+        );
         let mut store = (entry.make)(coll);
         let topo = self.ctx.topo.clone();
         let me = self.ctx.pe;
         let (result, base) = match spec.shape {
-            Shape::Array { dims: Some(dims), count } => (store.construct_bulk(dims, count, &spec.init, &mut self.ctx), count),
+            Shape::Array {
+                dims: Some(dims),
+                count,
+            } => (
+                store.construct_bulk(dims, count, &spec.init, &mut self.ctx),
+                count,
+            ),
             Shape::Array { dims: None, .. } => (Ok(()), 0),
-            Shape::Group => (store.construct(0, &spec.init, 0, &mut self.ctx), topo.num_pes() as u64),
+            Shape::Group => (
+                store.construct(0, &spec.init, 0, &mut self.ctx),
+                topo.num_pes() as u64,
+            ),
             Shape::NodeGroup => {
-                let r = if topo.first_pe(topo.my_node()) == me { store.construct(0, &spec.init, 0, &mut self.ctx) } else { Ok(()) };
+                let r = if topo.first_pe(topo.my_node()) == me {
+                    store.construct(0, &spec.init, 0, &mut self.ctx)
+                } else {
+                    Ok(())
+                };
                 (r, topo.num_nodes() as u64)
             }
         };
@@ -891,7 +1252,15 @@ impl Pe {
         }
         self.stores.insert(coll, store);
         if me == 0 {
-            self.ctx.populations.insert(coll, Population { base, births: BTreeMap::new(), next_open: 0, done: BTreeMap::new() });
+            self.ctx.populations.insert(
+                coll,
+                Population {
+                    base,
+                    births: BTreeMap::new(),
+                    next_open: 0,
+                    done: BTreeMap::new(),
+                },
+            );
         }
         if let Some(held) = self.ctx.unknown.remove(&coll) {
             for env in held {
@@ -903,7 +1272,12 @@ impl Pe {
     fn adopt_readonly(&mut self, entries: Vec<(u64, Vec<u8>)>) {
         if self.ctx.pe != 0 {
             let reg = self.ctx.node.registry.clone();
-            let mut table = self.ctx.node.readonly.lock().expect("readonly table poisoned");
+            let mut table = self
+                .ctx
+                .node
+                .readonly
+                .lock()
+                .expect("readonly table poisoned");
             for (id, bytes) in entries {
                 let Some(entry) = reg.readonlies.get(&id) else {
                     error!("readonly with id {id:#x} is not registered on this node; ignoring it");
@@ -937,12 +1311,31 @@ impl Pe {
         }
         for d in std::mem::take(&mut self.ctx.departures) {
             match d {
-                Departure::Moved { coll, key, to, state, meta } => {
+                Departure::Moved {
+                    coll,
+                    key,
+                    to,
+                    state,
+                    meta,
+                } => {
                     self.ctx.learn(coll, key, to, meta.hops);
-                    self.ctx.send_sys(to, SysMsg::Migrate { coll, key, state, meta, lb_step: None });
+                    self.ctx.send_sys(
+                        to,
+                        SysMsg::Migrate {
+                            coll,
+                            key,
+                            state,
+                            meta,
+                            lb_step: None,
+                        },
+                    );
                     self.recheck_partials(coll);
                 }
-                Departure::Destroyed { coll, key, next_red } => {
+                Departure::Destroyed {
+                    coll,
+                    key,
+                    next_red,
+                } => {
                     self.ctx.cache.remove(&(coll, key));
                     self.ctx.send_sys(0, SysMsg::Death { coll, next_red });
                     self.recheck_partials(coll);
@@ -956,7 +1349,13 @@ impl Pe {
         if self.ctx.pe == 0 {
             return;
         }
-        let waiting: Vec<u32> = self.ctx.gathered.keys().filter(|(c, _)| *c == coll).map(|(_, n)| *n).collect();
+        let waiting: Vec<u32> = self
+            .ctx
+            .gathered
+            .keys()
+            .filter(|(c, _)| *c == coll)
+            .map(|(_, n)| *n)
+            .collect();
         for no in waiting {
             if self.stores.get(&coll).is_none_or(|s| s.all_contributed(no)) {
                 self.flush_partial(coll, no);
@@ -978,7 +1377,10 @@ impl Pe {
         });
         g.count += p.count;
         if g.reducer != p.reducer {
-            error!("reduction {} of collection {:#x} mixes reducers {:?} and {:?}", p.no, p.coll, g.reducer, p.reducer);
+            error!(
+                "reduction {} of collection {:#x} mixes reducers {:?} and {:?}",
+                p.no, p.coll, g.reducer, p.reducer
+            );
             g.failed = true;
         }
         g.value = match g.value.take() {
@@ -996,17 +1398,36 @@ impl Pe {
             self.complete_if_done(p.coll, p.no);
             return;
         }
-        let local_done = self.stores.get(&p.coll).is_none_or(|s| s.all_contributed(p.no));
+        let local_done = self
+            .stores
+            .get(&p.coll)
+            .is_none_or(|s| s.all_contributed(p.no));
         if local_done {
             self.flush_partial(p.coll, p.no);
         }
     }
 
     fn flush_partial(&mut self, coll: CollId, no: u32) {
-        let Some(g) = self.ctx.gathered.remove(&(coll, no)) else { return };
-        let parent = self.ctx.topo.parent(self.ctx.pe).expect("only PE 0 has no parent");
+        let Some(g) = self.ctx.gathered.remove(&(coll, no)) else {
+            return;
+        };
+        let parent = self
+            .ctx
+            .topo
+            .parent(self.ctx.pe)
+            .expect("only PE 0 has no parent");
         let value = g.value.unwrap_or(Value::Unit);
-        self.ctx.send_sys(parent, SysMsg::Reduce(Partial { coll, no, value, count: g.count, reducer: g.reducer, callback: g.callback }));
+        self.ctx.send_sys(
+            parent,
+            SysMsg::Reduce(Partial {
+                coll,
+                no,
+                value,
+                count: g.count,
+                reducer: g.reducer,
+                callback: g.callback,
+            }),
+        );
     }
 
     fn complete_if_done(&mut self, coll: CollId, no: u32) {
@@ -1015,7 +1436,9 @@ impl Pe {
             return;
         };
         let expected = pop.expected(no);
-        let Some(g) = self.ctx.gathered.get(&(coll, no)) else { return };
+        let Some(g) = self.ctx.gathered.get(&(coll, no)) else {
+            return;
+        };
         if g.count < expected {
             return;
         }
@@ -1025,9 +1448,19 @@ impl Pe {
         let g = self.ctx.gathered.remove(&(coll, no)).expect("present");
         if g.failed {
             error!("reduction {no} of collection {coll:#x} is not delivered: its contributions did not combine");
-            pop.done.insert(no, (Value::Unit, CallbackSpec { target: Target::Ignore, prefix: vec![] }));
+            pop.done.insert(
+                no,
+                (
+                    Value::Unit,
+                    CallbackSpec {
+                        target: Target::Ignore,
+                        prefix: vec![],
+                    },
+                ),
+            );
         } else {
-            pop.done.insert(no, (g.value.unwrap_or(Value::Unit), g.callback));
+            pop.done
+                .insert(no, (g.value.unwrap_or(Value::Unit), g.callback));
         }
         let mut ready = Vec::new();
         while let Some((v, cb)) = pop.done.remove(&pop.next_open) {
@@ -1046,11 +1479,20 @@ impl Pe {
     }
 
     fn qd_report(&mut self) {
-        let Some((wave, _, c, p)) = self.ctx.qd.current.take() else { return };
+        let Some((wave, _, c, p)) = self.ctx.qd.current.take() else {
+            return;
+        };
         let created = c + self.ctx.created;
         let processed = p + self.ctx.processed;
         match self.ctx.topo.parent(self.ctx.pe) {
-            Some(parent) => self.ctx.send_sys(parent, SysMsg::QdReport { wave, created, processed }),
+            Some(parent) => self.ctx.send_sys(
+                parent,
+                SysMsg::QdReport {
+                    wave,
+                    created,
+                    processed,
+                },
+            ),
             None => {
                 // Root: quiescent when two consecutive waves saw the same, balanced counts.
                 let now = (created, processed);

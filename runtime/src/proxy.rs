@@ -36,7 +36,10 @@ macro_rules! proxy_common {
         }
         impl<C: Chare> $name<C> {
             pub(crate) fn from_id(coll: CollId) -> Self {
-                $name { coll, _c: PhantomData }
+                $name {
+                    coll,
+                    _c: PhantomData,
+                }
             }
             /// The collection's job-wide id.
             pub fn id(&self) -> CollId {
@@ -67,13 +70,19 @@ impl<C: Chare> ArrayProxy<C> {
     where
         C::Index: BulkIndex,
     {
-        let shape = Shape::Array { dims: Some(dims.to_key()), count: C::Index::count(&dims) };
+        let shape = Shape::Array {
+            dims: Some(dims.to_key()),
+            count: C::Index::count(&dims),
+        };
         Self::from_id(ctx.create_collection(fnv1a(C::NAME.as_bytes()), shape, encode(&init)))
     }
 
     /// Creates an empty array that grows with [`ArrayProxy::insert`].
     pub fn create_empty(ctx: &mut PeCtx) -> Self {
-        let shape = Shape::Array { dims: None, count: 0 };
+        let shape = Shape::Array {
+            dims: None,
+            count: 0,
+        };
         Self::from_id(ctx.create_collection(fnv1a(C::NAME.as_bytes()), shape, Vec::new()))
     }
 
@@ -90,7 +99,10 @@ impl<C: Chare> ArrayProxy<C> {
 
     /// The proxy of one element.
     pub fn elem(&self, index: C::Index) -> ElementProxy<C> {
-        ElementProxy { coll: self.coll, index }
+        ElementProxy {
+            coll: self.coll,
+            index,
+        }
     }
 
     /// Sends `msg` to every element.
@@ -176,7 +188,11 @@ proxy_common!(NodeGroupProxy);
 impl<C: Chare<Index = ()>> NodeGroupProxy<C> {
     /// Creates the nodegroup; every node constructs its member from a copy of `init`.
     pub fn create(ctx: &mut PeCtx, init: C::Init) -> Self {
-        Self::from_id(ctx.create_collection(fnv1a(C::NAME.as_bytes()), Shape::NodeGroup, encode(&init)))
+        Self::from_id(ctx.create_collection(
+            fnv1a(C::NAME.as_bytes()),
+            Shape::NodeGroup,
+            encode(&init),
+        ))
     }
 
     /// Sends `msg` to the member of node `node`.
@@ -193,5 +209,8 @@ impl<C: Chare<Index = ()>> NodeGroupProxy<C> {
 
 /// The main chare, as an element proxy (it lives on PE 0).
 pub fn main_chare<M: Chare<Index = ()>>() -> ElementProxy<M> {
-    ElementProxy { coll: crate::msg::MAIN_COLL, index: () }
+    ElementProxy {
+        coll: crate::msg::MAIN_COLL,
+        index: (),
+    }
 }

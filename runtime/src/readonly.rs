@@ -30,7 +30,11 @@ pub struct Readonly<T> {
 impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Readonly<T> {
     /// Declares a readonly named `name` (the name is its identity on the wire).
     pub const fn new(name: &'static str) -> Self {
-        Readonly { name, id: fnv1a(name.as_bytes()), _t: PhantomData }
+        Readonly {
+            name,
+            id: fnv1a(name.as_bytes()),
+            _t: PhantomData,
+        }
     }
 
     /// The stable name.
@@ -58,7 +62,12 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Readonly<T> {
     pub fn get<'a>(&self, ctx: &'a PeCtx) -> &'a T {
         ctx.readonly_value(self.id)
             .and_then(|v| v.downcast_ref::<T>())
-            .unwrap_or_else(|| panic!("readonly `{}` was not registered or not set by main", self.name))
+            .unwrap_or_else(|| {
+                panic!(
+                    "readonly `{}` was not registered or not set by main",
+                    self.name
+                )
+            })
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Arc<dyn Any + Send + Sync>, postcard::Error> {
@@ -66,7 +75,9 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Readonly<T> {
     }
 
     pub(crate) fn encode(v: &(dyn Any + Send + Sync)) -> Vec<u8> {
-        let v = v.downcast_ref::<T>().expect("readonly table holds the registered type");
+        let v = v
+            .downcast_ref::<T>()
+            .expect("readonly table holds the registered type");
         postcard::to_allocvec(v).expect("encoding into a Vec cannot fail")
     }
 }

@@ -226,12 +226,19 @@ fn scalar<T: Num>(a: T, b: T, op: Reducer, kind: &'static str) -> Result<T, Redu
                 a
             }
         }
-        Reducer::And | Reducer::Or | Reducer::Xor => a.bits(b, op).ok_or(ReduceError::Unsupported(op, kind))?,
+        Reducer::And | Reducer::Or | Reducer::Xor => {
+            a.bits(b, op).ok_or(ReduceError::Unsupported(op, kind))?
+        }
         Reducer::Custom(_) => return Err(ReduceError::Unsupported(op, kind)),
     })
 }
 
-fn vector<T: Num>(mut a: Vec<T>, b: Vec<T>, op: Reducer, kind: &'static str) -> Result<Vec<T>, ReduceError> {
+fn vector<T: Num>(
+    mut a: Vec<T>,
+    b: Vec<T>,
+    op: Reducer,
+    kind: &'static str,
+) -> Result<Vec<T>, ReduceError> {
     if a.len() != b.len() {
         return Err(ReduceError::Length(a.len(), b.len()));
     }
@@ -282,7 +289,10 @@ mod tests {
 
     fn fold(vals: &[Value], op: Reducer) -> Value {
         let reg = Registry::new();
-        vals.iter().cloned().reduce(|a, b| combine(a, b, op, &reg).unwrap()).unwrap()
+        vals.iter()
+            .cloned()
+            .reduce(|a, b| combine(a, b, op, &reg).unwrap())
+            .unwrap()
     }
 
     proptest! {
@@ -311,25 +321,68 @@ mod tests {
     #[test]
     fn wrapping_sum_and_errors() {
         let reg = Registry::new();
-        assert_eq!(combine(Value::U64(u64::MAX), Value::U64(2), Reducer::Sum, &reg), Ok(Value::U64(1)));
-        assert_eq!(combine(Value::F64(1.0), Value::F64(2.5), Reducer::Sum, &reg), Ok(Value::F64(3.5)));
-        assert_eq!(combine(Value::Bool(true), Value::Bool(false), Reducer::And, &reg), Ok(Value::Bool(false)));
-        assert!(matches!(combine(Value::F64(1.0), Value::F64(2.0), Reducer::Xor, &reg), Err(ReduceError::Unsupported(..))));
-        assert!(matches!(combine(Value::F64(1.0), Value::I64(2), Reducer::Sum, &reg), Err(ReduceError::Mismatch(..))));
-        assert!(matches!(combine(Value::VI32(vec![1]), Value::VI32(vec![1, 2]), Reducer::Sum, &reg), Err(ReduceError::Length(1, 2))));
-        assert!(matches!(combine(Value::Bytes(vec![]), Value::Bytes(vec![]), Reducer::custom("nope"), &reg), Err(ReduceError::UnknownCustom(_))));
+        assert_eq!(
+            combine(Value::U64(u64::MAX), Value::U64(2), Reducer::Sum, &reg),
+            Ok(Value::U64(1))
+        );
+        assert_eq!(
+            combine(Value::F64(1.0), Value::F64(2.5), Reducer::Sum, &reg),
+            Ok(Value::F64(3.5))
+        );
+        assert_eq!(
+            combine(Value::Bool(true), Value::Bool(false), Reducer::And, &reg),
+            Ok(Value::Bool(false))
+        );
+        assert!(matches!(
+            combine(Value::F64(1.0), Value::F64(2.0), Reducer::Xor, &reg),
+            Err(ReduceError::Unsupported(..))
+        ));
+        assert!(matches!(
+            combine(Value::F64(1.0), Value::I64(2), Reducer::Sum, &reg),
+            Err(ReduceError::Mismatch(..))
+        ));
+        assert!(matches!(
+            combine(
+                Value::VI32(vec![1]),
+                Value::VI32(vec![1, 2]),
+                Reducer::Sum,
+                &reg
+            ),
+            Err(ReduceError::Length(1, 2))
+        ));
+        assert!(matches!(
+            combine(
+                Value::Bytes(vec![]),
+                Value::Bytes(vec![]),
+                Reducer::custom("nope"),
+                &reg
+            ),
+            Err(ReduceError::UnknownCustom(_))
+        ));
     }
 
     #[test]
     fn max_ignores_nan_unless_alone() {
         let reg = Registry::new();
-        assert_eq!(combine(Value::F64(f64::NAN), Value::F64(1.0), Reducer::Max, &reg), Ok(Value::F64(1.0)));
-        assert_eq!(combine(Value::F64(1.0), Value::F64(f64::NAN), Reducer::Max, &reg), Ok(Value::F64(1.0)));
+        assert_eq!(
+            combine(Value::F64(f64::NAN), Value::F64(1.0), Reducer::Max, &reg),
+            Ok(Value::F64(1.0))
+        );
+        assert_eq!(
+            combine(Value::F64(1.0), Value::F64(f64::NAN), Reducer::Max, &reg),
+            Ok(Value::F64(1.0))
+        );
     }
 
     #[test]
     fn payload_matches_postcard_of_the_rust_value() {
-        assert_eq!(Value::F64(2.5).encode_payload(), postcard::to_allocvec(&2.5f64).unwrap());
-        assert_eq!(Value::VU64(vec![1, 300]).encode_payload(), postcard::to_allocvec(&vec![1u64, 300]).unwrap());
+        assert_eq!(
+            Value::F64(2.5).encode_payload(),
+            postcard::to_allocvec(&2.5f64).unwrap()
+        );
+        assert_eq!(
+            Value::VU64(vec![1, 300]).encode_payload(),
+            postcard::to_allocvec(&vec![1u64, 300]).unwrap()
+        );
     }
 }

@@ -56,7 +56,9 @@ pub(crate) struct ReadonlyEntry {
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// Two registrations hash to the same id (same name, or an FNV collision).
-    #[error("{kind} `{name}` collides with `{other}` (same stable id {id:#018x}); give it another name")]
+    #[error(
+        "{kind} `{name}` collides with `{other}` (same stable id {id:#018x}); give it another name"
+    )]
     Collision {
         /// What was registered.
         kind: &'static str,
@@ -97,9 +99,22 @@ impl Registry {
         );
         match self.chares.get(&id) {
             Some(e) if e.signature == signature => {}
-            Some(e) => self.errors.push(RegistryError::Collision { kind: "chare", name: C::NAME, other: e.name, id }),
+            Some(e) => self.errors.push(RegistryError::Collision {
+                kind: "chare",
+                name: C::NAME,
+                other: e.name,
+                id,
+            }),
             None => {
-                self.chares.insert(id, ChareEntry { name: C::NAME, make: make_store::<C>, linear: linear_of::<C::Index>, signature });
+                self.chares.insert(
+                    id,
+                    ChareEntry {
+                        name: C::NAME,
+                        make: make_store::<C>,
+                        linear: linear_of::<C::Index>,
+                        signature,
+                    },
+                );
             }
         }
         self
@@ -114,15 +129,28 @@ impl Registry {
     }
 
     /// Registers a readonly global.
-    pub fn readonly<T: Serialize + DeserializeOwned + Send + Sync + 'static>(&mut self, ro: &'static Readonly<T>) -> &mut Self {
+    pub fn readonly<T: Serialize + DeserializeOwned + Send + Sync + 'static>(
+        &mut self,
+        ro: &'static Readonly<T>,
+    ) -> &mut Self {
         let signature = format!("readonly {} type={}", ro.name(), std::any::type_name::<T>());
         match self.readonlies.get(&ro.id()) {
             Some(e) if e.signature == signature => {}
-            Some(e) => self.errors.push(RegistryError::Collision { kind: "readonly", name: ro.name(), other: e.name, id: ro.id() }),
+            Some(e) => self.errors.push(RegistryError::Collision {
+                kind: "readonly",
+                name: ro.name(),
+                other: e.name,
+                id: ro.id(),
+            }),
             None => {
                 self.readonlies.insert(
                     ro.id(),
-                    ReadonlyEntry { name: ro.name(), decode: Readonly::<T>::decode, encode: Readonly::<T>::encode, signature },
+                    ReadonlyEntry {
+                        name: ro.name(),
+                        decode: Readonly::<T>::decode,
+                        encode: Readonly::<T>::encode,
+                        signature,
+                    },
                 );
             }
         }
@@ -140,21 +168,37 @@ impl Registry {
         let signature = format!("reducer {name} type={}", std::any::type_name::<T>());
         if let Some((other, sig, _)) = self.customs.get(&id) {
             if *sig != signature {
-                self.errors.push(RegistryError::Collision { kind: "reducer", name, other, id });
+                self.errors.push(RegistryError::Collision {
+                    kind: "reducer",
+                    name,
+                    other,
+                    id,
+                });
             }
             return self;
         }
         let f: CustomFn = Box::new(move |a, b| {
-            let a: T = postcard::from_bytes(a).map_err(|e| ReduceError::Custom(format!("{name}: {e}")))?;
-            let b: T = postcard::from_bytes(b).map_err(|e| ReduceError::Custom(format!("{name}: {e}")))?;
-            postcard::to_allocvec(&combine(a, b)).map_err(|e| ReduceError::Custom(format!("{name}: {e}")))
+            let a: T =
+                postcard::from_bytes(a).map_err(|e| ReduceError::Custom(format!("{name}: {e}")))?;
+            let b: T =
+                postcard::from_bytes(b).map_err(|e| ReduceError::Custom(format!("{name}: {e}")))?;
+            postcard::to_allocvec(&combine(a, b))
+                .map_err(|e| ReduceError::Custom(format!("{name}: {e}")))
         });
         self.customs.insert(id, (name, signature, f));
         self
     }
 
-    pub(crate) fn custom_reduce(&self, id: u64, a: &[u8], b: &[u8]) -> Result<Vec<u8>, ReduceError> {
-        let (_, _, f) = self.customs.get(&id).ok_or(ReduceError::UnknownCustom(id))?;
+    pub(crate) fn custom_reduce(
+        &self,
+        id: u64,
+        a: &[u8],
+        b: &[u8],
+    ) -> Result<Vec<u8>, ReduceError> {
+        let (_, _, f) = self
+            .customs
+            .get(&id)
+            .ok_or(ReduceError::UnknownCustom(id))?;
         f(a, b)
     }
 
@@ -206,6 +250,14 @@ mod tests {
         let mut b = Registry::new();
         b.reducer::<i64>("r", |x, y| x + y);
         assert_ne!(fa, b.fingerprint());
-        assert_eq!(a.custom_reduce(fnv1a(b"r"), &postcard::to_allocvec(&2u64).unwrap(), &postcard::to_allocvec(&3u64).unwrap()).unwrap(), postcard::to_allocvec(&5u64).unwrap());
+        assert_eq!(
+            a.custom_reduce(
+                fnv1a(b"r"),
+                &postcard::to_allocvec(&2u64).unwrap(),
+                &postcard::to_allocvec(&3u64).unwrap()
+            )
+            .unwrap(),
+            postcard::to_allocvec(&5u64).unwrap()
+        );
     }
 }

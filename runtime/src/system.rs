@@ -8,9 +8,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::callback::CallbackSpec;
+use crate::chare::IndexKey;
 use crate::collection::ElemMeta;
 use crate::lb::stats::{ObjStat, PeStat};
-use crate::chare::IndexKey;
 use crate::msg::CollId;
 use crate::reduce::{Reducer, Value};
 use crate::topo::Pe;
@@ -59,13 +59,33 @@ pub(crate) enum SysMsg {
     /// Tree broadcast: create a collection's local members.
     Create(CreateSpec),
     /// To PE 0: register one more element, then forward the insertion.
-    InsertRequest { coll: CollId, key: IndexKey, init: Vec<u8>, on: Option<Pe> },
+    InsertRequest {
+        coll: CollId,
+        key: IndexKey,
+        init: Vec<u8>,
+        on: Option<Pe>,
+    },
     /// To the element's PE: construct it; it joins reductions from `red_start` on.
-    Insert { coll: CollId, key: IndexKey, init: Vec<u8>, red_start: u32 },
+    Insert {
+        coll: CollId,
+        key: IndexKey,
+        init: Vec<u8>,
+        red_start: u32,
+    },
     /// To an element's home PE: the element now lives on `pe`, after `hops` moves.
-    HomeUpdate { coll: CollId, key: IndexKey, pe: Pe, hops: u64 },
+    HomeUpdate {
+        coll: CollId,
+        key: IndexKey,
+        pe: Pe,
+        hops: u64,
+    },
     /// To a sender whose message was forwarded: the element's PE, after `hops` moves.
-    LocationHint { coll: CollId, key: IndexKey, pe: Pe, hops: u64 },
+    LocationHint {
+        coll: CollId,
+        key: IndexKey,
+        pe: Pe,
+        hops: u64,
+    },
     /// Tree broadcast from PE 0: readonly values, `(id, postcard bytes)`.
     Readonly { entries: Vec<(u64, Vec<u8>)> },
     /// Up the spanning tree.
@@ -75,21 +95,40 @@ pub(crate) enum SysMsg {
     /// Tree broadcast: report your message counters for wave `wave`.
     QdWave { wave: u64 },
     /// Up the tree: counters of a subtree for `wave`.
-    QdReport { wave: u64, created: u64, processed: u64 },
+    QdReport {
+        wave: u64,
+        created: u64,
+        processed: u64,
+    },
     /// To PE 0: end the job with `code`.
     ExitRequest { code: i32 },
     /// Tree broadcast: stop every PE; the job's exit code is `code`.
     Exit { code: i32 },
     /// An element moving in; `lb_step` when a load-balancing plan moved it.
-    Migrate { coll: CollId, key: IndexKey, state: Vec<u8>, meta: ElemMeta, lb_step: Option<u64> },
+    Migrate {
+        coll: CollId,
+        key: IndexKey,
+        state: Vec<u8>,
+        meta: ElemMeta,
+        lb_step: Option<u64>,
+    },
     /// To PE 0: an element was destroyed; it owed reductions from `next_red` on.
     Death { coll: CollId, next_red: u32 },
     /// Tree broadcast: every element of `coll` is at sync; report statistics.
     LbCollect { coll: CollId, step: u64 },
     /// To PE 0: one PE's statistics for step `step`.
-    LbReport { coll: CollId, step: u64, pe: PeStat, objs: Vec<ObjStat> },
+    LbReport {
+        coll: CollId,
+        step: u64,
+        pe: PeStat,
+        objs: Vec<ObjStat>,
+    },
     /// Tree broadcast: the plan, as `(element, from, to)` moves.
-    LbPlan { coll: CollId, step: u64, moves: Vec<(IndexKey, Pe, Pe)> },
+    LbPlan {
+        coll: CollId,
+        step: u64,
+        moves: Vec<(IndexKey, Pe, Pe)>,
+    },
     /// To PE 0: this PE sent and received every move of the plan (`bytes` sent).
     LbDone { coll: CollId, step: u64, bytes: u64 },
     /// Tree broadcast: call `resume_from_sync` on every element.
@@ -100,7 +139,13 @@ impl SysMsg {
     /// Runtime bookkeeping is invisible to quiescence detection; insertions and
     /// creations are application activity.
     pub(crate) fn counts_for_qd(&self) -> bool {
-        matches!(self, SysMsg::Create(_) | SysMsg::InsertRequest { .. } | SysMsg::Insert { .. } | SysMsg::Migrate { .. })
+        matches!(
+            self,
+            SysMsg::Create(_)
+                | SysMsg::InsertRequest { .. }
+                | SysMsg::Insert { .. }
+                | SysMsg::Migrate { .. }
+        )
     }
 
     /// Whether the message is forwarded down the spanning tree before it is handled.

@@ -33,7 +33,11 @@ impl Topology {
     /// If `my_node` is not in the view or a member has zero PEs: both are
     /// coordinator invariants, checked before a view is ever handed out.
     pub fn new(view: &View, my_node: NodeId) -> Self {
-        assert!((my_node as usize) < view.members.len(), "node {my_node} is not in view epoch {}", view.epoch);
+        assert!(
+            (my_node as usize) < view.members.len(),
+            "node {my_node} is not in view epoch {}",
+            view.epoch
+        );
         let mut first_pe = Vec::with_capacity(view.members.len() + 1);
         let mut next = 0u32;
         for m in &view.members {
@@ -42,13 +46,23 @@ impl Topology {
             next += m.pes;
         }
         first_pe.push(next);
-        Topology { epoch: view.epoch, my_node, first_pe, uids: view.members.iter().map(|m| m.uid).collect() }
+        Topology {
+            epoch: view.epoch,
+            my_node,
+            first_pe,
+            uids: view.members.iter().map(|m| m.uid).collect(),
+        }
     }
 
     /// A single-node topology with `pes` PEs, for programs started without a coordinator.
     pub fn standalone(pes: u32) -> Self {
         assert!(pes > 0, "a node needs at least one PE");
-        Topology { epoch: 1, my_node: 0, first_pe: vec![0, pes], uids: vec![0] }
+        Topology {
+            epoch: 1,
+            my_node: 0,
+            first_pe: vec![0, pes],
+            uids: vec![0],
+        }
     }
 
     /// The view epoch this topology was derived from.
@@ -170,7 +184,14 @@ mod tests {
             members: pes
                 .iter()
                 .enumerate()
-                .map(|(i, &p)| Member { node: i as u32, uid: 100 + i as u64, address: vec![], pes: p, host: "h".into(), pid: 1 })
+                .map(|(i, &p)| Member {
+                    node: i as u32,
+                    uid: 100 + i as u64,
+                    address: vec![],
+                    pes: p,
+                    host: "h".into(),
+                    pid: 1,
+                })
                 .collect(),
         }
     }

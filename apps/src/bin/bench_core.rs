@@ -73,8 +73,12 @@ impl Opts {
     fn parse(a: &[String]) -> Result<Opts, String> {
         let mut i = 0;
         while i < a.len() {
-            let name = a[i].strip_prefix("--").ok_or_else(|| format!("unexpected argument `{}`", a[i]))?;
-            let (name, inline) = name.split_once('=').map_or((name, false), |(n, _)| (n, true));
+            let name = a[i]
+                .strip_prefix("--")
+                .ok_or_else(|| format!("unexpected argument `{}`", a[i]))?;
+            let (name, inline) = name
+                .split_once('=')
+                .map_or((name, false), |(n, _)| (n, true));
             if VALUED.contains(&name) {
                 i += if inline { 1 } else { 2 };
             } else if FLAGS.contains(&name) && !inline {
@@ -132,7 +136,11 @@ fn stats(samples: &[f64]) -> Stats {
     } else {
         (s[n / 2 - 1] + s[n / 2]) / 2.0
     };
-    Stats { median, min: s.first().copied().unwrap_or(f64::NAN), max: s.last().copied().unwrap_or(f64::NAN) }
+    Stats {
+        median,
+        min: s.first().copied().unwrap_or(f64::NAN),
+        max: s.last().copied().unwrap_or(f64::NAN),
+    }
 }
 
 fn stats_json(samples: &[f64]) -> Value {
@@ -162,13 +170,25 @@ fn tail(text: &str, lines: usize) -> String {
 impl Env {
     /// Runs `program args` as a job of `nodes x pes` under the launcher, with a
     /// wall-clock limit; a failure is an error carrying the child's output tails.
-    fn run(&mut self, tag: &str, nodes: u32, pes: u32, program: &Path, prog_args: &[String]) -> Result<ChildOut> {
+    fn run(
+        &mut self,
+        tag: &str,
+        nodes: u32,
+        pes: u32,
+        program: &Path,
+        prog_args: &[String],
+    ) -> Result<ChildOut> {
         self.runs += 1;
         let job = format!("bench-core-{}-{tag}-{}", std::process::id(), self.runs);
         let state_dir = self.state_base.join(&job);
         let mut cmd = Command::new(&self.ductile);
         cmd.arg("run")
-            .args(["--nodes", &nodes.to_string(), "--pes-per-node", &pes.to_string()])
+            .args([
+                "--nodes",
+                &nodes.to_string(),
+                "--pes-per-node",
+                &pes.to_string(),
+            ])
             .args(["--job", &job])
             .arg("--state-dir")
             .arg(&state_dir)
@@ -180,7 +200,9 @@ impl Env {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let shown = format!("{cmd:?}");
-        let mut child = cmd.spawn().with_context(|| format!("cannot start {}", self.ductile.display()))?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.ductile.display()))?;
         let mut out_pipe = child.stdout.take().expect("piped stdout");
         let mut err_pipe = child.stderr.take().expect("piped stderr");
         let out_reader = std::thread::spawn(move || {
@@ -213,7 +235,10 @@ impl Env {
             other => {
                 let why = match other {
                     Some(st) => format!("exited with {st}"),
-                    None => format!("did not finish within {} s and was killed", self.timeout_s + 30),
+                    None => format!(
+                        "did not finish within {} s and was killed",
+                        self.timeout_s + 30
+                    ),
                 };
                 Err(anyhow!(
                     "child run `{tag}` {why}\n  command: {shown}\n  --- stderr (tail) ---\n{}\n  --- stdout (tail) ---\n{}",
@@ -227,12 +252,14 @@ impl Env {
 
 /// `key=value` fields of a line.
 fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace().find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
 }
 
 fn num(line: &str, key: &str) -> Result<f64> {
     let v = field(line, key).ok_or_else(|| anyhow!("no `{key}=` in `{line}`"))?;
-    v.parse().map_err(|_| anyhow!("bad `{key}={v}` in `{line}`"))
+    v.parse()
+        .map_err(|_| anyhow!("bad `{key}={v}` in `{line}`"))
 }
 
 // ---------------------------------------------------------------- pingpong
@@ -243,29 +270,68 @@ struct Layout {
     pes: u32,
 }
 
-const LAYOUTS: &[Layout] =
-    &[Layout { name: "same-node", nodes: 1, pes: 2 }, Layout { name: "cross-node", nodes: 2, pes: 1 }];
+const LAYOUTS: &[Layout] = &[
+    Layout {
+        name: "same-node",
+        nodes: 1,
+        pes: 2,
+    },
+    Layout {
+        name: "cross-node",
+        nodes: 2,
+        pes: 1,
+    },
+];
 
 /// Per layout, per size: (oneway_us samples, MB/s samples, iters samples).
 type PingSamples = Vec<Vec<(Vec<f64>, Vec<f64>, Vec<f64>)>>;
 
 fn run_pingpong(env: &mut Env, bin: &Path, o: &Opts, sizes: &[usize]) -> Result<PingSamples> {
-    let mut samples: PingSamples = LAYOUTS.iter().map(|_| sizes.iter().map(|_| Default::default()).collect()).collect();
-    let size_list = sizes.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let mut samples: PingSamples = LAYOUTS
+        .iter()
+        .map(|_| sizes.iter().map(|_| Default::default()).collect())
+        .collect();
+    let size_list = sizes
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
     let min_iters = if o.quick { "10" } else { "20" };
-    let prog_args: Vec<String> =
-        ["--sizes", &size_list, "--min-iters", min_iters, "--budget-ms", &o.budget_ms.to_string()].map(String::from).into();
+    let prog_args: Vec<String> = [
+        "--sizes",
+        &size_list,
+        "--min-iters",
+        min_iters,
+        "--budget-ms",
+        &o.budget_ms.to_string(),
+    ]
+    .map(String::from)
+    .into();
     // Reps outermost, so drift on a shared machine spreads over every layout.
     for rep in 0..o.reps {
         for (li, l) in LAYOUTS.iter().enumerate() {
             eprintln!("bench_core: pingpong {} rep {}/{}", l.name, rep + 1, o.reps);
-            let out = env.run(&format!("pingpong-{}", l.name), l.nodes, l.pes, bin, &prog_args)?;
+            let out = env.run(
+                &format!("pingpong-{}", l.name),
+                l.nodes,
+                l.pes,
+                bin,
+                &prog_args,
+            )?;
             for (si, &size) in sizes.iter().enumerate() {
                 let line = out
                     .stdout
                     .lines()
-                    .find(|ln| ln.starts_with("pingpong ") && field(ln, "size") == Some(&size.to_string()))
-                    .ok_or_else(|| anyhow!("pingpong {} printed no line for size {size}:\n{}", l.name, tail(&out.stdout, 10)))?;
+                    .find(|ln| {
+                        ln.starts_with("pingpong ") && field(ln, "size") == Some(&size.to_string())
+                    })
+                    .ok_or_else(|| {
+                        anyhow!(
+                            "pingpong {} printed no line for size {size}:\n{}",
+                            l.name,
+                            tail(&out.stdout, 10)
+                        )
+                    })?;
                 let s = &mut samples[li][si];
                 s.0.push(num(line, "oneway_us")?);
                 s.1.push(num(line, "bandwidth_MBps")?);
@@ -306,13 +372,23 @@ fn jacobi_configs(grid: u32) -> Vec<JacobiCfg> {
     for &pes in JACOBI_PES {
         for &b in BLOCKS_PER_PE {
             let (rows, cols) = decompose(pes * b);
-            v.push(JacobiCfg { pes, blocks_per_pe: b, bx: grid.div_ceil(cols), by: grid.div_ceil(rows) });
+            v.push(JacobiCfg {
+                pes,
+                blocks_per_pe: b,
+                bx: grid.div_ceil(cols),
+                by: grid.div_ceil(rows),
+            });
         }
     }
     v
 }
 
-fn run_jacobi(env: &mut Env, bin: &Path, o: &Opts, cfgs: &[JacobiCfg]) -> Result<Vec<Vec<JacobiSample>>> {
+fn run_jacobi(
+    env: &mut Env,
+    bin: &Path,
+    o: &Opts,
+    cfgs: &[JacobiCfg],
+) -> Result<Vec<Vec<JacobiSample>>> {
     let mut samples: Vec<Vec<JacobiSample>> = cfgs.iter().map(|_| Vec::new()).collect();
     for rep in 0..o.reps {
         for (ci, c) in cfgs.iter().enumerate() {
@@ -339,17 +415,33 @@ fn run_jacobi(env: &mut Env, bin: &Path, o: &Opts, cfgs: &[JacobiCfg]) -> Result
                 "--quiet".into(),
             ]
             .into();
-            let out = env.run(&format!("jacobi-{}pe-{}b", c.pes, c.blocks_per_pe), 1, c.pes, bin, &prog_args)?;
+            let out = env.run(
+                &format!("jacobi-{}pe-{}b", c.pes, c.blocks_per_pe),
+                1,
+                c.pes,
+                bin,
+                &prog_args,
+            )?;
             let line = out
                 .stdout
                 .lines()
                 .find(|l| l.starts_with("jacobi2d "))
-                .ok_or_else(|| anyhow!("jacobi2d printed no result line:\n{}", tail(&out.stdout, 10)))?;
+                .ok_or_else(|| {
+                    anyhow!(
+                        "jacobi2d printed no result line:\n{}",
+                        tail(&out.stdout, 10)
+                    )
+                })?;
             let sum_line = out
                 .stdout
                 .lines()
                 .find(|l| l.starts_with("checksum="))
-                .ok_or_else(|| anyhow!("jacobi2d printed no checksum line:\n{}", tail(&out.stdout, 10)))?;
+                .ok_or_else(|| {
+                    anyhow!(
+                        "jacobi2d printed no checksum line:\n{}",
+                        tail(&out.stdout, 10)
+                    )
+                })?;
             let pes = num(line, "pes")?;
             if pes != f64::from(c.pes) {
                 bail!("jacobi2d ran on {pes} PEs, expected {}", c.pes);
@@ -385,7 +477,11 @@ fn run_triad(mib: usize, passes: usize, threads: usize) -> (f64, Vec<f64>) {
     let mut secs = Vec::new();
     std::thread::scope(|sc| {
         let mut handles = Vec::new();
-        for (t, (ac, (bc, cc))) in a.chunks_mut(chunk).zip(b.chunks(chunk).zip(c.chunks(chunk))).enumerate() {
+        for (t, (ac, (bc, cc))) in a
+            .chunks_mut(chunk)
+            .zip(b.chunks(chunk).zip(c.chunks(chunk)))
+            .enumerate()
+        {
             let barrier = &barrier;
             handles.push(sc.spawn(move || {
                 let mut times = Vec::new();
@@ -427,12 +523,24 @@ fn cpu_model() -> Option<String> {
 
 fn mem_total_kib() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    info.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse().ok()
+    info.lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 fn git_commit(root: &Path) -> Option<String> {
-    let out = Command::new("git").arg("-C").arg(root).args(["rev-parse", "HEAD"]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch (proleptic Gregorian, UTC).
@@ -449,7 +557,12 @@ fn utc_date(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 // ---------------------------------------------------------------- main
@@ -497,8 +610,13 @@ fn real_main() -> Result<ExitCode> {
     };
 
     let exe = std::env::current_exe().context("cannot locate the current executable")?;
-    let bin_dir = exe.parent().ok_or_else(|| anyhow!("executable has no parent directory"))?.to_path_buf();
-    let target_dir = bin_dir.parent().ok_or_else(|| anyhow!("{} has no parent directory", bin_dir.display()))?;
+    let bin_dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("executable has no parent directory"))?
+        .to_path_buf();
+    let target_dir = bin_dir
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no parent directory", bin_dir.display()))?;
     let sibling = |name: &str| -> Result<PathBuf> {
         let p = bin_dir.join(name);
         if p.is_file() {
@@ -513,28 +631,58 @@ fn real_main() -> Result<ExitCode> {
     let ductile = sibling("ductile")?;
     let pingpong_bin = sibling("pingpong")?;
     let jacobi_bin = sibling("jacobi2d")?;
-    let out_path = o.out.clone().unwrap_or_else(|| target_dir.join("bench").join("core.json"));
+    let out_path = o
+        .out
+        .clone()
+        .unwrap_or_else(|| target_dir.join("bench").join("core.json"));
 
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let date = utc_date(now.as_secs());
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
     let model = cpu_model();
-    let state_base = std::env::temp_dir().join(format!("ductile-bench-core-{}-{}", std::process::id(), now.as_nanos()));
-    std::fs::create_dir_all(&state_base).with_context(|| format!("cannot create {}", state_base.display()))?;
-    let mut env = Env { ductile, state_base: state_base.clone(), timeout_s: o.child_timeout_s, runs: 0 };
+    let state_base = std::env::temp_dir().join(format!(
+        "ductile-bench-core-{}-{}",
+        std::process::id(),
+        now.as_nanos()
+    ));
+    std::fs::create_dir_all(&state_base)
+        .with_context(|| format!("cannot create {}", state_base.display()))?;
+    let mut env = Env {
+        ductile,
+        state_base: state_base.clone(),
+        timeout_s: o.child_timeout_s,
+        runs: 0,
+    };
 
     // 1. Memory bandwidth, first, while nothing else of ours runs.
-    eprintln!("bench_core: STREAM triad, {} MiB per array, {} passes", o.triad_mib, o.triad_passes);
+    eprintln!(
+        "bench_core: STREAM triad, {} MiB per array, {} passes",
+        o.triad_mib, o.triad_passes
+    );
     let (bw1, bw1_samples) = run_triad(o.triad_mib, o.triad_passes, 1);
     let (bw2, bw2_samples) = run_triad(o.triad_mib, o.triad_passes, 2);
 
     // 2. Pingpong.
-    let sizes = if o.quick { PINGPONG_SIZES_QUICK } else { PINGPONG_SIZES };
+    let sizes = if o.quick {
+        PINGPONG_SIZES_QUICK
+    } else {
+        PINGPONG_SIZES
+    };
     let cfgs = jacobi_configs(o.grid);
     let children = (|| -> Result<_> {
-        let ping = if o.skip_pingpong { None } else { Some(run_pingpong(&mut env, &pingpong_bin, &o, sizes)?) };
+        let ping = if o.skip_pingpong {
+            None
+        } else {
+            Some(run_pingpong(&mut env, &pingpong_bin, &o, sizes)?)
+        };
         // 3. Jacobi.
-        let jac = if o.skip_jacobi { None } else { Some(run_jacobi(&mut env, &jacobi_bin, &o, &cfgs)?) };
+        let jac = if o.skip_jacobi {
+            None
+        } else {
+            Some(run_jacobi(&mut env, &jacobi_bin, &o, &cfgs)?)
+        };
         Ok((ping, jac))
     })();
     let _ = std::fs::remove_dir_all(&state_base);
@@ -542,7 +690,11 @@ fn real_main() -> Result<ExitCode> {
 
     let mut report = String::new();
     let w = &mut report;
-    writeln!(w, "bench_core  {date}  nproc={nproc}  cpu={}", model.as_deref().unwrap_or("unknown"))?;
+    writeln!(
+        w,
+        "bench_core  {date}  nproc={nproc}  cpu={}",
+        model.as_deref().unwrap_or("unknown")
+    )?;
     writeln!(
         w,
         "parameters: reps={} grid={}x{} iters={} pingpong budget={} ms{}",
@@ -557,8 +709,16 @@ fn real_main() -> Result<ExitCode> {
     // Memory bandwidth and bounds.
     let points = f64::from(o.grid) * f64::from(o.grid);
     let bound_ms = |gbps: f64| JACOBI_BYTES_PER_POINT * points / (gbps * 1e9) * 1e3;
-    writeln!(w, "\nMemory bandwidth (triad a=b+s*c, f64, {} MiB/array, 24 B/elem, best of {})", o.triad_mib, o.triad_passes)?;
-    writeln!(w, "  threads | best GB/s | Jacobi {0}x{0} bound, ms/iter (16 B/point)", o.grid)?;
+    writeln!(
+        w,
+        "\nMemory bandwidth (triad a=b+s*c, f64, {} MiB/array, 24 B/elem, best of {})",
+        o.triad_mib, o.triad_passes
+    )?;
+    writeln!(
+        w,
+        "  threads | best GB/s | Jacobi {0}x{0} bound, ms/iter (16 B/point)",
+        o.grid
+    )?;
     writeln!(w, "  {:>7} | {:>9.2} | {:>10.3}", 1, bw1, bound_ms(bw1))?;
     writeln!(w, "  {:>7} | {:>9.2} | {:>10.3}", 2, bw2, bound_ms(bw2))?;
 
@@ -607,9 +767,18 @@ fn real_main() -> Result<ExitCode> {
         let all_sums: Vec<&str> = jac.iter().flatten().map(|s| s.checksum.as_str()).collect();
         let first = all_sums.first().copied().unwrap_or("");
         checksum_ok = all_sums.iter().all(|s| *s == first && !s.is_empty());
-        let median_of = |ci: usize| stats(&jac[ci].iter().map(|s| s.ms_per_iter).collect::<Vec<_>>()).median;
-        let base_of = |pes: u32| cfgs.iter().position(|c| c.pes == pes && c.blocks_per_pe == 1).map(median_of);
-        writeln!(w, "\nJacobi2D {0}x{0}, {1} iterations, time per iteration, median of {2} jobs [min..max]", o.grid, o.iters, o.reps)?;
+        let median_of =
+            |ci: usize| stats(&jac[ci].iter().map(|s| s.ms_per_iter).collect::<Vec<_>>()).median;
+        let base_of = |pes: u32| {
+            cfgs.iter()
+                .position(|c| c.pes == pes && c.blocks_per_pe == 1)
+                .map(median_of)
+        };
+        writeln!(
+            w,
+            "\nJacobi2D {0}x{0}, {1} iterations, time per iteration, median of {2} jobs [min..max]",
+            o.grid, o.iters, o.reps
+        )?;
         writeln!(
             w,
             "  {:>3} | {:>9} | {:>6} | {:>9} | {:>26} | {:>13} | {:>8}",
@@ -650,7 +819,11 @@ fn real_main() -> Result<ExitCode> {
             }));
         }
         if checksum_ok {
-            writeln!(w, "  checksum {first} (identical in all {} runs)", all_sums.len())?;
+            writeln!(
+                w,
+                "  checksum {first} (identical in all {} runs)",
+                all_sums.len()
+            )?;
         } else {
             writeln!(w, "  !!! CHECKSUM MISMATCH across Jacobi runs of the same grid and iterations: {all_sums:?}")?;
         }
@@ -669,8 +842,20 @@ fn real_main() -> Result<ExitCode> {
     // (name, measured value, unit, limit as text, passed)
     type TargetRow<'a> = (&'a str, Option<f64>, &'a str, String, Option<bool>);
     let targets: Vec<TargetRow<'_>> = vec![
-        ("intra-node 8 B one-way", intra_8b, "µs", format!("< {TARGET_INTRA_8B_US}"), intra_8b.map(|v| v < TARGET_INTRA_8B_US)),
-        ("cross-node 8 B one-way", cross_8b, "µs", format!("< {TARGET_CROSS_8B_US}"), cross_8b.map(|v| v < TARGET_CROSS_8B_US)),
+        (
+            "intra-node 8 B one-way",
+            intra_8b,
+            "µs",
+            format!("< {TARGET_INTRA_8B_US}"),
+            intra_8b.map(|v| v < TARGET_INTRA_8B_US),
+        ),
+        (
+            "cross-node 8 B one-way",
+            cross_8b,
+            "µs",
+            format!("< {TARGET_CROSS_8B_US}"),
+            cross_8b.map(|v| v < TARGET_CROSS_8B_US),
+        ),
         (
             "Jacobi 1 PE / bandwidth bound",
             ratio_1pe,
@@ -687,10 +872,19 @@ fn real_main() -> Result<ExitCode> {
         ),
     ];
     writeln!(w, "\nTargets")?;
-    writeln!(w, "  {:<30} | {:>10} | {:>8} | result", "target", "value", "limit")?;
+    writeln!(
+        w,
+        "  {:<30} | {:>10} | {:>8} | result",
+        "target", "value", "limit"
+    )?;
     for (name, v, unit, limit, pass) in &targets {
         let val = v.map_or("-".to_string(), |v| format!("{v:.3} {unit}"));
-        writeln!(w, "  {name:<30} | {val:>10} | {:>8} | {}", format!("{limit} {unit}"), pass_str(*pass))?;
+        writeln!(
+            w,
+            "  {name:<30} | {val:>10} | {:>8} | {}",
+            format!("{limit} {unit}"),
+            pass_str(*pass)
+        )?;
     }
     print!("{report}");
 

@@ -75,7 +75,11 @@ impl Elem {
             self.iter += 1;
             self.have_left = false;
             if self.iter == s.iters {
-                ctx.contribute(self.acc, Reducer::Sum, Callback::main::<Main>(MainMsg::Done));
+                ctx.contribute(
+                    self.acc,
+                    Reducer::Sum,
+                    Callback::main::<Main>(MainMsg::Done),
+                );
                 return;
             }
             if s.lb_every > 0 && self.iter % s.lb_every == 0 {
@@ -90,7 +94,10 @@ impl Elem {
     fn pass(&mut self, ctx: &mut Ctx<'_, Self>) {
         let s = *SETUP.get(ctx);
         let right = (ctx.index() + 1) % s.elems;
-        let msg = ElemMsg::Pass { iter: self.iter, data: Bulk(vec![0u8; s.msg_bytes]) };
+        let msg = ElemMsg::Pass {
+            iter: self.iter,
+            data: Bulk(vec![0u8; s.msg_bytes]),
+        };
         ctx.this_array().elem(right).send(ctx, msg);
         if !self.early.release(self.iter).is_empty() {
             self.have_left = true;
@@ -119,7 +126,14 @@ impl Chare for Elem {
                 }
             }
         };
-        Elem { weight, iter: 0, have_left: false, synced: false, acc: 0, early: Pending::new() }
+        Elem {
+            weight,
+            iter: 0,
+            have_left: false,
+            synced: false,
+            acc: 0,
+            early: Pending::new(),
+        }
     }
 
     fn handle(&mut self, msg: ElemMsg, ctx: &mut Ctx<'_, Self>) {
@@ -189,7 +203,9 @@ impl Chare for Main {
         SETUP.set(ctx, setup);
         let arr = ArrayProxy::<Elem>::create(ctx, setup.elems, ());
         arr.broadcast(ctx, ElemMsg::Start);
-        Main { started: Some(Instant::now()) }
+        Main {
+            started: Some(Instant::now()),
+        }
     }
 
     fn handle(&mut self, msg: MainMsg, ctx: &mut Ctx<'_, Self>) {

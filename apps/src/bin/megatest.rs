@@ -35,7 +35,10 @@ impl ArrayIndex for Cell {
         ((self.level as u128) << 16) | self.id as u128
     }
     fn from_key(key: u128) -> Option<Self> {
-        (key >> 24 == 0).then_some(Cell { level: (key >> 16) as u8, id: key as u16 })
+        (key >> 24 == 0).then_some(Cell {
+            level: (key >> 16) as u8,
+            id: key as u16,
+        })
     }
 }
 
@@ -65,14 +68,24 @@ macro_rules! probe {
             fn new(_: (), ctx: &mut Ctx<'_, Self>) -> Self {
                 let key = key_hash($kind, ctx.index().to_key());
                 let pe = ctx.my_pe() as u64;
-                let hello = MainMsg::Hello { kind: $kind, key: ctx.index().to_key(), pe };
+                let hello = MainMsg::Hello {
+                    kind: $kind,
+                    key: ctx.index().to_key(),
+                    pe,
+                };
                 main_chare::<Main>().send(ctx, hello);
                 $name { key }
             }
             fn handle(&mut self, msg: ProbeMsg, ctx: &mut Ctx<'_, Self>) {
                 match msg {
-                    ProbeMsg::Sum(k) => ctx.contribute(k.wrapping_add(self.key), Reducer::Sum, Callback::main::<Main>(MainMsg::Summed)),
-                    ProbeMsg::Ping => ctx.contribute(1u64, Reducer::Sum, Callback::main::<Main>(MainMsg::Pinged)),
+                    ProbeMsg::Sum(k) => ctx.contribute(
+                        k.wrapping_add(self.key),
+                        Reducer::Sum,
+                        Callback::main::<Main>(MainMsg::Summed),
+                    ),
+                    ProbeMsg::Ping => {
+                        ctx.contribute(1u64, Reducer::Sum, Callback::main::<Main>(MainMsg::Pinged))
+                    }
                 }
             }
         }
@@ -87,7 +100,9 @@ probe!(ProbeC, Cell, 4);
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 enum RedMsg {
-    Go { seed: u64 },
+    Go {
+        seed: u64,
+    },
     /// Result of the element-callback reduction (element 0 only).
     Got(i64),
     /// Result of the broadcast-callback reduction (every element).
@@ -110,23 +125,71 @@ impl Chare for Reducing {
         match msg {
             RedMsg::Go { seed } => {
                 // Several reductions back to back: results must arrive in this order.
-                ctx.contribute(int_of(seed, i), Reducer::Sum, Callback::main::<Main>(MainMsg::SumI64));
-                ctx.contribute(int_of(seed, i) as u64, Reducer::Xor, Callback::main::<Main>(MainMsg::XorU64));
-                ctx.contribute(float_of(seed, i), Reducer::Max, Callback::main::<Main>(MainMsg::MaxF64));
-                ctx.contribute(float_of(seed, i), Reducer::Min, Callback::main::<Main>(MainMsg::MinF64));
+                ctx.contribute(
+                    int_of(seed, i),
+                    Reducer::Sum,
+                    Callback::main::<Main>(MainMsg::SumI64),
+                );
+                ctx.contribute(
+                    int_of(seed, i) as u64,
+                    Reducer::Xor,
+                    Callback::main::<Main>(MainMsg::XorU64),
+                );
+                ctx.contribute(
+                    float_of(seed, i),
+                    Reducer::Max,
+                    Callback::main::<Main>(MainMsg::MaxF64),
+                );
+                ctx.contribute(
+                    float_of(seed, i),
+                    Reducer::Min,
+                    Callback::main::<Main>(MainMsg::MinF64),
+                );
                 let v = int_of(seed, i);
-                ctx.contribute(vec![v, v.wrapping_neg(), i as i64], Reducer::Sum, Callback::main::<Main>(MainMsg::VSumI64));
-                ctx.contribute(bool_of(seed, i), Reducer::And, Callback::main::<Main>(MainMsg::And));
-                ctx.contribute(bool_of(seed, i), Reducer::Or, Callback::main::<Main>(MainMsg::Or));
-                ctx.contribute(1i32, Reducer::Sum, Callback::main::<Main>(MainMsg::CountI32));
-                ctx.contribute(vec![draw(seed, i) % 1000], Reducer::custom("merge-sorted"), Callback::main::<Main>(MainMsg::CustomSorted));
+                ctx.contribute(
+                    vec![v, v.wrapping_neg(), i as i64],
+                    Reducer::Sum,
+                    Callback::main::<Main>(MainMsg::VSumI64),
+                );
+                ctx.contribute(
+                    bool_of(seed, i),
+                    Reducer::And,
+                    Callback::main::<Main>(MainMsg::And),
+                );
+                ctx.contribute(
+                    bool_of(seed, i),
+                    Reducer::Or,
+                    Callback::main::<Main>(MainMsg::Or),
+                );
+                ctx.contribute(
+                    1i32,
+                    Reducer::Sum,
+                    Callback::main::<Main>(MainMsg::CountI32),
+                );
+                ctx.contribute(
+                    vec![draw(seed, i) % 1000],
+                    Reducer::custom("merge-sorted"),
+                    Callback::main::<Main>(MainMsg::CustomSorted),
+                );
                 let first = ctx.this_array().elem(0);
-                ctx.contribute(int_of(seed, i), Reducer::Sum, Callback::element(first, RedMsg::Got));
+                ctx.contribute(
+                    int_of(seed, i),
+                    Reducer::Sum,
+                    Callback::element(first, RedMsg::Got),
+                );
                 let all = ctx.this_array();
-                ctx.contribute(int_of(seed, i), Reducer::Sum, Callback::broadcast(all, RedMsg::All));
+                ctx.contribute(
+                    int_of(seed, i),
+                    Reducer::Sum,
+                    Callback::broadcast(all, RedMsg::All),
+                );
             }
             RedMsg::Got(sum) => main_chare::<Main>().send(ctx, MainMsg::ElementCb(sum)),
-            RedMsg::All(sum) => ctx.contribute(sum, Reducer::Sum, Callback::main::<Main>(MainMsg::BroadcastCb)),
+            RedMsg::All(sum) => ctx.contribute(
+                sum,
+                Reducer::Sum,
+                Callback::main::<Main>(MainMsg::BroadcastCb),
+            ),
         }
     }
 }
@@ -171,7 +234,11 @@ impl Chare for PerPe {
     }
     fn handle(&mut self, msg: GroupMsg, ctx: &mut Ctx<'_, Self>) {
         match msg {
-            GroupMsg::Report(k) => ctx.contribute(self.pe as u64 + k, Reducer::Sum, Callback::main::<Main>(MainMsg::GroupSum)),
+            GroupMsg::Report(k) => ctx.contribute(
+                self.pe as u64 + k,
+                Reducer::Sum,
+                Callback::main::<Main>(MainMsg::GroupSum),
+            ),
             GroupMsg::Where => {
                 let pe = ctx.my_pe() as u64;
                 main_chare::<Main>().send(ctx, MainMsg::GroupWhere(pe))
@@ -191,12 +258,20 @@ impl Chare for PerNode {
     type Msg = GroupMsg;
     fn new(_: u32, ctx: &mut Ctx<'_, Self>) -> Self {
         let node = ctx.my_node();
-        assert_eq!(ctx.my_pe(), ctx.topology().first_pe(node), "nodegroup member not on its node's first PE");
+        assert_eq!(
+            ctx.my_pe(),
+            ctx.topology().first_pe(node),
+            "nodegroup member not on its node's first PE"
+        );
         PerNode { node }
     }
     fn handle(&mut self, msg: GroupMsg, ctx: &mut Ctx<'_, Self>) {
         match msg {
-            GroupMsg::Report(k) => ctx.contribute(self.node as u64 + k, Reducer::Sum, Callback::main::<Main>(MainMsg::NodeGroupSum)),
+            GroupMsg::Report(k) => ctx.contribute(
+                self.node as u64 + k,
+                Reducer::Sum,
+                Callback::main::<Main>(MainMsg::NodeGroupSum),
+            ),
             GroupMsg::Where => {
                 let pe = ctx.my_pe() as u64;
                 main_chare::<Main>().send(ctx, MainMsg::NodeGroupWhere(pe))
@@ -210,7 +285,6 @@ impl Chare for PerNode {
 static RO_TABLE: Readonly<Vec<u64>> = Readonly::new("megatest.table");
 static RO_NAME: Readonly<String> = Readonly::new("megatest.name");
 
-
 #[derive(Serialize, Deserialize)]
 struct Reader;
 impl Chare for Reader {
@@ -221,7 +295,11 @@ impl Chare for Reader {
     fn new(_: (), ctx: &mut Ctx<'_, Self>) -> Self {
         // Constructors run after readonly data arrived, on every PE.
         let d = readonly_digest(RO_TABLE.get(ctx), RO_NAME.get(ctx));
-        ctx.contribute(d, Reducer::Sum, Callback::main::<Main>(MainMsg::ReadonlySum));
+        ctx.contribute(
+            d,
+            Reducer::Sum,
+            Callback::main::<Main>(MainMsg::ReadonlySum),
+        );
         Reader
     }
     fn handle(&mut self, _: (), _: &mut Ctx<'_, Self>) {}
@@ -246,14 +324,25 @@ impl Chare for Inserted {
     type Msg = InsMsg;
     fn new(expect_pe: u64, ctx: &mut Ctx<'_, Self>) -> Self {
         if expect_pe != u64::MAX && expect_pe != ctx.my_pe() as u64 {
-            fail("insert", format!("element {} built on PE {} instead of {expect_pe}", ctx.index(), ctx.my_pe()));
+            fail(
+                "insert",
+                format!(
+                    "element {} built on PE {} instead of {expect_pe}",
+                    ctx.index(),
+                    ctx.my_pe()
+                ),
+            );
         }
         Inserted { got: 0 }
     }
     fn handle(&mut self, _: InsMsg, ctx: &mut Ctx<'_, Self>) {
         self.got += 1;
         if self.got == 2 {
-            ctx.contribute(ctx.index(), Reducer::Sum, Callback::main::<Main>(MainMsg::InsertSum));
+            ctx.contribute(
+                ctx.index(),
+                Reducer::Sum,
+                Callback::main::<Main>(MainMsg::InsertSum),
+            );
         }
     }
 }
@@ -277,7 +366,10 @@ impl Chare for Prioritised {
     type Init = ();
     type Msg = PrioMsg;
     fn new(_: (), _: &mut Ctx<'_, Self>) -> Self {
-        Prioritised { seen: Vec::new(), n: 0 }
+        Prioritised {
+            seen: Vec::new(),
+            n: 0,
+        }
     }
     fn handle(&mut self, msg: PrioMsg, ctx: &mut Ctx<'_, Self>) {
         match msg {
@@ -332,17 +424,33 @@ impl Chare for Hopper {
                 let left = chain_len(seed, me);
                 if left > 0 {
                     let to = (draw(seed, me) % self.n as u64) as u32;
-                    ctx.this_array().elem(to).send(ctx, HopMsg::Hop { left, salt: draw(seed, me + 1) });
+                    ctx.this_array().elem(to).send(
+                        ctx,
+                        HopMsg::Hop {
+                            left,
+                            salt: draw(seed, me + 1),
+                        },
+                    );
                 }
             }
             HopMsg::Hop { left, salt } => {
                 self.hops += 1;
                 if left > 1 {
                     let to = (draw(salt, me) % self.n as u64) as u32;
-                    ctx.this_array().elem(to).send(ctx, HopMsg::Hop { left: left - 1, salt: draw(salt, 7) });
+                    ctx.this_array().elem(to).send(
+                        ctx,
+                        HopMsg::Hop {
+                            left: left - 1,
+                            salt: draw(salt, 7),
+                        },
+                    );
                 }
             }
-            HopMsg::Report => ctx.contribute(self.hops, Reducer::Sum, Callback::main::<Main>(MainMsg::QdHops)),
+            HopMsg::Report => ctx.contribute(
+                self.hops,
+                Reducer::Sum,
+                Callback::main::<Main>(MainMsg::QdHops),
+            ),
         }
     }
 }
@@ -370,7 +478,12 @@ impl Chare for Walker {
     type Init = u64;
     type Msg = WalkMsg;
     fn new(n: u64, _: &mut Ctx<'_, Self>) -> Self {
-        Walker { n, count: 0, sum: 0, moves: 0 }
+        Walker {
+            n,
+            count: 0,
+            sum: 0,
+            moves: 0,
+        }
     }
     fn handle(&mut self, msg: WalkMsg, ctx: &mut Ctx<'_, Self>) {
         let me = ctx.index();
@@ -379,7 +492,9 @@ impl Chare for Walker {
                 for t in 0..chains {
                     let salt = draw(seed, me * chains + t);
                     let to = walk_target(salt, 0, self.n);
-                    ctx.this_array().elem(to).send(ctx, WalkMsg::Token { salt, hop: 0, len });
+                    ctx.this_array()
+                        .elem(to)
+                        .send(ctx, WalkMsg::Token { salt, hop: 0, len });
                 }
             }
             WalkMsg::Token { salt, hop, len } => {
@@ -387,7 +502,14 @@ impl Chare for Walker {
                 self.sum = self.sum.wrapping_add(walk_value(salt, hop));
                 if hop + 1 < len {
                     let to = walk_target(salt, hop + 1, self.n);
-                    ctx.this_array().elem(to).send(ctx, WalkMsg::Token { salt, hop: hop + 1, len });
+                    ctx.this_array().elem(to).send(
+                        ctx,
+                        WalkMsg::Token {
+                            salt,
+                            hop: hop + 1,
+                            len,
+                        },
+                    );
                 }
                 if draw(salt, hop + 2000) % 4 == 0 {
                     let pe = (draw(salt, hop + 3000) % ctx.num_pes() as u64) as u32;
@@ -399,8 +521,16 @@ impl Chare for Walker {
             }
             WalkMsg::Report => {
                 let digest = ductile_apps::megatest::walk_digest(me, self.count, self.sum);
-                ctx.contribute(digest, Reducer::Sum, Callback::main::<Main>(MainMsg::WalkDigest));
-                ctx.contribute(self.moves, Reducer::Sum, Callback::main::<Main>(MainMsg::WalkMoves));
+                ctx.contribute(
+                    digest,
+                    Reducer::Sum,
+                    Callback::main::<Main>(MainMsg::WalkDigest),
+                );
+                ctx.contribute(
+                    self.moves,
+                    Reducer::Sum,
+                    Callback::main::<Main>(MainMsg::WalkMoves),
+                );
             }
         }
     }
@@ -433,7 +563,11 @@ impl Chare for Doomed {
                     ctx.destroy();
                 }
             }
-            DoomMsg::Count => ctx.contribute(ctx.index(), Reducer::Sum, Callback::main::<Main>(MainMsg::Survivors)),
+            DoomMsg::Count => ctx.contribute(
+                ctx.index(),
+                Reducer::Sum,
+                Callback::main::<Main>(MainMsg::Survivors),
+            ),
         }
     }
 }
@@ -521,7 +655,12 @@ impl MainMsg {
 }
 
 /// The arrays module's four arrays: 1D, 2D, 3D, custom index.
-type Probes = (Option<ArrayProxy<Probe1>>, Option<ArrayProxy<Probe2>>, Option<ArrayProxy<Probe3>>, Option<ArrayProxy<ProbeC>>);
+type Probes = (
+    Option<ArrayProxy<Probe1>>,
+    Option<ArrayProxy<Probe2>>,
+    Option<ArrayProxy<Probe3>>,
+    Option<ArrayProxy<ProbeC>>,
+);
 
 #[derive(Serialize, Deserialize)]
 struct Main {
@@ -545,7 +684,12 @@ impl Main {
             for (k, v) in &self.results {
                 println!("{k}={v}");
             }
-            println!("megatest {} ok pes={} nodes={}", self.module, ctx.num_pes(), ctx.num_nodes());
+            println!(
+                "megatest {} ok pes={} nodes={}",
+                self.module,
+                ctx.num_pes(),
+                ctx.num_nodes()
+            );
             let code = args::parse(ctx.args(), "code", 0i32).unwrap_or(0);
             ctx.exit(code);
         }
@@ -561,7 +705,8 @@ impl Chare for Main {
     fn new(a: Vec<String>, ctx: &mut Ctx<'_, Self>) -> Self {
         let module = a.first().cloned().unwrap_or_default();
         let seed = args::parse(&a, "seed", 1u64).unwrap_or_else(|e| fail(&module, e));
-        let elems = args::parse(&a, "elems", 4 * ctx.num_pes()).unwrap_or_else(|e| fail(&module, e));
+        let elems =
+            args::parse(&a, "elems", 4 * ctx.num_pes()).unwrap_or_else(|e| fail(&module, e));
         let p = ctx.num_pes();
         let mut m = Main {
             module: module.clone(),
@@ -678,7 +823,10 @@ impl Chare for Main {
         match msg {
             MainMsg::Hello { kind, key, pe } => {
                 if !self.seen.insert((kind, key)) {
-                    fail(&module, format!("element kind {kind} key {key:#x} constructed twice"));
+                    fail(
+                        &module,
+                        format!("element kind {kind} key {key:#x} constructed twice"),
+                    );
                 }
                 if pe >= ctx.num_pes() as u64 {
                     fail(&module, format!("element on PE {pe} of {}", ctx.num_pes()));
@@ -698,7 +846,10 @@ impl Chare for Main {
             }
             MainMsg::Pinged(n) => {
                 if n != self.elems as u64 {
-                    fail(&module, format!("{n} of {} elements answered a ping", self.elems));
+                    fail(
+                        &module,
+                        format!("{n} of {} elements answered a ping", self.elems),
+                    );
                 }
                 let spread = self.pes_used.len() as u32 == ctx.num_pes().min(self.elems);
                 self.record("pes_used_all", spread.to_string(), ctx);
@@ -725,14 +876,27 @@ impl Main {
     fn expected_sum_check(&mut self, got: u64, ctx: &mut PeCtx) {
         let candidates: Vec<u64> = (1..=4u64)
             .map(|kind| {
-                self.seen.iter().filter(|(k, _)| *k == kind).fold(0u64, |acc, (_, key)| acc.wrapping_add(5).wrapping_add(key_hash(kind, *key)))
+                self.seen
+                    .iter()
+                    .filter(|(k, _)| *k == kind)
+                    .fold(0u64, |acc, (_, key)| {
+                        acc.wrapping_add(5).wrapping_add(key_hash(kind, *key))
+                    })
             })
             .collect();
         if !candidates.contains(&got) {
-            fail(&self.module, format!("array sum {got} matches none of {candidates:?}"));
+            fail(
+                &self.module,
+                format!("array sum {got} matches none of {candidates:?}"),
+            );
         }
-        let done = self.results.iter().filter(|(k, _)| k.starts_with("array_sum")).count();
-        self.results.push((format!("array_sum_{done}"), "ok".into()));
+        let done = self
+            .results
+            .iter()
+            .filter(|(k, _)| k.starts_with("array_sum"))
+            .count();
+        self.results
+            .push((format!("array_sum_{done}"), "ok".into()));
         if done == 3 {
             // Reductions and broadcasts work; now message each element point to point.
             // (Only now: a ping overtaking the broadcast would join the wrong reduction.)
@@ -743,7 +907,6 @@ impl Main {
         }
     }
 }
-
 
 fn main() {
     ductile::launch(|reg| {

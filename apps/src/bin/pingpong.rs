@@ -15,7 +15,11 @@ const DEFAULT_SIZES: &[usize] = &[8, 64, 512, 1024, 8192, 65536, 262_144, 1 << 2
 #[derive(Clone, Debug, Serialize, Deserialize)]
 enum PlayerMsg {
     /// To element 0: run `iters` round trips of `size` bytes (after `warmup` untimed ones).
-    Run { size: usize, iters: u64, warmup: u64 },
+    Run {
+        size: usize,
+        iters: u64,
+        warmup: u64,
+    },
     Ping(Bulk<u8>),
     Pong(Bulk<u8>),
 }
@@ -37,14 +41,25 @@ impl Chare for Player {
     type Msg = PlayerMsg;
 
     fn new(_: (), _: &mut Ctx<'_, Self>) -> Self {
-        Player { left: 0, warmup: 0, iters: 0, size: 0, t0: None }
+        Player {
+            left: 0,
+            warmup: 0,
+            iters: 0,
+            size: 0,
+            t0: None,
+        }
     }
 
     fn handle(&mut self, msg: PlayerMsg, ctx: &mut Ctx<'_, Self>) {
         let other = ctx.this_array().elem(1 - ctx.index());
         match msg {
-            PlayerMsg::Run { size, iters, warmup } => {
-                (self.size, self.iters, self.warmup, self.left) = (size, iters, warmup, iters + warmup);
+            PlayerMsg::Run {
+                size,
+                iters,
+                warmup,
+            } => {
+                (self.size, self.iters, self.warmup, self.left) =
+                    (size, iters, warmup, iters + warmup);
                 self.t0 = (warmup == 0).then(Instant::now);
                 other.send(ctx, PlayerMsg::Ping(Bulk(vec![7u8; size])));
             }
@@ -58,12 +73,18 @@ impl Chare for Player {
                     other.send(ctx, PlayerMsg::Ping(data));
                 } else {
                     let secs = self.t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
-                    main_chare::<Main>().send(ctx, MainMsg::Done { size: self.size, iters: self.iters, secs });
+                    main_chare::<Main>().send(
+                        ctx,
+                        MainMsg::Done {
+                            size: self.size,
+                            iters: self.iters,
+                            secs,
+                        },
+                    );
                 }
             }
         }
     }
-
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -84,7 +105,11 @@ struct Main {
 impl Main {
     fn run_next(&mut self, ctx: &mut PeCtx) {
         let Some(&size) = self.sizes.get(self.next) else {
-            println!("pingpong done pes={} nodes={}", ctx.num_pes(), ctx.num_nodes());
+            println!(
+                "pingpong done pes={} nodes={}",
+                ctx.num_pes(),
+                ctx.num_nodes()
+            );
             ctx.exit(0);
             return;
         };
@@ -92,7 +117,14 @@ impl Main {
         // Fewer round trips for big messages: aim for the time budget at ~1 GB/s.
         let est_us = 20.0 + size as f64 / 1e3;
         let iters = ((self.budget_ms * 1e3 / est_us) as u64).clamp(self.min_iters, 20_000);
-        self.players.elem(0).send(ctx, PlayerMsg::Run { size, iters, warmup: (iters / 10).max(2) });
+        self.players.elem(0).send(
+            ctx,
+            PlayerMsg::Run {
+                size,
+                iters,
+                warmup: (iters / 10).max(2),
+            },
+        );
     }
 }
 
@@ -109,7 +141,13 @@ impl Chare for Main {
         }
         let sizes = match args::value(&a, "sizes") {
             None => DEFAULT_SIZES.to_vec(),
-            Some(s) => s.split(',').map(|v| v.parse().unwrap_or_else(|_| panic!("--sizes: bad size `{v}`"))).collect(),
+            Some(s) => s
+                .split(',')
+                .map(|v| {
+                    v.parse()
+                        .unwrap_or_else(|_| panic!("--sizes: bad size `{v}`"))
+                })
+                .collect(),
         };
         let min_iters = args::parse(&a, "min-iters", 20u64).unwrap_or_else(|e| panic!("{e}"));
         let budget_ms = args::parse(&a, "budget-ms", 200.0f64).unwrap_or_else(|e| panic!("{e}"));
@@ -117,7 +155,13 @@ impl Chare for Main {
         let players = ArrayProxy::<Player>::create_empty(ctx);
         players.insert_on(ctx, 0, 0, ());
         players.insert_on(ctx, 1, 1, ());
-        let mut m = Main { players, sizes, next: 0, min_iters, budget_ms };
+        let mut m = Main {
+            players,
+            sizes,
+            next: 0,
+            min_iters,
+            budget_ms,
+        };
         m.run_next(ctx);
         m
     }
@@ -125,8 +169,14 @@ impl Chare for Main {
     fn handle(&mut self, msg: MainMsg, ctx: &mut Ctx<'_, Self>) {
         let MainMsg::Done { size, iters, secs } = msg;
         let oneway_us = secs * 1e6 / iters as f64 / 2.0;
-        let mbps = if oneway_us > 0.0 { size as f64 / oneway_us } else { 0.0 };
-        println!("pingpong size={size} iters={iters} oneway_us={oneway_us:.3} bandwidth_MBps={mbps:.1}");
+        let mbps = if oneway_us > 0.0 {
+            size as f64 / oneway_us
+        } else {
+            0.0
+        };
+        println!(
+            "pingpong size={size} iters={iters} oneway_us={oneway_us:.3} bandwidth_MBps={mbps:.1}"
+        );
         self.run_next(ctx);
     }
 }

@@ -56,7 +56,11 @@ impl Pe {
         let speed = calibrate(&mut |d| self.ctx.charge(d));
         // The calibration is the runtime's work, not an element's.
         self.ctx.busy = busy_before;
-        let loads = self.stores.get_mut(&coll).map(|s| s.loads(true)).unwrap_or_default();
+        let loads = self
+            .stores
+            .get_mut(&coll)
+            .map(|s| s.loads(true))
+            .unwrap_or_default();
         let wall = self.ctx.measured_since.elapsed().as_secs_f64();
         let idle = self.ctx.idle.as_secs_f64();
         let object_time: f64 = loads.iter().map(|(_, l)| l).sum();
@@ -66,14 +70,37 @@ impl Pe {
         self.ctx.measured_since = Instant::now();
         let objs = loads
             .into_iter()
-            .map(|(key, load)| ObjStat { id: ObjId::new(coll, key), pe: me, load, bytes: 0, migratable: coll != crate::msg::MAIN_COLL })
+            .map(|(key, load)| ObjStat {
+                id: ObjId::new(coll, key),
+                pe: me,
+                load,
+                bytes: 0,
+                migratable: coll != crate::msg::MAIN_COLL,
+            })
             .collect();
-        let pe = PeStat { pe: me, speed, background, idle, leaving: false };
+        let pe = PeStat {
+            pe: me,
+            speed,
+            background,
+            idle,
+            leaving: false,
+        };
         let s = self.ctx.lb.entry(coll).or_default();
         if s.step != step {
-            *s = LbStep { step, ..LbStep::default() };
+            *s = LbStep {
+                step,
+                ..LbStep::default()
+            };
         }
-        self.ctx.send_sys(0, SysMsg::LbReport { coll, step, pe, objs });
+        self.ctx.send_sys(
+            0,
+            SysMsg::LbReport {
+                coll,
+                step,
+                pe,
+                objs,
+            },
+        );
     }
 
     pub(super) fn lb_report(&mut self, coll: CollId, step: u64, pe: PeStat, objs: Vec<ObjStat>) {
@@ -86,7 +113,11 @@ impl Pe {
         if root.reports.len() < npes {
             return;
         }
-        let mut stats = LbStats { step, objs: Vec::new(), pes: Vec::new() };
+        let mut stats = LbStats {
+            step,
+            objs: Vec::new(),
+            pes: Vec::new(),
+        };
         for (pe, objs) in root.reports.drain(..) {
             stats.pes.push(pe);
             stats.objs.extend(objs);
@@ -95,7 +126,10 @@ impl Pe {
         let options = self.ctx.node.options.clone();
         if let Some(dir) = &options.lb_dump {
             let path = dir.join(format!("lb-{coll:x}-{step}.json"));
-            if let Err(e) = std::fs::create_dir_all(dir).map_err(|e| e.to_string()).and_then(|_| stats.dump(&path).map_err(|e| e.to_string())) {
+            if let Err(e) = std::fs::create_dir_all(dir)
+                .map_err(|e| e.to_string())
+                .and_then(|_| stats.dump(&path).map_err(|e| e.to_string()))
+            {
                 error!("cannot dump load statistics to {}: {e}", path.display());
             }
         }
@@ -111,13 +145,25 @@ impl Pe {
         if let Some(dir) = &options.lb_dump {
             // The plan beside its statistics, so a replay can be checked against it.
             let path = dir.join(format!("lb-{coll:x}-{step}.plan.json"));
-            let written = serde_json::to_string(&plan).map_err(|e| e.to_string()).and_then(|j| std::fs::write(&path, j).map_err(|e| e.to_string()));
+            let written = serde_json::to_string(&plan)
+                .map_err(|e| e.to_string())
+                .and_then(|j| std::fs::write(&path, j).map_err(|e| e.to_string()));
             if let Err(e) = written {
-                error!("cannot dump the load-balancing plan to {}: {e}", path.display());
+                error!(
+                    "cannot dump the load-balancing plan to {}: {e}",
+                    path.display()
+                );
             }
         }
-        let moves: Vec<(IndexKey, PeId, PeId)> = plan.migrations(&stats).iter().map(|m| (m.id.index, m.from, m.to)).collect();
-        let ratio = |a: &Assignment| a.max_avg_ratio(&stats, CostModel::RateAware).unwrap_or(f64::NAN);
+        let moves: Vec<(IndexKey, PeId, PeId)> = plan
+            .migrations(&stats)
+            .iter()
+            .map(|m| (m.id.index, m.from, m.to))
+            .collect();
+        let ratio = |a: &Assignment| {
+            a.max_avg_ratio(&stats, CostModel::RateAware)
+                .unwrap_or(f64::NAN)
+        };
         let before = ratio(&Assignment::current(&stats));
         let after = ratio(&plan);
         let root = self.ctx.lb_root.get_mut(&coll).expect("present");
@@ -152,12 +198,24 @@ impl Pe {
         for (key, to, state, meta) in outgoing {
             sent += state.len() as u64;
             self.ctx.learn(coll, key, to, meta.hops);
-            self.ctx.send_sys(to, SysMsg::Migrate { coll, key, state, meta, lb_step: Some(step) });
+            self.ctx.send_sys(
+                to,
+                SysMsg::Migrate {
+                    coll,
+                    key,
+                    state,
+                    meta,
+                    lb_step: Some(step),
+                },
+            );
         }
         let expected = moves.iter().filter(|(_, _, to)| *to == me).count();
         let s = self.ctx.lb.entry(coll).or_default();
         if s.step != step {
-            *s = LbStep { step, ..LbStep::default() };
+            *s = LbStep {
+                step,
+                ..LbStep::default()
+            };
         }
         s.expected = Some(expected);
         s.bytes_sent = sent;
@@ -165,7 +223,9 @@ impl Pe {
     }
 
     pub(super) fn lb_check_done(&mut self, coll: CollId) {
-        let Some(s) = self.ctx.lb.get_mut(&coll) else { return };
+        let Some(s) = self.ctx.lb.get_mut(&coll) else {
+            return;
+        };
         if s.done || s.expected != Some(s.received) {
             return;
         }
@@ -178,7 +238,9 @@ impl Pe {
         let npes = self.ctx.num_pes();
         let report = self.ctx.node.options.lb_report;
         let Some(root) = self.ctx.lb_root.get_mut(&coll).filter(|r| r.step == step) else {
-            error!("ignoring a migration report for an unknown step {step} of collection {coll:#x}");
+            error!(
+                "ignoring a migration report for an unknown step {step} of collection {coll:#x}"
+            );
             return;
         };
         root.done += 1;
@@ -186,9 +248,14 @@ impl Pe {
         if root.done < npes {
             return;
         }
-        let migration_ms = root.planned.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
+        let migration_ms = root
+            .planned
+            .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3);
         let total_ms = root.started.elapsed().as_secs_f64() * 1e3;
-        let line = format!("{} bytes={} migration_ms={migration_ms:.3} total_ms={total_ms:.3}", root.summary, root.bytes);
+        let line = format!(
+            "{} bytes={} migration_ms={migration_ms:.3} total_ms={total_ms:.3}",
+            root.summary, root.bytes
+        );
         info!("{line}");
         if report {
             println!("{line}");

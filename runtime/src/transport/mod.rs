@@ -36,8 +36,14 @@ pub struct Tag(pub u64);
 impl Tag {
     /// Builds a tag. Node ids and kinds above their bit widths are a bug.
     pub fn new(src: NodeId, epoch: Epoch, kind: u32) -> Tag {
-        assert!(src < (1 << SRC_BITS), "node id {src} does not fit in the tag");
-        assert!(kind < (1 << KIND_BITS), "message kind {kind} does not fit in the tag");
+        assert!(
+            src < (1 << SRC_BITS),
+            "node id {src} does not fit in the tag"
+        );
+        assert!(
+            kind < (1 << KIND_BITS),
+            "message kind {kind} does not fit in the tag"
+        );
         let e = epoch & ((1 << EPOCH_BITS) - 1);
         Tag(((src as u64) << (EPOCH_BITS + KIND_BITS)) | (e << KIND_BITS) | kind as u64)
     }

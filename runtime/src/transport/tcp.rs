@@ -45,20 +45,37 @@ pub struct TcpTransport {
 }
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> TransportError {
-    move |source| TransportError::Io { context: context.into(), source }
+    move |source| TransportError::Io {
+        context: context.into(),
+        source,
+    }
 }
 
 impl TcpTransport {
     /// Listens on `bind` (port chosen by the OS) and starts accepting
     /// authenticated peers, whose frames go to `sink`.
-    pub fn bind(bind: IpAddr, advertise: Option<IpAddr>, secret: Secret, sink: Arc<dyn Sink>) -> Result<Arc<Self>, TransportError> {
-        let listener = TcpListener::bind((bind, 0)).map_err(io_err(format!("listening on {bind}")))?;
-        let mut local = listener.local_addr().map_err(io_err("reading the listening address"))?;
+    pub fn bind(
+        bind: IpAddr,
+        advertise: Option<IpAddr>,
+        secret: Secret,
+        sink: Arc<dyn Sink>,
+    ) -> Result<Arc<Self>, TransportError> {
+        let listener =
+            TcpListener::bind((bind, 0)).map_err(io_err(format!("listening on {bind}")))?;
+        let mut local = listener
+            .local_addr()
+            .map_err(io_err("reading the listening address"))?;
         if let Some(ip) = advertise {
             local.set_ip(ip);
         }
         let closing = Arc::new(AtomicBool::new(false));
-        let t = Arc::new(TcpTransport { local, secret: secret.clone(), my_uid: RwLock::new(0), out: RwLock::new(HashMap::new()), closing: closing.clone() });
+        let t = Arc::new(TcpTransport {
+            local,
+            secret: secret.clone(),
+            my_uid: RwLock::new(0),
+            out: RwLock::new(HashMap::new()),
+            closing: closing.clone(),
+        });
         std::thread::Builder::new()
             .name("ductile-accept".into())
             .spawn(move || accept_loop(listener, secret, sink, closing))
@@ -72,14 +89,20 @@ impl TcpTransport {
     }
 
     fn dial(&self, node: NodeId, uid: u64, address: &[u8]) -> Result<Endpoint, TransportError> {
-        let text = std::str::from_utf8(address).map_err(|_| TransportError::Address(node, "not UTF-8".into()))?;
-        let addr: SocketAddr = text.parse().map_err(|e| TransportError::Address(node, format!("{text}: {e}")))?;
-        let mut s = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT).map_err(io_err(format!("connecting to node {node} at {addr}")))?;
+        let text = std::str::from_utf8(address)
+            .map_err(|_| TransportError::Address(node, "not UTF-8".into()))?;
+        let addr: SocketAddr = text
+            .parse()
+            .map_err(|e| TransportError::Address(node, format!("{text}: {e}")))?;
+        let mut s = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT)
+            .map_err(io_err(format!("connecting to node {node} at {addr}")))?;
         s.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
-        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io_err("setting a timeout"))?;
+        s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+            .map_err(io_err("setting a timeout"))?;
         // Acceptor's nonce; our uid, nonce and proof; the acceptor's proof.
         let mut theirs = [0u8; 32];
-        s.read_exact(&mut theirs).map_err(io_err(format!("handshake with node {node}")))?;
+        s.read_exact(&mut theirs)
+            .map_err(io_err(format!("handshake with node {node}")))?;
         let my_uid = *self.my_uid.read().expect("uid lock poisoned");
         let mut mine = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mine);
@@ -88,15 +111,23 @@ impl TcpTransport {
         hello.extend_from_slice(&my_uid.to_le_bytes());
         hello.extend_from_slice(&mine);
         hello.extend_from_slice(&proof);
-        s.write_all(&hello).map_err(io_err(format!("handshake with node {node}")))?;
+        s.write_all(&hello)
+            .map_err(io_err(format!("handshake with node {node}")))?;
         let mut answer = [0u8; 32];
-        s.read_exact(&mut answer)
-            .map_err(|_| TransportError::Handshake(format!("node {node} at {addr} refused our job secret")))?;
+        s.read_exact(&mut answer).map_err(|_| {
+            TransportError::Handshake(format!("node {node} at {addr} refused our job secret"))
+        })?;
         if !self.secret.verify(ACCEPT_CONTEXT, &mine, &answer) {
-            return Err(TransportError::Handshake(format!("node {node} at {addr} does not hold the job secret")));
+            return Err(TransportError::Handshake(format!(
+                "node {node} at {addr} does not hold the job secret"
+            )));
         }
-        s.set_read_timeout(None).map_err(io_err("clearing a timeout"))?;
-        Ok(Endpoint { uid, stream: Mutex::new(s) })
+        s.set_read_timeout(None)
+            .map_err(io_err("clearing a timeout"))?;
+        Ok(Endpoint {
+            uid,
+            stream: Mutex::new(s),
+        })
     }
 }
 
@@ -106,15 +137,26 @@ fn dial_context(uid: u64) -> Vec<u8> {
 
 fn write_frame(s: &mut TcpStream, tag: Tag, parts: &[&[u8]]) -> io::Result<()> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    let len = u32::try_from(len).ok().filter(|&l| (l as usize) <= MAX_FRAME).ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, format!("frame of {len} bytes exceeds the {MAX_FRAME}-byte limit"))
-    })?;
+    let len = u32::try_from(len)
+        .ok()
+        .filter(|&l| (l as usize) <= MAX_FRAME)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("frame of {len} bytes exceeds the {MAX_FRAME}-byte limit"),
+            )
+        })?;
     let mut head = [0u8; 12];
     head[..4].copy_from_slice(&len.to_le_bytes());
     head[4..].copy_from_slice(&tag.0.to_le_bytes());
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
     slices.push(IoSlice::new(&head));
-    slices.extend(parts.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)));
+    slices.extend(
+        parts
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| IoSlice::new(p)),
+    );
     let mut bufs = &mut slices[..];
     while !bufs.is_empty() {
         match s.write_vectored(bufs) {
@@ -133,7 +175,13 @@ impl Transport for TcpTransport {
     }
 
     fn send(&self, to: NodeId, tag: Tag, parts: &[&[u8]]) -> Result<(), TransportError> {
-        let ep = self.out.read().expect("endpoint table poisoned").get(&to).cloned().ok_or(TransportError::NoEndpoint(to))?;
+        let ep = self
+            .out
+            .read()
+            .expect("endpoint table poisoned")
+            .get(&to)
+            .cloned()
+            .ok_or(TransportError::NoEndpoint(to))?;
         let mut s = ep.stream.lock().expect("endpoint lock poisoned");
         write_frame(&mut s, tag, parts).map_err(io_err(format!("sending to node {to}")))
     }
@@ -141,7 +189,10 @@ impl Transport for TcpTransport {
     fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError> {
         let mut stats = Reconciled::default();
         let mut by_uid: HashMap<u64, Arc<Endpoint>> =
-            std::mem::take(&mut *self.out.write().expect("endpoint table poisoned")).into_values().map(|e| (e.uid, e)).collect();
+            std::mem::take(&mut *self.out.write().expect("endpoint table poisoned"))
+                .into_values()
+                .map(|e| (e.uid, e))
+                .collect();
         let mut next = HashMap::new();
         for m in &view.members {
             if m.node == me {
@@ -172,7 +223,13 @@ impl Transport for TcpTransport {
 
     fn shutdown(&self) {
         self.closing.store(true, Ordering::SeqCst);
-        for ep in self.out.write().expect("endpoint table poisoned").drain().map(|(_, e)| e) {
+        for ep in self
+            .out
+            .write()
+            .expect("endpoint table poisoned")
+            .drain()
+            .map(|(_, e)| e)
+        {
             let mut s = ep.stream.lock().expect("endpoint lock poisoned");
             let _ = write_frame(&mut s, Tag(KIND_BYE as u64), &[]);
             let _ = s.shutdown(Shutdown::Both);
@@ -180,7 +237,12 @@ impl Transport for TcpTransport {
     }
 }
 
-fn accept_loop(listener: TcpListener, secret: Secret, sink: Arc<dyn Sink>, closing: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: TcpListener,
+    secret: Secret,
+    sink: Arc<dyn Sink>,
+    closing: Arc<AtomicBool>,
+) {
     for conn in listener.incoming() {
         if closing.load(Ordering::SeqCst) {
             return;
@@ -193,13 +255,18 @@ fn accept_loop(listener: TcpListener, secret: Secret, sink: Arc<dyn Sink>, closi
             }
         };
         let (secret, sink, closing) = (secret.clone(), sink.clone(), closing.clone());
-        let spawned = std::thread::Builder::new().name("ductile-recv".into()).spawn(move || {
-            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-            match accept_handshake(&stream, &secret) {
-                Ok(uid) => read_loop(stream, uid, &*sink, &closing),
-                Err(e) => warn!("refused a connection from {peer}: {e}"),
-            }
-        });
+        let spawned = std::thread::Builder::new()
+            .name("ductile-recv".into())
+            .spawn(move || {
+                let peer = stream
+                    .peer_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|_| "?".into());
+                match accept_handshake(&stream, &secret) {
+                    Ok(uid) => read_loop(stream, uid, &*sink, &closing),
+                    Err(e) => warn!("refused a connection from {peer}: {e}"),
+                }
+            });
         if let Err(e) = spawned {
             error!("cannot start a reader thread: {e}");
         }
@@ -208,7 +275,8 @@ fn accept_loop(listener: TcpListener, secret: Secret, sink: Arc<dyn Sink>, closi
 
 fn accept_handshake(mut s: &TcpStream, secret: &Secret) -> Result<u64, TransportError> {
     s.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
-    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io_err("setting a timeout"))?;
+    s.set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(io_err("setting a timeout"))?;
     let mut nonce = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut nonce);
     s.write_all(&nonce).map_err(io_err("handshake"))?;
@@ -219,10 +287,14 @@ fn accept_handshake(mut s: &TcpStream, secret: &Secret) -> Result<u64, Transport
     let proof: [u8; 32] = hello[40..72].try_into().expect("32 bytes");
     if !secret.verify(&dial_context(uid), &nonce, &proof) {
         let _ = s.shutdown(Shutdown::Both);
-        return Err(TransportError::Handshake(format!("peer claiming uid {uid} does not hold the job secret")));
+        return Err(TransportError::Handshake(format!(
+            "peer claiming uid {uid} does not hold the job secret"
+        )));
     }
-    s.write_all(&secret.proof(ACCEPT_CONTEXT, &theirs)).map_err(io_err("handshake"))?;
-    s.set_read_timeout(None).map_err(io_err("clearing a timeout"))?;
+    s.write_all(&secret.proof(ACCEPT_CONTEXT, &theirs))
+        .map_err(io_err("handshake"))?;
+    s.set_read_timeout(None)
+        .map_err(io_err("clearing a timeout"))?;
     Ok(uid)
 }
 
@@ -236,7 +308,9 @@ fn read_loop(stream: TcpStream, uid: u64, sink: &dyn Sink, closing: &AtomicBool)
         let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
         let tag = Tag(u64::from_le_bytes(head[4..].try_into().expect("8 bytes")));
         if len > MAX_FRAME {
-            break format!("peer sent a frame of {len} bytes (limit {MAX_FRAME}); closing the connection");
+            break format!(
+                "peer sent a frame of {len} bytes (limit {MAX_FRAME}); closing the connection"
+            );
         }
         if tag.kind() == KIND_BYE {
             debug!(uid, "peer closed its endpoint");
@@ -279,9 +353,20 @@ mod tests {
     fn node(secret: &Secret, uid: u64) -> Node {
         let (ft, fr) = unbounded();
         let (lt, lr) = unbounded();
-        let t = TcpTransport::bind(IpAddr::from([127, 0, 0, 1]), None, secret.clone(), Arc::new(Collect(ft, lt))).unwrap();
+        let t = TcpTransport::bind(
+            IpAddr::from([127, 0, 0, 1]),
+            None,
+            secret.clone(),
+            Arc::new(Collect(ft, lt)),
+        )
+        .unwrap();
         t.set_uid(uid);
-        Node { t, frames: fr, lost: lr, uid }
+        Node {
+            t,
+            frames: fr,
+            lost: lr,
+            uid,
+        }
     }
 
     fn view(epoch: u64, nodes: &[&Node]) -> View {
@@ -290,7 +375,14 @@ mod tests {
             members: nodes
                 .iter()
                 .enumerate()
-                .map(|(i, n)| Member { node: i as u32, uid: n.uid, address: n.t.address(), pes: 1, host: "h".into(), pid: 0 })
+                .map(|(i, n)| Member {
+                    node: i as u32,
+                    uid: n.uid,
+                    address: n.t.address(),
+                    pes: 1,
+                    host: "h".into(),
+                    pid: 0,
+                })
                 .collect(),
         }
     }
@@ -302,9 +394,17 @@ mod tests {
         let s = Secret::generate();
         let (a, b) = (node(&s, 10), node(&s, 11));
         let v = view(1, &[&a, &b]);
-        assert_eq!(a.t.reconcile(&v, 0).unwrap(), Reconciled { kept: 0, opened: 1, closed: 0 });
+        assert_eq!(
+            a.t.reconcile(&v, 0).unwrap(),
+            Reconciled {
+                kept: 0,
+                opened: 1,
+                closed: 0
+            }
+        );
         for i in 0..100u32 {
-            a.t.send(1, Tag::new(0, 1, 5), &[&i.to_le_bytes(), b"-payload"]).unwrap();
+            a.t.send(1, Tag::new(0, 1, 5), &[&i.to_le_bytes(), b"-payload"])
+                .unwrap();
         }
         for i in 0..100u32 {
             let (tag, frame) = b.frames.recv_timeout(WAIT).unwrap();
@@ -336,7 +436,11 @@ mod tests {
         raw.read_exact(&mut nonce).unwrap();
         raw.write_all(&[0xAB; 72]).unwrap();
         let mut buf = [0u8; 1];
-        assert_eq!(raw.read(&mut buf).unwrap_or(0), 0, "the connection is closed");
+        assert_eq!(
+            raw.read(&mut buf).unwrap_or(0),
+            0,
+            "the connection is closed"
+        );
         // An authenticated peer that claims a frame above the limit.
         let mut raw = TcpStream::connect(addr).unwrap();
         raw.read_exact(&mut nonce).unwrap();
@@ -360,16 +464,39 @@ mod tests {
     fn reconcile_keeps_survivors_reindexed_closes_the_departed_and_opens_newcomers() {
         let s = Secret::generate();
         let (a, b, c, d) = (node(&s, 1), node(&s, 2), node(&s, 3), node(&s, 4));
-        assert_eq!(a.t.reconcile(&view(1, &[&a, &b, &c]), 0).unwrap(), Reconciled { kept: 0, opened: 2, closed: 0 });
+        assert_eq!(
+            a.t.reconcile(&view(1, &[&a, &b, &c]), 0).unwrap(),
+            Reconciled {
+                kept: 0,
+                opened: 2,
+                closed: 0
+            }
+        );
         // b leaves, c is renumbered 2 -> 1, d joins as node 2.
         let v2 = view(2, &[&a, &c, &d]);
-        assert_eq!(a.t.reconcile(&v2, 0).unwrap(), Reconciled { kept: 1, opened: 1, closed: 1 });
+        assert_eq!(
+            a.t.reconcile(&v2, 0).unwrap(),
+            Reconciled {
+                kept: 1,
+                opened: 1,
+                closed: 1
+            }
+        );
         a.t.send(1, Tag::new(0, 2, 1), &[b"to-c"]).unwrap();
         a.t.send(2, Tag::new(0, 2, 1), &[b"to-d"]).unwrap();
         assert_eq!(c.frames.recv_timeout(WAIT).unwrap().1, b"to-c");
         assert_eq!(d.frames.recv_timeout(WAIT).unwrap().1, b"to-d");
-        assert!(b.frames.try_recv().is_err(), "nothing reaches the departed node");
-        assert!(b.lost.recv_timeout(Duration::from_millis(200)).is_err(), "an orderly close is not a loss");
-        assert!(matches!(a.t.send(3, Tag::new(0, 2, 1), &[b"x"]), Err(TransportError::NoEndpoint(3))));
+        assert!(
+            b.frames.try_recv().is_err(),
+            "nothing reaches the departed node"
+        );
+        assert!(
+            b.lost.recv_timeout(Duration::from_millis(200)).is_err(),
+            "an orderly close is not a loss"
+        );
+        assert!(matches!(
+            a.t.send(3, Tag::new(0, 2, 1), &[b"x"]),
+            Err(TransportError::NoEndpoint(3))
+        ));
     }
 }
