@@ -131,12 +131,12 @@ fn cases(quick: bool) -> Vec<Case> {
     let lb = if quick {
         strs(&["--per-pe", "8", "--iters", "40", "--lb-every", "10", "--work-us", "200"])
     } else {
-        strs(&["--per-pe", "16", "--iters", "200", "--lb-every", "50", "--work-us", "400"])
+        strs(&["--per-pe", "16", "--iters", "400", "--lb-every", "20", "--work-us", "400"])
     };
     let jac = if quick {
         strs(&["--grid", "512", "--block", "128", "--iters", "40", "--lb-every", "10", "--residual-every", "0", "--quiet"])
     } else {
-        strs(&["--grid", "2048", "--block", "256", "--iters", "100", "--lb-every", "25", "--residual-every", "0", "--quiet"])
+        strs(&["--grid", "2048", "--block", "256", "--iters", "200", "--lb-every", "20", "--residual-every", "0", "--quiet"])
     };
     let with = |base: &[String], extra: &[&str]| -> Vec<String> { base.iter().cloned().chain(strs(extra)).collect() };
     vec![
