@@ -22,7 +22,7 @@ use tracing::{debug, error, warn};
 
 use crate::callback::{CallbackSpec, Target};
 use crate::chare::IndexKey;
-use crate::collection::{Departure, Store};
+use crate::collection::{Departure, ElemMeta, Store};
 use crate::lb::stats::{ObjStat, PeStat};
 use crate::msg::{CollId, Dest, Envelope, Payload, WireHeader, MAIN_COLL};
 use crate::node::NodeShared;
@@ -471,6 +471,40 @@ impl PeCtx {
     fn hold_for_creation(&mut self, coll: CollId, mut env: Envelope) {
         env.counted = false;
         self.unknown.entry(coll).or_default().push(env);
+    }
+
+    /// Keeps a runtime message until collection `coll` is created on this PE.
+    fn hold_sys_for_creation(&mut self, coll: CollId, msg: SysMsg) {
+        let env = Envelope {
+            prio: 0,
+            dest: Dest::System,
+            payload: Payload::local(msg),
+            counted: false,
+        };
+        self.hold_for_creation(coll, env);
+    }
+
+    /// Sends a packed element to PE `to` and remembers where it went.
+    pub(crate) fn send_migrant(
+        &mut self,
+        coll: CollId,
+        key: IndexKey,
+        to: PeId,
+        state: Vec<u8>,
+        meta: ElemMeta,
+        lb_step: Option<u64>,
+    ) {
+        self.learn(coll, key, to, meta.hops);
+        self.send_sys(
+            to,
+            SysMsg::Migrate {
+                coll,
+                key,
+                state,
+                meta,
+                lb_step,
+            },
+        );
     }
 
     /// Sends on an envelope that was held, as a newly created message.
@@ -990,15 +1024,7 @@ impl Pe {
                         init,
                         on,
                     };
-                    self.ctx.hold_for_creation(
-                        coll,
-                        Envelope {
-                            prio: 0,
-                            dest: Dest::System,
-                            payload: Payload::local(msg),
-                            counted: false,
-                        },
-                    );
+                    self.ctx.hold_sys_for_creation(coll, msg);
                     return;
                 };
                 *pop.births.entry(pop.next_open).or_insert(0) += 1;
@@ -1030,15 +1056,7 @@ impl Pe {
                         init,
                         red_start,
                     };
-                    self.ctx.hold_for_creation(
-                        coll,
-                        Envelope {
-                            prio: 0,
-                            dest: Dest::System,
-                            payload: Payload::local(msg),
-                            counted: false,
-                        },
-                    );
+                    self.ctx.hold_sys_for_creation(coll, msg);
                     return;
                 };
                 if let Err(e) = store.construct(key, &init, red_start, &mut self.ctx) {
@@ -1134,15 +1152,7 @@ impl Pe {
                         meta,
                         lb_step,
                     };
-                    self.ctx.hold_for_creation(
-                        coll,
-                        Envelope {
-                            prio: 0,
-                            dest: Dest::System,
-                            payload: Payload::local(msg),
-                            counted: false,
-                        },
-                    );
+                    self.ctx.hold_sys_for_creation(coll, msg);
                     return;
                 };
                 if let Err(e) = store.unpack(key, &state, meta, &mut self.ctx) {
@@ -1318,17 +1328,7 @@ impl Pe {
                     state,
                     meta,
                 } => {
-                    self.ctx.learn(coll, key, to, meta.hops);
-                    self.ctx.send_sys(
-                        to,
-                        SysMsg::Migrate {
-                            coll,
-                            key,
-                            state,
-                            meta,
-                            lb_step: None,
-                        },
-                    );
+                    self.ctx.send_migrant(coll, key, to, state, meta, None);
                     self.recheck_partials(coll);
                 }
                 Departure::Destroyed {

@@ -197,17 +197,8 @@ impl Pe {
         }
         for (key, to, state, meta) in outgoing {
             sent += state.len() as u64;
-            self.ctx.learn(coll, key, to, meta.hops);
-            self.ctx.send_sys(
-                to,
-                SysMsg::Migrate {
-                    coll,
-                    key,
-                    state,
-                    meta,
-                    lb_step: Some(step),
-                },
-            );
+            self.ctx
+                .send_migrant(coll, key, to, state, meta, Some(step));
         }
         let expected = moves.iter().filter(|(_, _, to)| *to == me).count();
         let s = self.ctx.lb.entry(coll).or_default();
