@@ -21,8 +21,12 @@ pub const ENV_PES: &str = "DUCTILE_PES";
 pub const ENV_BIND: &str = "DUCTILE_BIND";
 /// IP address peers should dial, when it differs from [`ENV_BIND`] (NAT, pod IPs).
 pub const ENV_ADVERTISE: &str = "DUCTILE_ADVERTISE";
-/// Listen address of the control endpoint (rescale requests); used by node 0.
+/// Listen address of the control endpoint (status, rescale requests); used by
+/// node 0. Unset: no control endpoint. A port of 0 lets the OS choose.
 pub const ENV_CONTROL: &str = "DUCTILE_CONTROL";
+/// File node 0 writes its bound control address to (local fleets, where the
+/// port is chosen by the OS).
+pub const ENV_CONTROL_FILE: &str = "DUCTILE_CONTROL_FILE";
 /// Transport the nodes use: `tcp` or `ucx`.
 pub const ENV_TRANSPORT: &str = "DUCTILE_TRANSPORT";
 /// Local fleet only: pid of the launcher; the node exits when that process goes away.

@@ -18,6 +18,7 @@
 pub mod cli;
 pub mod client;
 pub mod contract;
+pub mod control;
 pub mod core;
 pub mod proto;
 pub mod secret;

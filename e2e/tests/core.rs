@@ -410,3 +410,49 @@ fn a_killed_node_ends_the_job_with_its_name() {
         "processes left behind: {pids:?}"
     );
 }
+
+/// `ductile status` asks a running job's node 0 over its authenticated
+/// control endpoint, and says so plainly when no job runs.
+#[test]
+fn status_reports_the_running_jobs_membership() {
+    let state = tempfile::tempdir().expect("temp dir");
+    let mut job = Command::new(bin("ductile"))
+        .args(["run", "--nodes", "3", "--pes-per-node", "2", "--timeout", "120", "--state-dir"])
+        .arg(state.path())
+        .arg("--")
+        .arg(bin("jacobi2d"))
+        .args(["--grid", "256", "--block", "32", "--iters", "100000000", "--quiet"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ductile run");
+    let status = || {
+        Command::new(bin("ductile"))
+            .args(["status", "--json", "--state-dir"])
+            .arg(state.path())
+            .output()
+            .expect("ductile status")
+    };
+    let mut answer = None;
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            let out = status();
+            if out.status.success() {
+                answer = serde_json::from_slice::<serde_json::Value>(&out.stdout).ok();
+            }
+            answer.is_some()
+        }),
+        "status never answered"
+    );
+    let s = answer.expect("status");
+    assert_eq!(s["epoch"], 1);
+    assert_eq!(s["pes"], 6);
+    let members = s["members"].as_array().expect("members");
+    assert_eq!(members.len(), 3);
+    assert!(members.iter().enumerate().all(|(i, m)| m["node"] == i && m["pes"] == 2));
+    let _ = Command::new("kill").arg(job.id().to_string()).status();
+    let _ = job.wait();
+    let out = status();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no running job"));
+}

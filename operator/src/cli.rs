@@ -47,6 +47,8 @@ pub enum Command {
     /// Run a job on this machine: a coordinator and N node processes of PROGRAM.
     #[command(override_usage = "ductile run [OPTIONS] --nodes <N> -- <PROGRAM> [ARGS]...")]
     Run(RunArgs),
+    /// Show a running job's membership: epoch, nodes, PEs, waiting newcomers.
+    Status(StatusArgs),
     /// Run a job's coordinator (started by `ductile run` and by the operator's pods).
     ///
     /// Arguments are those of `ductile coordinator --help`.
@@ -60,6 +62,20 @@ pub enum Command {
         )]
         args: Vec<OsString>,
     },
+}
+
+/// Arguments of `ductile status`.
+#[derive(Args, Debug, Clone)]
+pub struct StatusArgs {
+    /// Job name (as given to `ductile run --job`).
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_JOB)]
+    pub job: String,
+    /// The job's state directory (as given to `ductile run --state-dir`).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of `ductile run`.
@@ -79,7 +95,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Transport the nodes use.
-    #[arg(long, value_name = "NAME", default_value = "tcp", value_parser = ["tcp", "ucx"])]
+    #[arg(long, value_name = "NAME", env = "DUCTILE_TRANSPORT", default_value = "tcp", value_parser = ["tcp", "ucx"])]
     pub transport: String,
     /// IP address the nodes and the coordinator bind.
     #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
@@ -143,6 +159,7 @@ pub fn dispatch(cli: Cli) -> i32 {
             init_tracing();
             run(args)
         }
+        Command::Status(args) => status(args),
         Command::Coordinator { args } => {
             let argv = std::iter::once(OsString::from("ductile coordinator")).chain(args);
             ductile_coordinator::cli::main_with_args(argv)
@@ -158,6 +175,68 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// `ductile status`: asks the running job's node 0 through its control endpoint.
+pub fn status(args: StatusArgs) -> i32 {
+    use ductile_coordinator::control::ControlClient;
+    use ductile_coordinator::secret::Secret;
+    let dir = match resolve_state_dir(args.state_dir.as_deref(), &args.job, |k| std::env::var_os(k)) {
+        Ok(dir) => dir,
+        Err(err) => {
+            say(&err.to_string());
+            return EXIT_USAGE;
+        }
+    };
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).map(|s| s.trim().to_string());
+    let (addr, secret) = match (read(crate::state::CONTROL_ADDR_FILE), read(crate::state::SECRET_FILE)) {
+        (Ok(a), Ok(s)) => (a, s),
+        _ => {
+            say(&format!("no running job in {} (start one with `ductile run`)", dir.display()));
+            return 1;
+        }
+    };
+    let secret = match Secret::from_hex(&secret) {
+        Ok(s) => s,
+        Err(e) => {
+            say(&format!("the job secret in {} is unreadable: {e}", dir.display()));
+            return 1;
+        }
+    };
+    let status = ControlClient::connect(&addr, &secret, Duration::from_secs(10)).and_then(|mut c| c.status());
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => {
+            say(&format!("cannot reach the job's control endpoint at {addr}: {e}"));
+            return 1;
+        }
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&status) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                say(&format!("cannot encode the status: {e}"));
+                return 1;
+            }
+        }
+        return 0;
+    }
+    println!(
+        "epoch {}  nodes {}  PEs {}  pending newcomers {}  up {:.1}s",
+        status.epoch,
+        status.members.len(),
+        status.pes,
+        status.pending.len(),
+        status.uptime_ms as f64 / 1e3
+    );
+    println!("{:>5} {:>6} {:>4} {:>8}  host", "node", "uid", "PEs", "pid");
+    for m in &status.members {
+        println!("{:>5} {:>6} {:>4} {:>8}  {}", m.node, m.uid, m.pes, m.pid, m.host);
+    }
+    for p in &status.pending {
+        println!("pending newcomer uid {} ({} PEs, pid {}, {})", p.uid, p.pes, p.pid, p.host);
+    }
+    0
 }
 
 /// `ductile run`: builds the [`JobSpec`], runs it, reports; returns the exit code.

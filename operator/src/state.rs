@@ -32,6 +32,10 @@ pub const DEFAULT_JOB: &str = "default";
 pub const LAUNCHER_PID_FILE: &str = "launcher.pid";
 /// Where the coordinator writes the address it bound.
 pub const COORDINATOR_ADDR_FILE: &str = "coordinator.addr";
+/// File node 0 writes its control endpoint's address to.
+pub const CONTROL_ADDR_FILE: &str = "control.addr";
+/// The job secret (hex, mode 0600), for tools that talk to the running job.
+pub const SECRET_FILE: &str = "secret";
 /// The coordinator's output.
 pub const COORDINATOR_LOG_FILE: &str = "coordinator.log";
 /// The job record.
@@ -161,6 +165,8 @@ impl StateDir {
                     // Files of an earlier run would mislead: the launcher waits
                     // for a fresh coordinator.addr.
                     held.remove_file(COORDINATOR_ADDR_FILE);
+                    held.remove_file(CONTROL_ADDR_FILE);
+                    held.remove_file(SECRET_FILE);
                     return Ok(held);
                 }
                 Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
@@ -203,6 +209,22 @@ impl StateDir {
         self.dir.join(COORDINATOR_ADDR_FILE)
     }
 
+    /// Path of node 0's control address file.
+    pub fn control_file(&self) -> PathBuf {
+        self.dir.join(CONTROL_ADDR_FILE)
+    }
+
+    /// Stores the job secret for tools (`ductile status`), readable by this user only.
+    pub fn write_secret(&self, hex: &str) -> Result<(), StateError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.dir.join(SECRET_FILE);
+        let _ = fs::remove_file(&path);
+        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(|source| {
+            StateError::Io { what: "cannot create", path: path.clone(), source }
+        })?;
+        f.write_all(hex.as_bytes()).map_err(|source| StateError::Io { what: "cannot write", path, source })
+    }
+
     /// Path of the coordinator's log.
     pub fn coordinator_log(&self) -> PathBuf {
         self.dir.join(COORDINATOR_LOG_FILE)
@@ -222,6 +244,8 @@ impl StateDir {
     fn cleanup(&mut self) {
         if self.locked {
             self.remove_file(COORDINATOR_ADDR_FILE);
+            self.remove_file(CONTROL_ADDR_FILE);
+            self.remove_file(SECRET_FILE);
             self.remove_file(LAUNCHER_PID_FILE);
             self.locked = false;
         }

@@ -21,6 +21,7 @@ pub mod bulk;
 pub mod callback;
 pub mod chare;
 mod collection;
+mod control;
 pub mod ctx;
 pub mod lb;
 mod msg;

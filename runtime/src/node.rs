@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ductile_coordinator::client::{Admission, Client};
 use ductile_coordinator::contract;
-use ductile_coordinator::proto::{Registration, Role, ServerMsg};
+use ductile_coordinator::proto::{Registration, Role, ServerMsg, View};
 use tracing::{error, info, warn};
 
 use crate::msg::{CollId, Envelope, Payload, WireHeader};
@@ -49,6 +49,7 @@ pub(crate) struct NodeShared {
     pub options: Options,
     topo: Mutex<Option<Arc<Topology>>>,
     topo_set: Condvar,
+    view: Mutex<Option<View>>,
     transport: OnceLock<Arc<dyn Transport>>,
     uid: AtomicU64,
     next_coll: AtomicU32,
@@ -67,6 +68,7 @@ impl NodeShared {
             options,
             topo: Mutex::new(None),
             topo_set: Condvar::new(),
+            view: Mutex::new(None),
             transport: OnceLock::new(),
             uid: AtomicU64::new(0),
             next_coll: AtomicU32::new(1),
@@ -79,6 +81,11 @@ impl NodeShared {
     fn install(&self, topo: Arc<Topology>) {
         *self.topo.lock().expect("topology lock poisoned") = Some(topo);
         self.topo_set.notify_all();
+    }
+
+    /// The current membership view (None before the job started or standalone).
+    pub(crate) fn view(&self) -> Option<View> {
+        self.view.lock().expect("view lock poisoned").clone()
     }
 
     fn topology(&self, wait: Duration) -> Option<Arc<Topology>> {
@@ -358,6 +365,7 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
     transport.set_uid(uid);
     node.uid.store(uid, Ordering::Relaxed);
     let topo = Arc::new(Topology::new(&view, me));
+    *node.view.lock().expect("view lock poisoned") = Some(view.clone());
     info!(
         node = me,
         epoch = view.epoch,
@@ -371,6 +379,21 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
     node.install(topo.clone());
 
     let client = Arc::new(client);
+    if me == 0 {
+        if let Some(listen) = env_var(contract::ENV_CONTROL) {
+            let listen = listen.parse().unwrap_or_else(|e| {
+                fail_startup(format!("{}={listen}: {e}", contract::ENV_CONTROL))
+            });
+            let file = env_var(contract::ENV_CONTROL_FILE).map(std::path::PathBuf::from);
+            match crate::control::start(listen, file, secret.clone(), node.clone(), client.clone())
+            {
+                Ok(addr) => info!(%addr, "control endpoint listening"),
+                Err(e) => fail_startup(format!(
+                    "cannot start the control endpoint on {listen}: {e}"
+                )),
+            }
+        }
+    }
     let watching = Arc::new(AtomicBool::new(true));
     let watcher = {
         let (client, node, watching) = (client.clone(), node.clone(), watching.clone());

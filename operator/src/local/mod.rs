@@ -502,6 +502,7 @@ fn start_processes(
 ) -> Result<Secret, LaunchError> {
     let secret = Secret::generate();
     let secret_hex = secret.to_hex();
+    dir.write_secret(&secret_hex)?;
 
     // The coordinator: this binary's `coordinator` subcommand, its output in
     // the state directory, the secret in its environment only.
@@ -577,6 +578,13 @@ fn start_processes(
             // read would stop them (SIGTTIN).
             .stdin(Stdio::null())
             .process_group(0);
+        if index == 0 {
+            // Node 0 serves the control endpoint (`ductile status`) on a port of its choosing.
+            cmd.env(contract::ENV_CONTROL, SocketAddr::new(spec.bind, 0).to_string())
+                .env(contract::ENV_CONTROL_FILE, dir.control_file());
+        } else {
+            cmd.env_remove(contract::ENV_CONTROL).env_remove(contract::ENV_CONTROL_FILE);
+        }
         let child = cmd.spawn().map_err(|source| LaunchError::NodeSpawn {
             index,
             program: spec.program.to_string_lossy().into_owned(),

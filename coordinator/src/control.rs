@@ -1,0 +1,231 @@
+//! The control endpoint's protocol: how tools (`ductile status`, the
+//! Kubernetes operator) talk to a running job's PE 0, the role Charm++'s CCS
+//! plays. Node 0 serves it; this crate holds the messages, the server side of
+//! one connection and a blocking client, so fleets need no runtime dependency.
+//!
+//! Same frames as the coordinator ([`crate::proto`]: magic, version, length
+//! bound, postcard payload) and the same authentication: the server sends a
+//! nonce, the client answers with an HMAC of it under the job secret, and
+//! nothing else is served before that.
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+use crate::proto::{decode_payload, encode, parse_header, Epoch, FrameError, Member, PendingNewcomer, HEADER_LEN};
+use crate::secret::Secret;
+
+/// HMAC context of control-endpoint proofs (distinct from the coordinator's).
+pub const CONTROL_CONTEXT: &[u8] = b"ductile/control/v1";
+
+/// What a tool asks PE 0.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ControlRequest {
+    /// The answer to the server's challenge.
+    Hello {
+        /// `Secret::proof(CONTROL_CONTEXT, nonce)`.
+        proof: [u8; 32],
+    },
+    /// The job's membership and progress.
+    Status,
+}
+
+/// What PE 0 answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ControlReply {
+    /// First frame of every connection.
+    Challenge {
+        /// Random bytes to prove the secret over.
+        nonce: [u8; 32],
+    },
+    /// The proof was right.
+    Welcome,
+    /// The answer to [`ControlRequest::Status`].
+    Status(JobStatus),
+    /// A refusal, with its reason; the connection closes after it.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+/// A running job as PE 0 sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// The current view's epoch.
+    pub epoch: Epoch,
+    /// The current members, in node order.
+    pub members: Vec<Member>,
+    /// Total PEs.
+    pub pes: u32,
+    /// Newcomers registered with the coordinator and waiting to be admitted.
+    pub pending: Vec<PendingNewcomer>,
+    /// Milliseconds since node 0 started.
+    pub uptime_ms: u64,
+}
+
+/// What went wrong on a control connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// A socket error (including timeouts).
+    #[error("control endpoint I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// A frame that is not one.
+    #[error("bad frame on the control endpoint: {0}")]
+    Frame(#[from] FrameError),
+    /// The peer refused (wrong secret, unknown request...).
+    #[error("the control endpoint refused: {0}")]
+    Refused(String),
+    /// A message out of place.
+    #[error("unexpected message on the control endpoint: {0}")]
+    Unexpected(String),
+}
+
+fn send<T: Serialize>(s: &mut TcpStream, msg: &T) -> Result<(), ControlError> {
+    s.write_all(&encode(msg))?;
+    Ok(())
+}
+
+fn recv<T: serde::de::DeserializeOwned>(s: &mut TcpStream) -> Result<T, ControlError> {
+    let mut header = [0u8; HEADER_LEN];
+    s.read_exact(&mut header)?;
+    let len = parse_header(&header)?;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload)?;
+    Ok(decode_payload(&payload)?)
+}
+
+/// Serves one control connection: authenticates it, then answers requests
+/// with `answer` until the peer closes. Bad frames and wrong secrets get an
+/// error reply and end the connection.
+pub fn serve_connection(
+    mut stream: TcpStream,
+    secret: &Secret,
+    mut answer: impl FnMut(&ControlRequest) -> ControlReply,
+) -> Result<(), ControlError> {
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut nonce = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut nonce);
+    send(&mut stream, &ControlReply::Challenge { nonce })?;
+    match recv::<ControlRequest>(&mut stream) {
+        Ok(ControlRequest::Hello { proof }) if secret.verify(CONTROL_CONTEXT, &nonce, &proof) => {
+            send(&mut stream, &ControlReply::Welcome)?;
+        }
+        Ok(_) => {
+            let message = "unauthenticated: the first message must prove the job secret".to_string();
+            send(&mut stream, &ControlReply::Error { message: message.clone() })?;
+            return Err(ControlError::Refused(message));
+        }
+        Err(e) => {
+            let _ = send(&mut stream, &ControlReply::Error { message: e.to_string() });
+            return Err(e);
+        }
+    }
+    loop {
+        let req = match recv::<ControlRequest>(&mut stream) {
+            Ok(r) => r,
+            Err(ControlError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => {
+                let _ = send(&mut stream, &ControlReply::Error { message: e.to_string() });
+                return Err(e);
+            }
+        };
+        send(&mut stream, &answer(&req))?;
+    }
+}
+
+/// A blocking, authenticated connection to a job's control endpoint.
+pub struct ControlClient {
+    stream: TcpStream,
+}
+
+impl ControlClient {
+    /// Connects to `addr` and proves the job secret.
+    pub fn connect(addr: &str, secret: &Secret, timeout: Duration) -> Result<Self, ControlError> {
+        let sock = addr
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| ControlError::Unexpected(format!("{addr} resolves to no address")))?;
+        let mut stream = TcpStream::connect_timeout(&sock, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        let nonce = match recv::<ControlReply>(&mut stream)? {
+            ControlReply::Challenge { nonce } => nonce,
+            other => return Err(ControlError::Unexpected(format!("{other:?}"))),
+        };
+        send(&mut stream, &ControlRequest::Hello { proof: secret.proof(CONTROL_CONTEXT, &nonce) })?;
+        match recv::<ControlReply>(&mut stream)? {
+            ControlReply::Welcome => Ok(ControlClient { stream }),
+            ControlReply::Error { message } => Err(ControlError::Refused(message)),
+            other => Err(ControlError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// The job's status.
+    pub fn status(&mut self) -> Result<JobStatus, ControlError> {
+        send(&mut self.stream, &ControlRequest::Status)?;
+        match recv::<ControlReply>(&mut self.stream)? {
+            ControlReply::Status(s) => Ok(s),
+            ControlReply::Error { message } => Err(ControlError::Refused(message)),
+            other => Err(ControlError::Unexpected(format!("{other:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn server(secret: Secret) -> (String, std::thread::JoinHandle<Result<(), ControlError>>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let h = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            serve_connection(s, &secret, |req| match req {
+                ControlRequest::Status => ControlReply::Status(JobStatus {
+                    epoch: 3,
+                    members: vec![],
+                    pes: 4,
+                    pending: vec![],
+                    uptime_ms: 1,
+                }),
+                ControlRequest::Hello { .. } => ControlReply::Error { message: "already authenticated".into() },
+            })
+        });
+        (addr, h)
+    }
+
+    #[test]
+    fn status_after_authentication() {
+        let secret = Secret::generate();
+        let (addr, h) = server(secret.clone());
+        let mut c = ControlClient::connect(&addr, &secret, Duration::from_secs(5)).unwrap();
+        let s = c.status().unwrap();
+        assert_eq!((s.epoch, s.pes), (3, 4));
+        drop(c);
+        h.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_wrong_secret_is_refused_and_served_nothing() {
+        let (addr, h) = server(Secret::generate());
+        let err = ControlClient::connect(&addr, &Secret::generate(), Duration::from_secs(5)).err().unwrap();
+        assert!(matches!(err, ControlError::Refused(ref m) if m.contains("unauthenticated")), "{err}");
+        assert!(h.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn garbage_gets_an_error_frame_and_a_closed_connection() {
+        let (addr, h) = server(Secret::generate());
+        let mut s = TcpStream::connect(&addr).unwrap();
+        let _: ControlReply = recv(&mut s).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let reply: ControlReply = recv(&mut s).unwrap();
+        assert!(matches!(reply, ControlReply::Error { .. }));
+        assert!(h.join().unwrap().is_err());
+    }
+}

@@ -1,0 +1,70 @@
+//! Node 0's control endpoint (the role of Charm++'s CCS): tools ask a running
+//! job for its status here; rescale requests will arrive here too. The
+//! protocol lives in `ductile_coordinator::control`, so fleets need no
+//! runtime dependency.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ductile_coordinator::client::Client;
+use ductile_coordinator::control::{serve_connection, ControlReply, ControlRequest, JobStatus};
+use ductile_coordinator::secret::Secret;
+use tracing::{debug, warn};
+
+use crate::node::NodeShared;
+
+/// Starts the control endpoint on `listen`; writes the bound address to
+/// `addr_file` (atomically) when given. Returns the bound address.
+pub(crate) fn start(
+    listen: SocketAddr,
+    addr_file: Option<PathBuf>,
+    secret: Secret,
+    node: Arc<NodeShared>,
+    coordinator: Arc<Client>,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(listen)?;
+    let bound = listener.local_addr()?;
+    if let Some(path) = addr_file {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, bound.to_string())?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    let started = Instant::now();
+    std::thread::Builder::new().name("ductile-control".into()).spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(stream) = conn else { continue };
+            let (secret, node, coordinator) = (secret.clone(), node.clone(), coordinator.clone());
+            let _ = std::thread::Builder::new().name("ductile-control-conn".into()).spawn(move || {
+                let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                let result = serve_connection(stream, &secret, |req| match req {
+                    ControlRequest::Status => status(&node, &coordinator, started),
+                    ControlRequest::Hello { .. } => ControlReply::Error { message: "already authenticated".into() },
+                });
+                match result {
+                    Ok(()) => debug!(peer, "control connection closed"),
+                    Err(e) => warn!(peer, "control connection refused or broken: {e}"),
+                }
+            });
+        }
+    })?;
+    Ok(bound)
+}
+
+fn status(node: &NodeShared, coordinator: &Client, started: Instant) -> ControlReply {
+    let Some(view) = node.view() else {
+        return ControlReply::Error { message: "the job has no view yet".into() };
+    };
+    let pending = match coordinator.query_view(Duration::from_secs(5)) {
+        Ok((_, pending)) => pending,
+        Err(e) => return ControlReply::Error { message: format!("the coordinator did not answer: {e}") },
+    };
+    ControlReply::Status(JobStatus {
+        epoch: view.epoch,
+        pes: view.total_pes(),
+        members: view.members,
+        pending,
+        uptime_ms: started.elapsed().as_millis() as u64,
+    })
+}
