@@ -99,8 +99,13 @@ impl<'a, C: Chare> Ctx<'a, C> {
     /// sent to it before, during and after the move are delivered exactly once.
     ///
     /// # Panics
-    /// If `pe` is not a PE of the job.
+    /// If `pe` is not a PE of the job, or this is not an array element.
     pub fn migrate_me(&mut self, pe: Pe) {
+        assert!(
+            self.pe.is_migratable(self.coll),
+            "{}: only array elements can migrate",
+            C::NAME
+        );
         assert!(
             pe < self.pe.num_pes(),
             "cannot migrate to PE {pe}: the job has {} PEs",
@@ -111,7 +116,15 @@ impl<'a, C: Chare> Ctx<'a, C> {
 
     /// Destroys this element once this entry method returns. It stops owing
     /// contributions to the array's later reductions.
+    ///
+    /// # Panics
+    /// If this is not an array element (groups and main live as long as the job).
     pub fn destroy(&mut self) {
+        assert!(
+            self.pe.is_migratable(self.coll),
+            "{}: only array elements can be destroyed",
+            C::NAME
+        );
         self.meta.destroy = true;
     }
 }

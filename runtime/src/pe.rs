@@ -405,6 +405,16 @@ impl PeCtx {
         total
     }
 
+    /// Whether elements of `coll` may move: array elements, but not main or
+    /// group and nodegroup members (whose PE is their identity).
+    pub(crate) fn is_migratable(&self, coll: CollId) -> bool {
+        coll != MAIN_COLL
+            && matches!(
+                self.colls.get(&coll).map(|c| &c.shape),
+                Some(Shape::Array { .. })
+            )
+    }
+
     pub(crate) fn depart(&mut self, d: Departure) {
         self.departures.push(d);
     }

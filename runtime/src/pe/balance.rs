@@ -68,6 +68,8 @@ impl Pe {
         self.ctx.busy = Duration::ZERO;
         self.ctx.idle = Duration::ZERO;
         self.ctx.measured_since = Instant::now();
+        // Group and nodegroup members, and main, stay where they are.
+        let migratable = self.ctx.is_migratable(coll);
         let objs = loads
             .into_iter()
             .map(|(key, load)| ObjStat {
@@ -75,7 +77,7 @@ impl Pe {
                 pe: me,
                 load,
                 bytes: 0,
-                migratable: coll != crate::msg::MAIN_COLL,
+                migratable,
             })
             .collect();
         let pe = PeStat {
