@@ -20,7 +20,7 @@ use ductile_coordinator::contract;
 use ductile_coordinator::proto::{Registration, Role, ServerMsg, View};
 use tracing::{error, info, warn};
 
-use crate::msg::{CollId, Envelope, Payload, WireHeader};
+use crate::msg::{decode_frame, CollId};
 use crate::options::Options;
 use crate::pe::{Inbox, LoopExit, Pe};
 use crate::registry::Registry;
@@ -154,48 +154,10 @@ impl Sink for NodeSink {
             );
             return;
         };
-        if tag.epoch_bits() != topo.epoch() & 0xffff {
-            error!(
-                "dropping a frame from node {} sent at another epoch ({} here)",
-                tag.src(),
-                topo.epoch()
-            );
-            return;
+        match decode_frame(&topo, tag, frame) {
+            Ok((rank, env)) => node.inboxes[rank].push(env),
+            Err(e) => error!("dropping a frame from node {}: {e}", tag.src()),
         }
-        if tag.kind() != kind::ENVELOPE {
-            warn!(
-                "dropping a frame of unknown kind {} from node {}",
-                tag.kind(),
-                tag.src()
-            );
-            return;
-        }
-        let (header, rest) = match postcard::take_from_bytes::<WireHeader>(&frame) {
-            Ok(v) => v,
-            Err(e) => {
-                error!("dropping a malformed frame from node {}: {e}", tag.src());
-                return;
-            }
-        };
-        let offset = frame.len() - rest.len();
-        if header.dest_pe >= topo.num_pes() || !topo.is_local(header.dest_pe) {
-            error!(
-                "dropping a frame from node {} for PE {}, which is not on this node",
-                tag.src(),
-                header.dest_pe
-            );
-            return;
-        }
-        let env = Envelope {
-            prio: header.prio,
-            dest: header.dest,
-            counted: header.counted,
-            payload: Payload::Wire {
-                bytes: Arc::new(frame),
-                offset,
-            },
-        };
-        node.inboxes[topo.rank_of(header.dest_pe)].push(env);
     }
 
     fn lost(&self, peer_uid: u64, reason: String) {

@@ -24,7 +24,7 @@ use crate::callback::{CallbackSpec, Target};
 use crate::chare::IndexKey;
 use crate::collection::{Departure, ElemMeta, Store};
 use crate::lb::stats::{ObjStat, PeStat};
-use crate::msg::{CollId, Dest, Envelope, Payload, WireHeader, MAIN_COLL};
+use crate::msg::{encode_header, CollId, Dest, Envelope, Payload, MAIN_COLL};
 use crate::node::NodeShared;
 use crate::reduce::{combine, Reducer, Value};
 use crate::registry::LinearFn;
@@ -577,13 +577,7 @@ impl PeCtx {
     }
 
     fn send_remote(&mut self, pe: PeId, env: Envelope) {
-        let header = WireHeader {
-            dest_pe: pe,
-            prio: env.prio,
-            counted: env.counted,
-            dest: env.dest,
-        };
-        let head = postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail");
+        let head = encode_header(pe, &env);
         let body = env.payload.body();
         let node = self.topo.node_of(pe);
         if let Err(e) = self.node.send_to_node(node, &head, &body) {
