@@ -288,20 +288,35 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
         a.parse()
             .unwrap_or_else(|e| fail_startup(format!("{}={a}: {e}", contract::ENV_ADVERTISE)))
     });
-    if let Some(t) = env_var(contract::ENV_TRANSPORT) {
-        if t != "tcp" {
-            fail_startup(format!(
-                "transport `{t}` is not built into this program (available: tcp)"
-            ));
-        }
+    // DUCTILE_TRANSPORT: tcp, or ucx when built with the `ucx` feature (then
+    // the default); UCX itself reads UCX_TLS, UCX_NET_DEVICES, ... from the
+    // environment the node inherits.
+    let available: &[&str] = if cfg!(feature = "ucx") {
+        &["ucx", "tcp"]
+    } else {
+        &["tcp"]
+    };
+    let chosen = env_var(contract::ENV_TRANSPORT).unwrap_or_else(|| available[0].to_owned());
+    if !available.contains(&chosen.as_str()) {
+        fail_startup(format!(
+            "transport `{chosen}` is not built into this program (available: {})",
+            available.join(", ")
+        ));
     }
-    let transport = TcpTransport::bind(
-        bind,
-        advertise,
-        secret.clone(),
-        Arc::new(NodeSink(Arc::downgrade(node))),
-    )
-    .unwrap_or_else(|e| fail_startup(e));
+    let sink = Arc::new(NodeSink(Arc::downgrade(node)));
+    // The TCP transport also needs this node's uid once registered.
+    let (transport, tcp): (Arc<dyn Transport>, Option<Arc<TcpTransport>>) = match chosen.as_str() {
+        #[cfg(feature = "ucx")]
+        "ucx" => (
+            crate::transport::ucx::UcxTransport::new(sink).unwrap_or_else(|e| fail_startup(e)),
+            None,
+        ),
+        _ => {
+            let t = TcpTransport::bind(bind, advertise, secret.clone(), sink)
+                .unwrap_or_else(|e| fail_startup(e));
+            (t.clone(), Some(t))
+        }
+    };
     let _ = node.transport.set(transport.clone());
     let client = Client::connect(coordinator, &secret, CONNECT_TIMEOUT).unwrap_or_else(|e| {
         fail_startup(format!(
@@ -324,7 +339,9 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
         Err(e) => fail_startup(format!("the coordinator refused this node: {e}")),
     };
     let uid = view.members[me as usize].uid;
-    transport.set_uid(uid);
+    if let Some(t) = &tcp {
+        t.set_uid(uid);
+    }
     node.uid.store(uid, Ordering::Relaxed);
     let topo = Arc::new(Topology::new(&view, me));
     *node.view.lock().expect("view lock poisoned") = Some(view.clone());

@@ -10,9 +10,11 @@
 //!   endpoints to surviving peers are kept and re-indexed by their new node
 //!   ids, endpoints to removed peers closed, new ones opened.
 //!
-//! `tcp` is always built.
+//! `tcp` is always built; `ucx` with the cargo feature `ucx`.
 
 pub mod tcp;
+#[cfg(feature = "ucx")]
+pub mod ucx;
 
 use ductile_coordinator::proto::{Epoch, NodeId, View};
 

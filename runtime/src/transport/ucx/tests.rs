@@ -1,0 +1,236 @@
+//! The TCP transport's tests, ported to UCX, plus renumbering and large
+//! frames. They run over whatever `UCX_TLS` selects (shared memory by
+//! default; `UCX_TLS=tcp UCX_NET_DEVICES=lo` for TCP on loopback).
+
+use super::*;
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use ductile_coordinator::proto::Member;
+
+struct Collect(Sender<(Tag, Vec<u8>)>, Sender<String>);
+impl Sink for Collect {
+    fn deliver(&self, tag: Tag, frame: Vec<u8>) {
+        let _ = self.0.send((tag, frame));
+    }
+    fn lost(&self, _uid: u64, reason: String) {
+        let _ = self.1.send(reason);
+    }
+}
+
+struct Node {
+    t: Arc<UcxTransport>,
+    frames: Receiver<(Tag, Vec<u8>)>,
+    lost: Receiver<String>,
+    uid: u64,
+}
+
+fn node(uid: u64) -> Node {
+    let (ft, fr) = unbounded();
+    let (lt, lr) = unbounded();
+    let t = UcxTransport::new(Arc::new(Collect(ft, lt))).unwrap();
+    Node {
+        t,
+        frames: fr,
+        lost: lr,
+        uid,
+    }
+}
+
+fn view(epoch: u64, nodes: &[&Node]) -> View {
+    View {
+        epoch,
+        members: nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Member {
+                node: i as u32,
+                uid: n.uid,
+                address: n.t.address(),
+                pes: 1,
+                host: "h".into(),
+                pid: 0,
+            })
+            .collect(),
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[test]
+fn frames_arrive_in_order_with_the_sender_in_the_tag() {
+    let (a, b) = (node(10), node(11));
+    let v = view(1, &[&a, &b]);
+    assert_eq!(
+        a.t.reconcile(&v, 0).unwrap(),
+        Reconciled {
+            kept: 0,
+            opened: 1,
+            closed: 0
+        }
+    );
+    for i in 0..100u32 {
+        a.t.send(1, Tag::new(0, 1, 5), &[&i.to_le_bytes(), b"-payload"])
+            .unwrap();
+    }
+    for i in 0..100u32 {
+        let (tag, frame) = b.frames.recv_timeout(WAIT).unwrap();
+        assert_eq!((tag.src(), tag.kind(), tag.epoch_bits()), (0, 5, 1));
+        assert_eq!(&frame[..4], &i.to_le_bytes());
+        assert_eq!(&frame[4..], b"-payload");
+    }
+}
+
+#[test]
+fn large_and_small_frames_keep_their_order() {
+    let (a, b) = (node(1), node(2));
+    a.t.reconcile(&view(1, &[&a, &b]), 0).unwrap();
+    let sizes = [
+        8usize,
+        4 << 20,
+        16,
+        EAGER_MAX,
+        EAGER_MAX + 1,
+        1 << 16,
+        0,
+        3 << 20,
+        1,
+    ];
+    for (i, &n) in sizes.iter().enumerate() {
+        let body: Vec<u8> = (0..n).map(|k| (k as u8).wrapping_add(i as u8)).collect();
+        a.t.send(1, Tag::new(0, 1, 1), &[&body[..n / 2], &body[n / 2..]])
+            .unwrap();
+    }
+    for (i, &n) in sizes.iter().enumerate() {
+        let (tag, frame) = b.frames.recv_timeout(WAIT).unwrap();
+        assert_eq!((tag.src(), tag.kind()), (0, 1), "frame {i}");
+        assert_eq!(frame.len(), n, "frame {i}");
+        assert!(
+            frame
+                .iter()
+                .enumerate()
+                .all(|(k, &x)| x == (k as u8).wrapping_add(i as u8)),
+            "frame {i} content"
+        );
+    }
+    assert!(b.frames.try_recv().is_err());
+}
+
+#[test]
+fn reconcile_keeps_survivors_reindexed_closes_the_departed_and_opens_newcomers() {
+    let (a, b, c, d) = (node(1), node(2), node(3), node(4));
+    assert_eq!(
+        a.t.reconcile(&view(1, &[&a, &b, &c]), 0).unwrap(),
+        Reconciled {
+            kept: 0,
+            opened: 2,
+            closed: 0
+        }
+    );
+    // b leaves, c is renumbered 2 -> 1, d joins as node 2.
+    let v2 = view(2, &[&a, &c, &d]);
+    assert_eq!(
+        a.t.reconcile(&v2, 0).unwrap(),
+        Reconciled {
+            kept: 1,
+            opened: 1,
+            closed: 1
+        }
+    );
+    a.t.send(1, Tag::new(0, 2, 1), &[b"to-c"]).unwrap();
+    a.t.send(2, Tag::new(0, 2, 1), &[b"to-d"]).unwrap();
+    assert_eq!(c.frames.recv_timeout(WAIT).unwrap().1, b"to-c");
+    assert_eq!(d.frames.recv_timeout(WAIT).unwrap().1, b"to-d");
+    assert!(
+        b.frames.try_recv().is_err(),
+        "nothing reaches the departed node"
+    );
+    assert!(
+        b.lost.recv_timeout(Duration::from_millis(200)).is_err(),
+        "an orderly close is not a loss"
+    );
+    assert!(matches!(
+        a.t.send(3, Tag::new(0, 2, 1), &[b"x"]),
+        Err(TransportError::NoEndpoint(3))
+    ));
+}
+
+#[test]
+fn renumbering_changes_source_ids_without_reposting_receives() {
+    let nodes = [node(100), node(101), node(102), node(103)];
+    let all: Vec<&Node> = nodes.iter().collect();
+    let v1 = view(1, &all);
+    for (i, n) in nodes.iter().enumerate() {
+        n.t.reconcile(&v1, i as u32).unwrap();
+    }
+    // Epoch 1: everyone sends to node 0 under its old id.
+    for i in 1..4u32 {
+        nodes[i as usize]
+            .t
+            .send(0, Tag::new(i, 1, 1), &[&i.to_le_bytes()])
+            .unwrap();
+    }
+    let mut seen: Vec<u32> = (0..3)
+        .map(|_| nodes[0].frames.recv_timeout(WAIT).unwrap().0.src())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, [1, 2, 3]);
+
+    // Drop node 1; nodes 2 and 3 become 1 and 2.
+    let posts_before: Vec<u64> = nodes.iter().map(|n| n.t.posts()).collect();
+    let v2 = view(2, &[&nodes[0], &nodes[2], &nodes[3]]);
+    for (new_id, old) in [(0u32, 0usize), (1, 2), (2, 3)] {
+        let r = nodes[old].t.reconcile(&v2, new_id).unwrap();
+        assert_eq!((r.kept, r.closed, r.opened), (2, 1, 0), "node {old}");
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        assert_eq!(
+            n.t.posts(),
+            posts_before[i],
+            "reconcile re-posted receives on node {i}"
+        );
+    }
+
+    // Old node 3 (now 2) sends to old node 2 (now 1) and to node 0;
+    // old node 2 (now 1) sends to node 0.
+    nodes[3].t.send(1, Tag::new(2, 2, 1), &[b"3->2"]).unwrap();
+    nodes[3].t.send(0, Tag::new(2, 2, 1), &[b"3->0"]).unwrap();
+    nodes[2].t.send(0, Tag::new(1, 2, 1), &[b"2->0"]).unwrap();
+    let (t, f) = nodes[2].frames.recv_timeout(WAIT).unwrap();
+    assert_eq!((t.src(), t.epoch_bits(), &f[..]), (2, 2, &b"3->2"[..]));
+    let mut at0: Vec<(u32, Vec<u8>)> = (0..2)
+        .map(|_| {
+            let (t, f) = nodes[0].frames.recv_timeout(WAIT).unwrap();
+            (t.src(), f)
+        })
+        .collect();
+    at0.sort();
+    assert_eq!(at0, [(1, b"2->0".to_vec()), (2, b"3->0".to_vec())]);
+    // The ring was posted once; each delivered small frame re-posted one
+    // receive, and nothing else did.
+    assert_eq!(nodes[0].t.posts(), posts_before[0] + 2);
+    assert_eq!(nodes[2].t.posts(), posts_before[2] + 1);
+    assert_eq!(nodes[3].t.posts(), posts_before[3]);
+    // Node 1 is gone from every survivor's table.
+    assert!(matches!(
+        nodes[0].t.send(3, Tag::new(0, 2, 1), &[b"x"]),
+        Err(TransportError::NoEndpoint(3))
+    ));
+    assert!(nodes[1].frames.try_recv().is_err());
+}
+
+#[test]
+fn an_unusable_address_is_an_error_not_a_crash() {
+    let a = node(1);
+    let mut v = view(1, &[&a]);
+    v.members.push(Member {
+        node: 1,
+        uid: 2,
+        address: Vec::new(),
+        pes: 1,
+        host: "h".into(),
+        pid: 0,
+    });
+    assert!(matches!(
+        a.t.reconcile(&v, 0),
+        Err(TransportError::Address(1, _))
+    ));
+}
