@@ -4,5 +4,6 @@
 //! binaries.
 
 pub mod args;
+pub mod bench;
 pub mod jacobi;
 pub mod megatest;

@@ -25,14 +25,14 @@
 //! checksums disagree; a missed performance target is reported, not an error.
 
 use std::fmt::Write as _;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Barrier;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use ductile_apps::args;
+use ductile_apps::bench::*;
 use serde_json::{json, Value};
 
 const USAGE: &str = "usage: bench_core [--reps N] [--iters K] [--grid N] [--quick] [--skip-pingpong] [--skip-jacobi] \
@@ -117,150 +117,6 @@ impl Opts {
 }
 
 // ---------------------------------------------------------------- statistics
-
-#[derive(Clone, Copy)]
-struct Stats {
-    median: f64,
-    min: f64,
-    max: f64,
-}
-
-fn stats(samples: &[f64]) -> Stats {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    let median = if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    };
-    Stats {
-        median,
-        min: s.first().copied().unwrap_or(f64::NAN),
-        max: s.last().copied().unwrap_or(f64::NAN),
-    }
-}
-
-fn stats_json(samples: &[f64]) -> Value {
-    let st = stats(samples);
-    json!({ "samples": samples, "median": st.median, "min": st.min, "max": st.max })
-}
-
-// ---------------------------------------------------------------- child runs
-
-struct Env {
-    ductile: PathBuf,
-    state_base: PathBuf,
-    timeout_s: u64,
-    runs: usize,
-}
-
-/// Output of a child job that exited 0.
-struct ChildOut {
-    stdout: String,
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let v: Vec<&str> = text.lines().collect();
-    v[v.len().saturating_sub(lines)..].join("\n")
-}
-
-impl Env {
-    /// Runs `program args` as a job of `nodes x pes` under the launcher, with a
-    /// wall-clock limit; a failure is an error carrying the child's output tails.
-    fn run(
-        &mut self,
-        tag: &str,
-        nodes: u32,
-        pes: u32,
-        program: &Path,
-        prog_args: &[String],
-    ) -> Result<ChildOut> {
-        self.runs += 1;
-        let job = format!("bench-core-{}-{tag}-{}", std::process::id(), self.runs);
-        let state_dir = self.state_base.join(&job);
-        let mut cmd = Command::new(&self.ductile);
-        cmd.arg("run")
-            .args([
-                "--nodes",
-                &nodes.to_string(),
-                "--pes-per-node",
-                &pes.to_string(),
-            ])
-            .args(["--job", &job])
-            .arg("--state-dir")
-            .arg(&state_dir)
-            .args(["--timeout", &self.timeout_s.to_string()])
-            .arg("--")
-            .arg(program)
-            .args(prog_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let shown = format!("{cmd:?}");
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start {}", self.ductile.display()))?;
-        let mut out_pipe = child.stdout.take().expect("piped stdout");
-        let mut err_pipe = child.stderr.take().expect("piped stderr");
-        let out_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = out_pipe.read_to_string(&mut s);
-            s
-        });
-        let err_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err_pipe.read_to_string(&mut s);
-            s
-        });
-        // The launcher enforces --timeout; this is only a backstop in case it hangs itself.
-        let deadline = Instant::now() + Duration::from_secs(self.timeout_s + 30);
-        let status = loop {
-            if let Some(st) = child.try_wait()? {
-                break Some(st);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let stdout = out_reader.join().unwrap_or_default();
-        let stderr = err_reader.join().unwrap_or_default();
-        match status {
-            Some(st) if st.success() => Ok(ChildOut { stdout }),
-            other => {
-                let why = match other {
-                    Some(st) => format!("exited with {st}"),
-                    None => format!(
-                        "did not finish within {} s and was killed",
-                        self.timeout_s + 30
-                    ),
-                };
-                Err(anyhow!(
-                    "child run `{tag}` {why}\n  command: {shown}\n  --- stderr (tail) ---\n{}\n  --- stdout (tail) ---\n{}",
-                    tail(&stderr, 30),
-                    tail(&stdout, 10)
-                ))
-            }
-        }
-    }
-}
-
-/// `key=value` fields of a line.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-}
-
-fn num(line: &str, key: &str) -> Result<f64> {
-    let v = field(line, key).ok_or_else(|| anyhow!("no `{key}=` in `{line}`"))?;
-    v.parse()
-        .map_err(|_| anyhow!("bad `{key}={v}` in `{line}`"))
-}
 
 // ---------------------------------------------------------------- pingpong
 
@@ -513,58 +369,6 @@ fn run_triad(mib: usize, passes: usize, threads: usize) -> (f64, Vec<f64>) {
 
 // ---------------------------------------------------------------- machine info
 
-fn cpu_model() -> Option<String> {
-    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    info.lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
-}
-
-fn mem_total_kib() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    info.lines()
-        .find(|l| l.starts_with("MemTotal:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-fn git_commit(root: &Path) -> Option<String> {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(root)
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch (proleptic Gregorian, UTC).
-fn utc_date(secs: u64) -> String {
-    let days = (secs / 86400) as i64;
-    let rem = secs % 86400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 // ---------------------------------------------------------------- main
 
 fn fmt_size(b: usize) -> String {
@@ -574,14 +378,6 @@ fn fmt_size(b: usize) -> String {
         format!("{} KiB", b >> 10)
     } else {
         format!("{b} B")
-    }
-}
-
-fn pass_str(p: Option<bool>) -> &'static str {
-    match p {
-        Some(true) => "PASS",
-        Some(false) => "FAIL",
-        None => "skipped",
     }
 }
 
@@ -650,6 +446,7 @@ fn real_main() -> Result<ExitCode> {
     std::fs::create_dir_all(&state_base)
         .with_context(|| format!("cannot create {}", state_base.display()))?;
     let mut env = Env {
+        prefix: "bench-core",
         ductile,
         state_base: state_base.clone(),
         timeout_s: o.child_timeout_s,

@@ -35,14 +35,14 @@
 //! an error.
 
 use std::fmt::Write as _;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use ductile::lb::{self, optimal, Assignment, CostModel, LbStats, Params};
 use ductile_apps::args;
+use ductile_apps::bench::*;
 use serde_json::{json, Value};
 
 const USAGE: &str = "usage: bench_lb [--reps N] [--quick] [--child-timeout SECS] [--out PATH]";
@@ -71,8 +71,12 @@ impl Opts {
     fn parse(a: &[String]) -> Result<Opts, String> {
         let mut i = 0;
         while i < a.len() {
-            let name = a[i].strip_prefix("--").ok_or_else(|| format!("unexpected argument `{}`", a[i]))?;
-            let (name, inline) = name.split_once('=').map_or((name, false), |(n, _)| (n, true));
+            let name = a[i]
+                .strip_prefix("--")
+                .ok_or_else(|| format!("unexpected argument `{}`", a[i]))?;
+            let (name, inline) = name
+                .split_once('=')
+                .map_or((name, false), |(n, _)| (n, true));
             if VALUED.contains(&name) {
                 i += if inline { 1 } else { 2 };
             } else if FLAGS.contains(&name) && !inline {
@@ -129,16 +133,60 @@ fn strs(v: &[&str]) -> Vec<String> {
 
 fn cases(quick: bool) -> Vec<Case> {
     let lb = if quick {
-        strs(&["--per-pe", "8", "--iters", "40", "--lb-every", "10", "--work-us", "200"])
+        strs(&[
+            "--per-pe",
+            "8",
+            "--iters",
+            "40",
+            "--lb-every",
+            "10",
+            "--work-us",
+            "200",
+        ])
     } else {
-        strs(&["--per-pe", "16", "--iters", "400", "--lb-every", "20", "--work-us", "400"])
+        strs(&[
+            "--per-pe",
+            "16",
+            "--iters",
+            "400",
+            "--lb-every",
+            "20",
+            "--work-us",
+            "400",
+        ])
     };
     let jac = if quick {
-        strs(&["--grid", "512", "--block", "128", "--iters", "40", "--lb-every", "10", "--residual-every", "0", "--quiet"])
+        strs(&[
+            "--grid",
+            "512",
+            "--block",
+            "128",
+            "--iters",
+            "40",
+            "--lb-every",
+            "10",
+            "--residual-every",
+            "0",
+            "--quiet",
+        ])
     } else {
-        strs(&["--grid", "2048", "--block", "256", "--iters", "200", "--lb-every", "20", "--residual-every", "0", "--quiet"])
+        strs(&[
+            "--grid",
+            "2048",
+            "--block",
+            "256",
+            "--iters",
+            "200",
+            "--lb-every",
+            "20",
+            "--residual-every",
+            "0",
+            "--quiet",
+        ])
     };
-    let with = |base: &[String], extra: &[&str]| -> Vec<String> { base.iter().cloned().chain(strs(extra)).collect() };
+    let with = |base: &[String], extra: &[&str]| -> Vec<String> {
+        base.iter().cloned().chain(strs(extra)).collect()
+    };
     vec![
         Case {
             name: "lbbench-half",
@@ -181,131 +229,6 @@ fn case_args(c: &Case, strategy: &str, dump: Option<&Path>) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------- statistics
-
-#[derive(Clone, Copy)]
-struct Stats {
-    median: f64,
-    min: f64,
-    max: f64,
-}
-
-fn stats(samples: &[f64]) -> Stats {
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    let median = if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    };
-    Stats { median, min: s.first().copied().unwrap_or(f64::NAN), max: s.last().copied().unwrap_or(f64::NAN) }
-}
-
-fn stats_json(samples: &[f64]) -> Value {
-    let st = stats(samples);
-    json!({ "samples": samples, "median": st.median, "min": st.min, "max": st.max })
-}
-
-fn median(samples: &[f64]) -> f64 {
-    stats(samples).median
-}
-
-// ---------------------------------------------------------------- child runs
-
-struct Env {
-    ductile: PathBuf,
-    state_base: PathBuf,
-    timeout_s: u64,
-    runs: usize,
-}
-
-/// Output of a child job that exited 0.
-struct ChildOut {
-    stdout: String,
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let v: Vec<&str> = text.lines().collect();
-    v[v.len().saturating_sub(lines)..].join("\n")
-}
-
-impl Env {
-    /// Runs `program args` as a job of `nodes x pes` under the launcher, with a
-    /// wall-clock limit; a failure is an error carrying the child's output tails.
-    fn run(&mut self, tag: &str, nodes: u32, pes: u32, program: &Path, prog_args: &[String]) -> Result<ChildOut> {
-        self.runs += 1;
-        let job = format!("bench-lb-{}-{tag}-{}", std::process::id(), self.runs);
-        let state_dir = self.state_base.join(&job);
-        let mut cmd = Command::new(&self.ductile);
-        cmd.arg("run")
-            .args(["--nodes", &nodes.to_string(), "--pes-per-node", &pes.to_string()])
-            .args(["--job", &job])
-            .arg("--state-dir")
-            .arg(&state_dir)
-            .args(["--timeout", &self.timeout_s.to_string()])
-            .arg("--")
-            .arg(program)
-            .args(prog_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let shown = format!("{cmd:?}");
-        let mut child = cmd.spawn().with_context(|| format!("cannot start {}", self.ductile.display()))?;
-        let mut out_pipe = child.stdout.take().expect("piped stdout");
-        let mut err_pipe = child.stderr.take().expect("piped stderr");
-        let out_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = out_pipe.read_to_string(&mut s);
-            s
-        });
-        let err_reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err_pipe.read_to_string(&mut s);
-            s
-        });
-        // The launcher enforces --timeout; this is only a backstop in case it hangs itself.
-        let deadline = Instant::now() + Duration::from_secs(self.timeout_s + 30);
-        let status = loop {
-            if let Some(st) = child.try_wait()? {
-                break Some(st);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let stdout = out_reader.join().unwrap_or_default();
-        let stderr = err_reader.join().unwrap_or_default();
-        match status {
-            Some(st) if st.success() => Ok(ChildOut { stdout }),
-            other => {
-                let why = match other {
-                    Some(st) => format!("exited with {st}"),
-                    None => format!("did not finish within {} s and was killed", self.timeout_s + 30),
-                };
-                Err(anyhow!(
-                    "child run `{tag}` {why}\n  command: {shown}\n  --- stderr (tail) ---\n{}\n  --- stdout (tail) ---\n{}",
-                    tail(&stderr, 30),
-                    tail(&stdout, 10)
-                ))
-            }
-        }
-    }
-}
-
-/// `key=value` fields of a line.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    line.split_whitespace().find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
-}
-
-fn num(line: &str, key: &str) -> Result<f64> {
-    let v = field(line, key).ok_or_else(|| anyhow!("no `{key}=` in `{line}`"))?;
-    v.parse().map_err(|_| anyhow!("bad `{key}={v}` in `{line}`"))
-}
 
 // ---------------------------------------------------------------- one run
 
@@ -361,16 +284,32 @@ fn parse_run(prog: Prog, stdout: &str) -> Result<RunSample> {
     let line = stdout
         .lines()
         .find(|l| l.starts_with(&prefix) && field(l, "time_per_iter_ms").is_some())
-        .ok_or_else(|| anyhow!("{} printed no result line:\n{}", prog.bin(), tail(stdout, 10)))?;
+        .ok_or_else(|| {
+            anyhow!(
+                "{} printed no result line:\n{}",
+                prog.bin(),
+                tail(stdout, 10)
+            )
+        })?;
     let sum_line = stdout
         .lines()
         .find(|l| l.starts_with("checksum="))
-        .ok_or_else(|| anyhow!("{} printed no checksum line:\n{}", prog.bin(), tail(stdout, 10)))?;
+        .ok_or_else(|| {
+            anyhow!(
+                "{} printed no checksum line:\n{}",
+                prog.bin(),
+                tail(stdout, 10)
+            )
+        })?;
     let pes = num(line, "pes")?;
     if pes != f64::from(PES) {
         bail!("{} ran on {pes} PEs, expected {PES}", prog.bin());
     }
-    let steps = stdout.lines().filter(|l| l.starts_with("lb step=")).map(LbStep::parse).collect::<Result<Vec<_>>>()?;
+    let steps = stdout
+        .lines()
+        .filter(|l| l.starts_with("lb step="))
+        .map(LbStep::parse)
+        .collect::<Result<Vec<_>>>()?;
     Ok(RunSample {
         ms_per_iter: num(line, "time_per_iter_ms")?,
         checksum: field(sum_line, "checksum").unwrap_or_default().to_string(),
@@ -385,13 +324,23 @@ fn dumps(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
         let p = e?.path();
-        let Some(name) = p.file_name().and_then(|n| n.to_str()) else { continue };
+        let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
         // Statistics are `lb-<coll>-<step>.json`; the live plan beside them is `....plan.json`.
         if name.ends_with(".plan.json") {
             continue;
         }
-        let Some(stem) = name.strip_prefix("lb-").and_then(|n| n.strip_suffix(".json")) else { continue };
-        if let Some(step) = stem.rsplit_once('-').and_then(|(_, s)| s.parse::<u64>().ok()) {
+        let Some(stem) = name
+            .strip_prefix("lb-")
+            .and_then(|n| n.strip_suffix(".json"))
+        else {
+            continue;
+        };
+        if let Some(step) = stem
+            .rsplit_once('-')
+            .and_then(|(_, s)| s.parse::<u64>().ok())
+        {
             v.push((step, p));
         }
     }
@@ -451,56 +400,7 @@ fn replay(step: u64, path: &Path) -> Result<Replay> {
 
 // ---------------------------------------------------------------- machine info
 
-fn cpu_model() -> Option<String> {
-    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    info.lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string())
-}
-
-fn mem_total_kib() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    info.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// The 1-, 5- and 15-minute load averages: how busy the (shared) machine was.
-fn loadavg() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    Some(text.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-}
-
-fn git_commit(root: &Path) -> Option<String> {
-    let out = Command::new("git").arg("-C").arg(root).args(["rev-parse", "HEAD"]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch (proleptic Gregorian, UTC).
-fn utc_date(secs: u64) -> String {
-    let days = (secs / 86400) as i64;
-    let rem = secs % 86400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
-}
-
 // ---------------------------------------------------------------- main
-
-fn pass_str(p: Option<bool>) -> &'static str {
-    match p {
-        Some(true) => "PASS",
-        Some(false) => "FAIL",
-        None => "skipped",
-    }
-}
 
 fn main() -> ExitCode {
     match real_main() {
@@ -530,8 +430,13 @@ fn real_main() -> Result<ExitCode> {
     };
 
     let exe = std::env::current_exe().context("cannot locate the current executable")?;
-    let bin_dir = exe.parent().ok_or_else(|| anyhow!("executable has no parent directory"))?.to_path_buf();
-    let target_dir = bin_dir.parent().ok_or_else(|| anyhow!("{} has no parent directory", bin_dir.display()))?;
+    let bin_dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("executable has no parent directory"))?
+        .to_path_buf();
+    let target_dir = bin_dir
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no parent directory", bin_dir.display()))?;
     let sibling = |name: &str| -> Result<PathBuf> {
         let p = bin_dir.join(name);
         if p.is_file() {
@@ -551,29 +456,58 @@ fn real_main() -> Result<ExitCode> {
         Prog::Lbbench => &lbbench_bin,
         Prog::Jacobi => &jacobi_bin,
     };
-    let out_path = o.out.clone().unwrap_or_else(|| target_dir.join("bench").join("lb.json"));
+    let out_path = o
+        .out
+        .clone()
+        .unwrap_or_else(|| target_dir.join("bench").join("lb.json"));
 
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let date = utc_date(now.as_secs());
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
     let model = cpu_model();
-    let state_base = std::env::temp_dir().join(format!("ductile-bench-lb-{}-{}", std::process::id(), now.as_nanos()));
-    std::fs::create_dir_all(&state_base).with_context(|| format!("cannot create {}", state_base.display()))?;
-    let mut env = Env { ductile, state_base: state_base.clone(), timeout_s: o.child_timeout_s, runs: 0 };
+    let state_base = std::env::temp_dir().join(format!(
+        "ductile-bench-lb-{}-{}",
+        std::process::id(),
+        now.as_nanos()
+    ));
+    std::fs::create_dir_all(&state_base)
+        .with_context(|| format!("cannot create {}", state_base.display()))?;
+    let mut env = Env {
+        ductile,
+        state_base: state_base.clone(),
+        timeout_s: o.child_timeout_s,
+        runs: 0,
+        prefix: "bench-lb",
+    };
     let cases = cases(o.quick);
     let load_start = loadavg();
 
     let children = (|| -> Result<_> {
-        let mut samples: Vec<CaseSamples> =
-            cases.iter().map(|_| STRATEGIES.iter().map(|_| Vec::new()).collect()).collect();
+        let mut samples: Vec<CaseSamples> = cases
+            .iter()
+            .map(|_| STRATEGIES.iter().map(|_| Vec::new()).collect())
+            .collect();
         // Reps outermost and the strategy order rotating, so drift hits every strategy alike.
         for rep in 0..o.reps {
             for (ci, c) in cases.iter().enumerate() {
                 for k in 0..STRATEGIES.len() {
                     let si = (k + rep) % STRATEGIES.len();
                     let strat = STRATEGIES[si];
-                    eprintln!("bench_lb: {} +lb {strat} rep {}/{}", c.name, rep + 1, o.reps);
-                    let out = env.run(&format!("{}-{strat}", c.name), 1, PES, bin_of(c.prog), &case_args(c, strat, None))?;
+                    eprintln!(
+                        "bench_lb: {} +lb {strat} rep {}/{}",
+                        c.name,
+                        rep + 1,
+                        o.reps
+                    );
+                    let out = env.run(
+                        &format!("{}-{strat}", c.name),
+                        1,
+                        PES,
+                        bin_of(c.prog),
+                        &case_args(c, strat, None),
+                    )?;
                     samples[ci][si].push(parse_run(c.prog, &out.stdout)?);
                 }
             }
@@ -581,14 +515,27 @@ fn real_main() -> Result<ExitCode> {
         // One more rate-aware run per case, with its statistics dumped for replay.
         let mut dumped = Vec::new();
         for c in &cases {
-            eprintln!("bench_lb: {} +lb {RATE_AWARE} +lb-dump (replay against the best assignment)", c.name);
+            eprintln!(
+                "bench_lb: {} +lb {RATE_AWARE} +lb-dump (replay against the best assignment)",
+                c.name
+            );
             let dir = env.state_base.join(format!("dump-{}", c.name));
-            let out = env.run(&format!("{}-dump", c.name), 1, PES, bin_of(c.prog), &case_args(c, RATE_AWARE, Some(&dir)))?;
+            let out = env.run(
+                &format!("{}-dump", c.name),
+                1,
+                PES,
+                bin_of(c.prog),
+                &case_args(c, RATE_AWARE, Some(&dir)),
+            )?;
             let run = parse_run(c.prog, &out.stdout)?;
             let files = dumps(&dir)?;
             let (first, last) = match (files.first(), files.last()) {
                 (Some(f), Some(l)) => (f.clone(), l.clone()),
-                _ => bail!("{}: the +lb-dump run wrote no statistics to {}", c.name, dir.display()),
+                _ => bail!(
+                    "{}: the +lb-dump run wrote no statistics to {}",
+                    c.name,
+                    dir.display()
+                ),
             };
             let first = replay(first.0, &first.1)?;
             let last = replay(last.0, &last.1)?;
@@ -602,7 +549,11 @@ fn real_main() -> Result<ExitCode> {
 
     let mut report = String::new();
     let w = &mut report;
-    writeln!(w, "bench_lb  {date}  nproc={nproc}  cpu={}", model.as_deref().unwrap_or("unknown"))?;
+    writeln!(
+        w,
+        "bench_lb  {date}  nproc={nproc}  cpu={}",
+        model.as_deref().unwrap_or("unknown")
+    )?;
     writeln!(
         w,
         "parameters: 1 node x {PES} PEs, reps={}, strategies {STRATEGIES:?}, child timeout {} s{}",
@@ -618,7 +569,14 @@ fn real_main() -> Result<ExitCode> {
     )?;
     for c in &cases {
         let speed = c.speed.map_or(String::new(), |s| format!(" +pe-speed {s}"));
-        writeln!(w, "  {:<13} {} {}{speed}   ({})", c.name, c.prog.bin(), c.args.join(" "), c.what)?;
+        writeln!(
+            w,
+            "  {:<13} {} {}{speed}   ({})",
+            c.name,
+            c.prog.bin(),
+            c.args.join(" "),
+            c.what
+        )?;
     }
 
     writeln!(
@@ -648,7 +606,12 @@ fn real_main() -> Result<ExitCode> {
     // (case, recovered fraction) for the rate-aware strategy.
     let mut recovered = Vec::new();
     for (ci, c) in cases.iter().enumerate() {
-        let null_ms = median(&samples[ci][0].iter().map(|s| s.ms_per_iter).collect::<Vec<_>>());
+        let null_ms = median(
+            &samples[ci][0]
+                .iter()
+                .map(|s| s.ms_per_iter)
+                .collect::<Vec<_>>(),
+        );
         let mut strat_json = Vec::new();
         for (si, strat) in STRATEGIES.iter().enumerate() {
             let runs = &samples[ci][si];
@@ -658,10 +621,17 @@ fn real_main() -> Result<ExitCode> {
             if *strat == RATE_AWARE {
                 recovered.push((c.name, c.targeted, gain));
             }
-            let last_after: Vec<f64> = runs.iter().filter_map(|r| r.steps.last().map(|s| s.after)).collect();
-            let last_before: Vec<f64> = runs.iter().filter_map(|r| r.steps.last().map(|s| s.before)).collect();
+            let last_after: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r.steps.last().map(|s| s.after))
+                .collect();
+            let last_before: Vec<f64> = runs
+                .iter()
+                .filter_map(|r| r.steps.last().map(|s| s.before))
+                .collect();
             let all_steps: Vec<&LbStep> = runs.iter().flat_map(|r| r.steps.iter()).collect();
-            let med = |f: fn(&LbStep) -> f64| median(&all_steps.iter().map(|s| f(s)).collect::<Vec<_>>());
+            let med =
+                |f: fn(&LbStep) -> f64| median(&all_steps.iter().map(|s| f(s)).collect::<Vec<_>>());
             let (migr, strat_ms, migr_ms, bytes, total_ms) = (
                 med(|s| s.migrations),
                 med(|s| s.strategy_ms),
@@ -731,13 +701,26 @@ fn real_main() -> Result<ExitCode> {
         }));
     }
     for (ci, c) in cases.iter().enumerate() {
-        let sums: Vec<&str> = samples[ci].iter().flatten().map(|r| r.checksum.as_str()).collect();
+        let sums: Vec<&str> = samples[ci]
+            .iter()
+            .flatten()
+            .map(|r| r.checksum.as_str())
+            .collect();
         if !mismatches.iter().any(|m| m.starts_with(c.name)) {
-            writeln!(w, "  {:<13} checksum {} (identical in all {} runs)", c.name, sums[0], sums.len() + 1)?;
+            writeln!(
+                w,
+                "  {:<13} checksum {} (identical in all {} runs)",
+                c.name,
+                sums[0],
+                sums.len() + 1
+            )?;
         }
     }
     for m in &mismatches {
-        writeln!(w, "  !!! CHECKSUM MISMATCH between runs of the same case: {m}")?;
+        writeln!(
+            w,
+            "  !!! CHECKSUM MISMATCH between runs of the same case: {m}"
+        )?;
     }
 
     writeln!(
@@ -754,7 +737,12 @@ fn real_main() -> Result<ExitCode> {
         for r in [first, last] {
             // Speeds relative to the fastest PE (the runtime measures them in work per second).
             let top = r.speeds.iter().map(|(_, s)| *s).fold(0.0, f64::max);
-            let speeds = r.speeds.iter().map(|(_, s)| format!("{:.2}", s / top)).collect::<Vec<_>>().join("/");
+            let speeds = r
+                .speeds
+                .iter()
+                .map(|(_, s)| format!("{:.2}", s / top))
+                .collect::<Vec<_>>()
+                .join("/");
             writeln!(
                 w,
                 "  {:<13} | {:>4} | {:>4} | {:>15} | {:>9.4} | {:>6.4} | {:>9} | {:>6.4} | {:>11.4} | {:>8} | {:>8.2}%",
@@ -801,10 +789,19 @@ fn real_main() -> Result<ExitCode> {
         }
     }
     writeln!(w, "\nTargets")?;
-    writeln!(w, "  {:<54} | {:>9} | {:>7} | result", "target", "value", "limit")?;
+    writeln!(
+        w,
+        "  {:<54} | {:>9} | {:>7} | result",
+        "target", "value", "limit"
+    )?;
     for (name, v, unit, limit, pass) in &targets {
         let val = v.map_or("-".to_string(), |v| format!("{v:.2} {unit}"));
-        writeln!(w, "  {name:<54} | {val:>9} | {:>7} | {}", format!("{limit} {unit}"), pass_str(*pass))?;
+        writeln!(
+            w,
+            "  {name:<54} | {val:>9} | {:>7} | {}",
+            format!("{limit} {unit}"),
+            pass_str(*pass)
+        )?;
     }
     print!("{report}");
 
@@ -838,7 +835,10 @@ fn real_main() -> Result<ExitCode> {
     println!("\nJSON: {}", out_path.display());
 
     if !checksum_ok {
-        eprintln!("bench_lb: ERROR: CHECKSUM MISMATCH between runs of the same case: {}", mismatches.join("; "));
+        eprintln!(
+            "bench_lb: ERROR: CHECKSUM MISMATCH between runs of the same case: {}",
+            mismatches.join("; ")
+        );
         return Ok(ExitCode::from(3));
     }
     Ok(ExitCode::SUCCESS)

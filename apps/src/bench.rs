@@ -1,0 +1,251 @@
+//! What the benchmark programs (`bench_core`, `bench_lb`) share: running a
+//! child job under `ductile run` with a time limit, medians, parsing
+//! `key=value` output, and describing the machine the numbers came from.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use serde_json::{json, Value};
+
+/// Median, minimum and maximum of some samples.
+#[derive(Clone, Copy)]
+pub struct Stats {
+    /// Median.
+    pub median: f64,
+    /// Minimum.
+    pub min: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+/// Median, minimum and maximum (NaN for no samples).
+pub fn stats(samples: &[f64]) -> Stats {
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let median = if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    Stats {
+        median,
+        min: s.first().copied().unwrap_or(f64::NAN),
+        max: s.last().copied().unwrap_or(f64::NAN),
+    }
+}
+
+/// The samples and their statistics, as JSON.
+pub fn stats_json(samples: &[f64]) -> Value {
+    let st = stats(samples);
+    json!({ "samples": samples, "median": st.median, "min": st.min, "max": st.max })
+}
+
+/// The median.
+pub fn median(samples: &[f64]) -> f64 {
+    stats(samples).median
+}
+
+// ---------------------------------------------------------------- child runs
+
+/// How child jobs are run.
+pub struct Env {
+    /// The `ductile` launcher.
+    pub ductile: PathBuf,
+    /// Parent of every child job's state directory.
+    pub state_base: PathBuf,
+    /// Each child job's `--timeout`.
+    pub timeout_s: u64,
+    /// Child jobs started so far.
+    pub runs: usize,
+    /// Prefix of the child jobs' names (the benchmark's name).
+    pub prefix: &'static str,
+}
+
+/// Output of a child job that exited 0.
+pub struct ChildOut {
+    /// Everything the job printed on stdout.
+    pub stdout: String,
+}
+
+/// The last `lines` lines of `text`.
+pub fn tail(text: &str, lines: usize) -> String {
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Env {
+    /// Runs `program args` as a job of `nodes x pes` under the launcher, with a
+    /// wall-clock limit; a failure is an error carrying the child's output tails.
+    pub fn run(
+        &mut self,
+        tag: &str,
+        nodes: u32,
+        pes: u32,
+        program: &Path,
+        prog_args: &[String],
+    ) -> Result<ChildOut> {
+        self.runs += 1;
+        let job = format!("{}-{}-{tag}-{}", self.prefix, std::process::id(), self.runs);
+        let state_dir = self.state_base.join(&job);
+        let mut cmd = Command::new(&self.ductile);
+        cmd.arg("run")
+            .args([
+                "--nodes",
+                &nodes.to_string(),
+                "--pes-per-node",
+                &pes.to_string(),
+            ])
+            .args(["--job", &job])
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .args(["--timeout", &self.timeout_s.to_string()])
+            .arg("--")
+            .arg(program)
+            .args(prog_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let shown = format!("{cmd:?}");
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", self.ductile.display()))?;
+        let mut out_pipe = child.stdout.take().expect("piped stdout");
+        let mut err_pipe = child.stderr.take().expect("piped stderr");
+        let out_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out_pipe.read_to_string(&mut s);
+            s
+        });
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err_pipe.read_to_string(&mut s);
+            s
+        });
+        // The launcher enforces --timeout; this is only a backstop in case it hangs itself.
+        let deadline = Instant::now() + Duration::from_secs(self.timeout_s + 30);
+        let status = loop {
+            if let Some(st) = child.try_wait()? {
+                break Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stdout = out_reader.join().unwrap_or_default();
+        let stderr = err_reader.join().unwrap_or_default();
+        match status {
+            Some(st) if st.success() => Ok(ChildOut { stdout }),
+            other => {
+                let why = match other {
+                    Some(st) => format!("exited with {st}"),
+                    None => format!(
+                        "did not finish within {} s and was killed",
+                        self.timeout_s + 30
+                    ),
+                };
+                Err(anyhow!(
+                    "child run `{tag}` {why}\n  command: {shown}\n  --- stderr (tail) ---\n{}\n  --- stdout (tail) ---\n{}",
+                    tail(&stderr, 30),
+                    tail(&stdout, 10)
+                ))
+            }
+        }
+    }
+}
+
+/// `key=value` fields of a line.
+pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+/// Field `key` of `line`, as a number.
+pub fn num(line: &str, key: &str) -> Result<f64> {
+    let v = field(line, key).ok_or_else(|| anyhow!("no `{key}=` in `{line}`"))?;
+    v.parse()
+        .map_err(|_| anyhow!("bad `{key}={v}` in `{line}`"))
+}
+
+/// The CPU model, from /proc/cpuinfo.
+pub fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    info.lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// Total memory in KiB, from /proc/meminfo.
+pub fn mem_total_kib() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    info.lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The 1-, 5- and 15-minute load averages: how busy the (shared) machine was.
+pub fn loadavg() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(
+        text.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
+/// The git commit checked out at `root`.
+pub fn git_commit(root: &Path) -> Option<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch (proleptic Gregorian, UTC).
+pub fn utc_date(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// A target's verdict as text.
+pub fn pass_str(p: Option<bool>) -> &'static str {
+    match p {
+        Some(true) => "PASS",
+        Some(false) => "FAIL",
+        None => "skipped",
+    }
+}
