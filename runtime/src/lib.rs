@@ -23,6 +23,7 @@ pub mod chare;
 mod collection;
 mod control;
 pub mod ctx;
+pub mod elastic;
 pub mod lb;
 mod msg;
 pub mod node;
