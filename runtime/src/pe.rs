@@ -33,6 +33,8 @@ use crate::topo::{Pe as PeId, Topology};
 
 /// Delay between quiescence-detection waves while the job is busy.
 const QD_WAVE_GAP: Duration = Duration::from_micros(200);
+/// How long an idle PE busy-waits before it starts yielding its core.
+const HOT_SPIN: Duration = Duration::from_micros(5);
 /// Longest a parked PE sleeps before re-checking timers and the abort flag.
 const PARK_LIMIT: Duration = Duration::from_millis(5);
 
@@ -805,9 +807,22 @@ impl Pe {
             }
             // Idle: spin (sub-microsecond wake-up), then park.
             let idle_from = now;
+            // Busy-wait for the first microseconds (a reply from another PE
+            // of this node usually comes that fast), then keep waiting but
+            // yield the core, so that a transport's progress thread or
+            // another node's PE that shares it is not starved.
             let until = now + spin;
-            while Instant::now() < until && inbox.queue.is_empty() {
-                std::hint::spin_loop();
+            let hot_until = now + HOT_SPIN;
+            while inbox.queue.is_empty() {
+                let t = Instant::now();
+                if t >= until {
+                    break;
+                }
+                if t < hot_until {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
             if !inbox.queue.is_empty() {
                 self.ctx.idle += idle_from.elapsed();

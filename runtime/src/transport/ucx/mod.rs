@@ -49,6 +49,8 @@ const BODY: u64 = 1 << (KIND_BITS - 1);
 const ANNOUNCE: u64 = 1 << (KIND_BITS - 2);
 /// How long the communication thread spins before sleeping on the event fd.
 const SPIN: Duration = Duration::from_micros(200);
+/// How long the communication thread busy-waits before it starts yielding its core.
+const HOT_SPIN: Duration = Duration::from_micros(5);
 /// Longest sleep on the event fd.
 const SLEEP_MS: i32 = 5;
 /// How long a closing endpoint may take to flush before it is abandoned.
@@ -368,8 +370,15 @@ fn comm_loop(worker: Arc<ffi::Worker>, shared: Arc<Shared>, mut rx: Rx, sink: Ar
             idle_since = Instant::now();
             continue;
         }
-        if idle_since.elapsed() < SPIN {
-            std::hint::spin_loop();
+        let idle_for = idle_since.elapsed();
+        if idle_for < SPIN {
+            // Spin briefly, then keep polling but let the PE threads that
+            // share the core run (they are what will produce the next send).
+            if idle_for < HOT_SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
             continue;
         }
         shared.sleeping.store(true, Ordering::SeqCst);
