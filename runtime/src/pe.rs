@@ -1021,6 +1021,12 @@ impl Pe {
                 return;
             }
         };
+        if let Some(coll) = msg.awaits_collection() {
+            if !self.stores.contains_key(&coll) {
+                self.ctx.hold_sys_for_creation(coll, msg);
+                return;
+            }
+        }
         if msg.is_tree_broadcast() {
             for child in self.ctx.topo.children(self.ctx.pe) {
                 self.ctx.send_sys(child, msg.clone());
@@ -1035,17 +1041,11 @@ impl Pe {
                 init,
                 on,
             } => {
-                let Some(pop) = self.ctx.populations.get_mut(&coll) else {
-                    // The creation is still on its way to PE 0.
-                    let msg = SysMsg::InsertRequest {
-                        coll,
-                        key,
-                        init,
-                        on,
-                    };
-                    self.ctx.hold_sys_for_creation(coll, msg);
-                    return;
-                };
+                let pop = self
+                    .ctx
+                    .populations
+                    .get_mut(&coll)
+                    .expect("PE 0 creates a population with the store");
                 *pop.births.entry(pop.next_open).or_insert(0) += 1;
                 let red_start = pop.next_open;
                 let target = on
@@ -1067,17 +1067,7 @@ impl Pe {
                 init,
                 red_start,
             } => {
-                let Some(store) = self.stores.get_mut(&coll) else {
-                    // PE 0 sent this directly; the creation comes down the tree and may be later.
-                    let msg = SysMsg::Insert {
-                        coll,
-                        key,
-                        init,
-                        red_start,
-                    };
-                    self.ctx.hold_sys_for_creation(coll, msg);
-                    return;
-                };
+                let store = self.stores.get_mut(&coll).expect("held until created");
                 if let Err(e) = store.construct(key, &init, red_start, &mut self.ctx) {
                     error!(
                         pe = me,
@@ -1163,17 +1153,7 @@ impl Pe {
                 meta,
                 lb_step,
             } => {
-                let Some(store) = self.stores.get_mut(&coll) else {
-                    let msg = SysMsg::Migrate {
-                        coll,
-                        key,
-                        state,
-                        meta,
-                        lb_step,
-                    };
-                    self.ctx.hold_sys_for_creation(coll, msg);
-                    return;
-                };
+                let store = self.stores.get_mut(&coll).expect("held until created");
                 if let Err(e) = store.unpack(key, &state, meta, &mut self.ctx) {
                     error!(
                         pe = me,

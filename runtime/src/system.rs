@@ -148,6 +148,19 @@ impl SysMsg {
         )
     }
 
+    /// The collection this message acts on, for messages that must wait on a
+    /// PE until that collection's creation has arrived there (insertions are
+    /// sent straight from PE 0 and migrants straight from their old PE, while
+    /// the creation travels down the spanning tree).
+    pub(crate) fn awaits_collection(&self) -> Option<CollId> {
+        match self {
+            SysMsg::InsertRequest { coll, .. }
+            | SysMsg::Insert { coll, .. }
+            | SysMsg::Migrate { coll, .. } => Some(*coll),
+            _ => None,
+        }
+    }
+
     /// Whether the message is forwarded down the spanning tree before it is handled.
     pub(crate) fn is_tree_broadcast(&self) -> bool {
         matches!(
