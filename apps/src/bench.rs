@@ -249,3 +249,31 @@ pub fn pass_str(p: Option<bool>) -> &'static str {
         None => "skipped",
     }
 }
+
+/// The directory holding this benchmark's binary, and the cargo target
+/// directory above it (where results go, under `bench/`).
+pub fn bin_and_target_dirs() -> Result<(PathBuf, PathBuf)> {
+    let exe = std::env::current_exe().context("cannot locate the current executable")?;
+    let bin_dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("executable has no parent directory"))?
+        .to_path_buf();
+    let target_dir = bin_dir
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no parent directory", bin_dir.display()))?
+        .to_path_buf();
+    Ok((bin_dir, target_dir))
+}
+
+/// Program `name`, built next to benchmark `bench`; the error says how to build it.
+pub fn sibling(bin_dir: &Path, name: &str, bench: &str, build: &str) -> Result<PathBuf> {
+    let p = bin_dir.join(name);
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(anyhow!(
+            "{} not found next to {bench}; build it with `{build}`",
+            p.display()
+        ))
+    }
+}

@@ -169,71 +169,49 @@ fn periodic_balancing_skips_steps_but_not_results() {
         lb_every: 0,
     };
     let want = format!("{:016x}", reference(&spec));
-    let job = run(
-        1,
-        2,
-        "jacobi2d",
-        &[
-            "--grid",
-            "128",
-            "--block",
-            "32",
-            "--iters",
-            "200",
-            "--residual-every",
-            "0",
-            "--lb-every",
-            "1",
-            "--quiet",
-            "+lb",
-            "Rotate",
-            "+lb-report",
-            "+lb-period",
-            "1000",
-        ],
-    );
-    job.expect_code(0, "jacobi2d with +lb-period");
-    assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
-    let steps = job
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("lb step="))
-        .count();
-    assert_eq!(
-        steps, 0,
-        "a 1000 s period never comes round in this run:\n{}",
-        job.stdout
-    );
-    let job = run(
-        1,
-        2,
-        "jacobi2d",
-        &[
-            "--grid",
-            "128",
-            "--block",
-            "32",
-            "--iters",
-            "200",
-            "--residual-every",
-            "0",
-            "--lb-every",
-            "1",
-            "--quiet",
-            "+lb",
-            "Rotate",
-            "+lb-report",
-            "+lb-period",
-            "0",
-        ],
-    );
-    job.expect_code(0, "jacobi2d with +lb-period 0");
-    assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
-    assert_eq!(
+    // Jacobi2D calling at_sync every iteration, balanced with Rotate at most once per `period` seconds.
+    let steps_with_period = |period: &str| {
+        let job = run(
+            1,
+            2,
+            "jacobi2d",
+            &[
+                "--grid",
+                "128",
+                "--block",
+                "32",
+                "--iters",
+                "200",
+                "--residual-every",
+                "0",
+                "--lb-every",
+                "1",
+                "--quiet",
+                "+lb",
+                "Rotate",
+                "+lb-report",
+                "+lb-period",
+                period,
+            ],
+        );
+        job.expect_code(0, &format!("jacobi2d with +lb-period {period}"));
+        assert_eq!(
+            job.value("checksum").as_deref(),
+            Some(want.as_str()),
+            "+lb-period {period}"
+        );
         job.stdout
             .lines()
             .filter(|l| l.starts_with("lb step="))
-            .count(),
+            .count()
+    };
+    assert_eq!(
+        steps_with_period("1000"),
+        0,
+        "a 1000 s period never comes round in this run"
+    );
+    assert_eq!(
+        steps_with_period("0"),
         199,
         "period 0 balances at every at_sync"
     );

@@ -429,25 +429,9 @@ fn real_main() -> Result<ExitCode> {
         }
     };
 
-    let exe = std::env::current_exe().context("cannot locate the current executable")?;
-    let bin_dir = exe
-        .parent()
-        .ok_or_else(|| anyhow!("executable has no parent directory"))?
-        .to_path_buf();
-    let target_dir = bin_dir
-        .parent()
-        .ok_or_else(|| anyhow!("{} has no parent directory", bin_dir.display()))?;
-    let sibling = |name: &str| -> Result<PathBuf> {
-        let p = bin_dir.join(name);
-        if p.is_file() {
-            Ok(p)
-        } else {
-            bail!(
-                "{} not found next to bench_lb; build it with \
-                 `cargo build --release -p ductile-apps --bin bench_lb --bin lbbench --bin jacobi2d -p ductile-operator`",
-                p.display()
-            )
-        }
+    let (bin_dir, target_dir) = bin_and_target_dirs()?;
+    let sibling = |name: &str| {
+        sibling(&bin_dir, name, "bench_lb", "cargo build --release -p ductile-apps --bin bench_lb --bin lbbench --bin jacobi2d -p ductile-operator")
     };
     let ductile = sibling("ductile")?;
     let lbbench_bin = sibling("lbbench")?;
