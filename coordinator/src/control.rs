@@ -15,7 +15,7 @@ use std::time::Duration;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-use crate::proto::{decode_payload, encode, parse_header, Epoch, FrameError, Member, PendingNewcomer, HEADER_LEN};
+use crate::proto::{decode_payload, encode, parse_header, Epoch, FrameError, Member, NodeId, PendingNewcomer, HEADER_LEN};
 use crate::secret::Secret;
 
 /// HMAC context of control-endpoint proofs (distinct from the coordinator's).
@@ -31,6 +31,67 @@ pub enum ControlRequest {
     },
     /// The job's membership and progress.
     Status,
+    /// Reconfigure the running job: remove nodes and admit waiting newcomers
+    /// in one commit. The reply comes once the job runs at its new size.
+    Rescale(RescaleRequest),
+}
+
+/// A rescale as a tool asks for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RescaleRequest {
+    /// Nodes (ids in the current view) to remove.
+    pub remove: Vec<NodeId>,
+    /// How many waiting newcomers to admit (fewer if fewer wait).
+    pub admit: u32,
+}
+
+impl RescaleRequest {
+    /// A request from a keep/remove bitmap over the current nodes (`true` = keep).
+    pub fn from_keep_bitmap(keep: &[bool], admit: u32) -> Self {
+        let remove = keep
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| !**k)
+            .map(|(i, _)| i as NodeId)
+            .collect();
+        RescaleRequest { remove, admit }
+    }
+}
+
+/// How long one stage of a rescale took.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageTime {
+    /// Stage name: `evacuate`, `stop`, `commit`, `reconcile`, `reentry`,
+    /// `state`, `balance` (see docs/elasticity.md).
+    pub stage: String,
+    /// Milliseconds.
+    pub ms: f64,
+}
+
+/// What a rescale did, as PE 0 reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RescaleReport {
+    /// The epoch before the rescale.
+    pub epoch_before: Epoch,
+    /// The epoch the job runs in now.
+    pub epoch: Epoch,
+    /// Node ids (of the old view) that left.
+    pub removed: Vec<NodeId>,
+    /// Node ids (of the new view) of the admitted newcomers.
+    pub admitted: Vec<NodeId>,
+    /// PEs before and after.
+    pub pes_before: u32,
+    /// PEs now.
+    pub pes: u32,
+    /// Elements migrated by the evacuation and the balancing after it.
+    pub migrations: u64,
+    /// Stage timings, in protocol order.
+    pub stages: Vec<StageTime>,
+    /// The mechanism's time: every stage but `evacuate` and `balance` (the
+    /// load balancer's work), in milliseconds.
+    pub mechanism_ms: f64,
+    /// From the request's arrival to the reply, in milliseconds.
+    pub total_ms: f64,
 }
 
 /// What PE 0 answers.
@@ -45,6 +106,8 @@ pub enum ControlReply {
     Welcome,
     /// The answer to [`ControlRequest::Status`].
     Status(JobStatus),
+    /// The answer to [`ControlRequest::Rescale`].
+    Rescaled(RescaleReport),
     /// A refusal, with its reason; the connection closes after it.
     Error {
         /// Why.
@@ -173,6 +236,18 @@ impl ControlClient {
             other => Err(ControlError::Unexpected(format!("{other:?}"))),
         }
     }
+
+    /// Asks for a rescale and waits up to `timeout` for the job to run at
+    /// its new size.
+    pub fn rescale(&mut self, req: RescaleRequest, timeout: Duration) -> Result<RescaleReport, ControlError> {
+        self.stream.set_read_timeout(Some(timeout))?;
+        send(&mut self.stream, &ControlRequest::Rescale(req))?;
+        match recv::<ControlReply>(&mut self.stream)? {
+            ControlReply::Rescaled(r) => Ok(r),
+            ControlReply::Error { message } => Err(ControlError::Refused(message)),
+            other => Err(ControlError::Unexpected(format!("{other:?}"))),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -193,7 +268,7 @@ mod tests {
                     pending: vec![],
                     uptime_ms: 1,
                 }),
-                ControlRequest::Hello { .. } => ControlReply::Error { message: "already authenticated".into() },
+                ControlRequest::Hello { .. } | ControlRequest::Rescale(_) => ControlReply::Error { message: "not served here".into() },
             })
         });
         (addr, h)
