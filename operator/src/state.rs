@@ -6,8 +6,11 @@
 //! | file | written by | lifetime |
 //! |---|---|---|
 //! | `launcher.pid` | `ductile run` | while the launcher runs; also the lock that keeps two launchers out |
+//! | `launcher.sock` | `ductile run` | while the job runs: its request channel ([`crate::local::channel`]) |
 //! | `coordinator.addr` | the coordinator | while the job runs |
 //! | `coordinator.log` | the coordinator's stdout and stderr | kept |
+//! | `control.addr` | node 0: its control endpoint's address | while the job runs |
+//! | `secret` | `ductile run`: the job secret (0600) | while the job runs |
 //! | `job.json` | `ductile run` | kept; the final one records the outcome |
 //!
 //! Where the directory is: `--state-dir DIR` names it exactly; otherwise it is
@@ -30,6 +33,8 @@ pub const ENV_STATE_DIR: &str = "DUCTILE_STATE_DIR";
 pub const DEFAULT_JOB: &str = "default";
 /// The lock / pid file of a running launcher.
 pub const LAUNCHER_PID_FILE: &str = "launcher.pid";
+/// The running launcher's request channel, a Unix-domain socket (mode 0600).
+pub const LAUNCHER_SOCKET_FILE: &str = "launcher.sock";
 /// Where the coordinator writes the address it bound.
 pub const COORDINATOR_ADDR_FILE: &str = "coordinator.addr";
 /// File node 0 writes its control endpoint's address to.
@@ -167,6 +172,7 @@ impl StateDir {
                     held.remove_file(COORDINATOR_ADDR_FILE);
                     held.remove_file(CONTROL_ADDR_FILE);
                     held.remove_file(SECRET_FILE);
+                    held.remove_file(LAUNCHER_SOCKET_FILE);
                     return Ok(held);
                 }
                 Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
@@ -214,15 +220,32 @@ impl StateDir {
         self.dir.join(CONTROL_ADDR_FILE)
     }
 
+    /// Path of the launcher's request channel (a Unix-domain socket).
+    pub fn launcher_socket(&self) -> PathBuf {
+        self.dir.join(LAUNCHER_SOCKET_FILE)
+    }
+
     /// Stores the job secret for tools (`ductile status`), readable by this user only.
     pub fn write_secret(&self, hex: &str) -> Result<(), StateError> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = self.dir.join(SECRET_FILE);
         let _ = fs::remove_file(&path);
-        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(|source| {
-            StateError::Io { what: "cannot create", path: path.clone(), source }
-        })?;
-        f.write_all(hex.as_bytes()).map_err(|source| StateError::Io { what: "cannot write", path, source })
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|source| StateError::Io {
+                what: "cannot create",
+                path: path.clone(),
+                source,
+            })?;
+        f.write_all(hex.as_bytes())
+            .map_err(|source| StateError::Io {
+                what: "cannot write",
+                path,
+                source,
+            })
     }
 
     /// Path of the coordinator's log.
@@ -235,7 +258,7 @@ impl StateDir {
         write_job_state(&self.dir, state)
     }
 
-    /// Removes the run-time files (pid, address), keeping `job.json` and the
+    /// Removes the run-time files (pid, addresses, secret, socket), keeping `job.json` and the
     /// coordinator log, and releases the lock.
     pub fn release(mut self) {
         self.cleanup();
@@ -246,6 +269,7 @@ impl StateDir {
             self.remove_file(COORDINATOR_ADDR_FILE);
             self.remove_file(CONTROL_ADDR_FILE);
             self.remove_file(SECRET_FILE);
+            self.remove_file(LAUNCHER_SOCKET_FILE);
             self.remove_file(LAUNCHER_PID_FILE);
             self.locked = false;
         }
@@ -319,6 +343,11 @@ pub struct JobState {
     pub coordinator: Option<CoordinatorRecord>,
     /// The launch nodes, in launch index order.
     pub nodes: Vec<NodeRecord>,
+    /// Newcomers the launcher started while the job ran (`ductile expand`,
+    /// `ductile rescale --add`), in start order: `newcomers[k]` is
+    /// "newcomer k" in the launcher's messages. Absent in older records.
+    #[serde(default)]
+    pub newcomers: Vec<NewcomerRecord>,
     /// The shape the job was launched with.
     pub shape: Shape,
     /// Transport name handed to the nodes.
@@ -353,6 +382,40 @@ pub struct NodeRecord {
     pub pid: u32,
     /// PEs it runs.
     pub pes: u32,
+}
+
+/// One newcomer process the launcher started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewcomerRecord {
+    /// Its pid (and process group).
+    pub pid: u32,
+    /// PEs it runs.
+    pub pes: u32,
+    /// When it was started, ms since the Unix epoch.
+    pub started_at_unix_ms: u64,
+    /// Whether the launcher has seen it as a member of the job's view (a
+    /// rescale admitted it). A member that later left keeps `true`.
+    pub admitted: bool,
+    /// Whether it ended surely never admitted (the launcher followed every
+    /// view since it started): dropped, not a failure.
+    pub dropped: bool,
+    /// How it ended (`exited with code 0`, `was killed by signal 15
+    /// (SIGTERM)`), once it did.
+    pub exit: Option<String>,
+}
+
+impl NewcomerRecord {
+    /// Where it stands, in words: `waiting`, `admitted`, `gone: exited with
+    /// code 0` (a member that left, or one whose admission the launcher could
+    /// not see), `dropped: exited with code 3 before admission`.
+    pub fn describe(&self) -> String {
+        match (&self.exit, self.admitted) {
+            (None, false) => "waiting".to_owned(),
+            (None, true) => "admitted".to_owned(),
+            (Some(exit), _) if self.dropped => format!("dropped: {exit} before admission"),
+            (Some(exit), _) => format!("gone: {exit}"),
+        }
+    }
 }
 
 /// A job's shape: nodes x PEs per node.
@@ -509,6 +572,14 @@ mod tests {
                 pid: 3,
                 pes: 2,
             }],
+            newcomers: vec![NewcomerRecord {
+                pid: 4,
+                pes: 2,
+                started_at_unix_ms: 7,
+                admitted: true,
+                dropped: false,
+                exit: Some("exited with code 0".into()),
+            }],
             shape: Shape {
                 nodes: 1,
                 pes_per_node: 2,
@@ -529,5 +600,37 @@ mod tests {
         assert_eq!(read_job_state(tmp.path()).unwrap(), state);
         let text = fs::read_to_string(tmp.path().join(JOB_FILE)).unwrap();
         assert!(text.contains("\"result\": \"failed\""), "{text}");
+
+        // A record written before newcomers existed still reads, with none.
+        let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+        old.as_object_mut().unwrap().remove("newcomers");
+        fs::write(tmp.path().join(JOB_FILE), old.to_string()).unwrap();
+        assert!(read_job_state(tmp.path()).unwrap().newcomers.is_empty());
+    }
+
+    #[test]
+    fn a_newcomer_is_described_by_admission_and_exit() {
+        let mut n = NewcomerRecord {
+            pid: 1,
+            pes: 1,
+            started_at_unix_ms: 0,
+            admitted: false,
+            dropped: false,
+            exit: None,
+        };
+        assert_eq!(n.describe(), "waiting");
+        n.exit = Some("exited with code 0".into());
+        assert_eq!(
+            n.describe(),
+            "gone: exited with code 0",
+            "admission unknown"
+        );
+        n.dropped = true;
+        assert_eq!(n.describe(), "dropped: exited with code 0 before admission");
+        n.dropped = false;
+        n.admitted = true;
+        assert_eq!(n.describe(), "gone: exited with code 0");
+        n.exit = None;
+        assert_eq!(n.describe(), "admitted");
     }
 }

@@ -3,13 +3,17 @@
 //! [`launch`] runs one job from start to end: it takes the job's state
 //! directory, starts the coordinator (this binary's `coordinator` subcommand)
 //! and N node processes with the environment contract, supervises them until
-//! the job ends, and leaves nothing running behind. The judgement of what the
-//! processes did lives in [`supervise`] (sans-IO); the process plumbing in
-//! [`process`].
+//! the job ends, and leaves nothing running behind. While the job runs it
+//! starts newcomers on request (`ductile expand`, `ductile rescale --add`,
+//! through the [`channel`] socket in the state directory) as its own children,
+//! supervised and stopped like the launch members; a rescale admits them.
+//! The judgement of what the processes did lives in [`supervise`] (sans-IO);
+//! the process plumbing in [`process`].
 //!
-//! Later: newcomers (admitted by a rescale), node-per-network-namespace, and
-//! the fault injector that plays the cloud.
+//! Later: node-per-network-namespace, and the fault injector that plays the
+//! cloud.
 
+pub mod channel;
 pub mod process;
 pub mod supervise;
 
@@ -32,10 +36,11 @@ use nix::sys::signal::Signal;
 
 use crate::contract;
 use crate::state::{
-    unix_ms, CoordinatorRecord, JobResult, JobState, NodeRecord, Outcome, Shape, StateDir,
-    StateError, JOB_STATE_FORMAT,
+    unix_ms, CoordinatorRecord, JobResult, JobState, NewcomerRecord, NodeRecord, Outcome, Shape,
+    StateDir, StateError, JOB_STATE_FORMAT,
 };
-use process::{signal_name, stop_all, Exit, Supervised, POLL_INTERVAL};
+use channel::{Channel, Reply, Request};
+use process::{signal_group, signal_name, stop_all, Exit, Supervised, POLL_INTERVAL};
 use supervise::{JobEnd, Limits, Supervisor};
 
 /// Everything needed to run one job on the local fleet.
@@ -287,6 +292,8 @@ pub fn resolve_program(program: &OsStr, path: Option<&OsStr>) -> Result<PathBuf,
 struct Fleet {
     coordinator: Option<Supervised>,
     nodes: Vec<Supervised>,
+    /// Newcomers in start order (`newcomer k` is `newcomers[k]`).
+    newcomers: Vec<Supervised>,
     kill_grace: Duration,
 }
 
@@ -294,6 +301,7 @@ impl Fleet {
     fn all(&mut self) -> Vec<&mut Supervised> {
         self.nodes
             .iter_mut()
+            .chain(self.newcomers.iter_mut())
             .chain(self.coordinator.as_mut())
             .collect()
     }
@@ -318,62 +326,84 @@ impl Drop for Fleet {
     }
 }
 
-/// What the start probe learnt from the coordinator.
+/// What the view probe learnt from the coordinator.
 enum ProbeAnswer {
-    /// The coordinator has a view: every launch node registered.
-    Started,
+    /// The coordinator has a view (so every launch node registered), whose
+    /// members reported these pids, in answer to a question asked at this
+    /// time since launch.
+    View {
+        /// When the question was asked, since launch.
+        asked_at: Duration,
+        /// The view's epoch.
+        epoch: u64,
+        /// The pids the members reported.
+        member_pids: Vec<u32>,
+    },
     /// No view yet, in answer to a question asked at this time since launch.
     NotStarted(Duration),
 }
 
-/// Asks the coordinator, every [`POLL_INTERVAL`], whether the job has
-/// started, until it has or `done` is set. Never blocks the launcher: it runs
-/// on its own thread and every call on the connection has a timeout.
-fn spawn_start_probe(
+/// Asks the coordinator for its view every [`POLL_INTERVAL`]: until the job
+/// has started, then while `watch` is set (a newcomer's admission is
+/// unknown), until `done` is set. Never blocks the
+/// launcher: it runs on its own thread and every call on the connection has a
+/// timeout.
+fn spawn_view_probe(
     addr: String,
     secret: Secret,
     t0: Instant,
+    watch: Arc<AtomicBool>,
     done: Arc<AtomicBool>,
 ) -> mpsc::Receiver<ProbeAnswer> {
     let (tx, rx) = mpsc::channel();
     let spawned = thread::Builder::new()
-        .name("ductile-start-probe".to_owned())
+        .name("ductile-view-probe".to_owned())
         .spawn(move || {
             let timeout = Duration::from_secs(1);
+            let mut started = false;
+            let mut client: Option<Client> = None;
             while !done.load(Ordering::SeqCst) {
-                let client = match Client::connect(&addr, &secret, timeout) {
-                    Ok(client) => client,
+                if started && !watch.load(Ordering::SeqCst) {
+                    thread::sleep(POLL_INTERVAL);
+                    continue;
+                }
+                let Some(connected) = client.as_ref() else {
+                    match Client::connect(&addr, &secret, timeout) {
+                        Ok(c) => client = Some(c),
+                        Err(err) => {
+                            tracing::debug!(%err, "view probe cannot reach the coordinator");
+                            thread::sleep(POLL_INTERVAL);
+                        }
+                    }
+                    continue;
+                };
+                let asked_at = t0.elapsed();
+                let answer = match connected.query_view(timeout) {
+                    Ok((Some(view), _)) => {
+                        started = true;
+                        ProbeAnswer::View {
+                            asked_at,
+                            epoch: view.epoch,
+                            member_pids: view.members.iter().map(|m| m.pid).collect(),
+                        }
+                    }
+                    Ok((None, _)) => ProbeAnswer::NotStarted(asked_at),
                     Err(err) => {
-                        tracing::debug!(%err, "start probe cannot reach the coordinator");
-                        thread::sleep(POLL_INTERVAL);
+                        tracing::debug!(%err, "view probe lost the coordinator");
+                        client = None;
                         continue;
                     }
                 };
-                while !done.load(Ordering::SeqCst) {
-                    let asked_at = t0.elapsed();
-                    match client.query_view(timeout) {
-                        Ok((Some(_), _)) => {
-                            let _ = tx.send(ProbeAnswer::Started);
-                            client.close();
-                            return;
-                        }
-                        Ok((None, _)) => {
-                            if tx.send(ProbeAnswer::NotStarted(asked_at)).is_err() {
-                                return;
-                            }
-                        }
-                        Err(err) => {
-                            tracing::debug!(%err, "start probe lost the coordinator");
-                            break;
-                        }
-                    }
-                    thread::sleep(POLL_INTERVAL);
+                if tx.send(answer).is_err() {
+                    return;
                 }
+                thread::sleep(POLL_INTERVAL);
             }
         });
     if let Err(err) = spawned {
-        // Without the probe the supervisor still decides, only later (grace backstop).
-        tracing::warn!(%err, "cannot start the start probe thread");
+        // Without the probe the supervisor still decides, only later (grace
+        // backstops), and newcomers' exits count as drops.
+        tracing::warn!(%err, "cannot start the view probe thread");
     }
     rx
 }
@@ -427,6 +457,7 @@ pub fn launch(
         launcher_pid: std::process::id(),
         coordinator: None,
         nodes: Vec::new(),
+        newcomers: Vec::new(),
         shape: Shape {
             nodes: spec.nodes,
             pes_per_node: spec.pes_per_node,
@@ -441,12 +472,13 @@ pub fn launch(
     let mut fleet = Fleet {
         coordinator: None,
         nodes: Vec::new(),
+        newcomers: Vec::new(),
         kill_grace: spec.kill_grace,
     };
 
     let started = start_processes(spec, &program, &dir, &mut fleet, &mut state, stop, t0);
-    let secret = match started {
-        Ok(secret) => secret,
+    let (secret, env) = match started {
+        Ok(started) => started,
         Err(err) => {
             // Stop whatever did start, then record why the launch failed.
             fleet.stop(Signal::SIGTERM, stop);
@@ -461,7 +493,15 @@ pub fn launch(
         }
     };
 
-    let (end, all_stopped) = supervise(spec, &dir, &mut fleet, &state, secret, stop, t0, say);
+    let job = RunningJob {
+        spec,
+        program: &program,
+        dir: &dir,
+        env: &env,
+        secret,
+        t0,
+    };
+    let (end, all_stopped) = supervise(&job, &mut fleet, &mut state, stop, say);
     let outcome = Outcome {
         result: match &end {
             JobEnd::Completed { .. } => JobResult::Completed,
@@ -490,6 +530,80 @@ fn finish_record(dir: &StateDir, state: &mut JobState, outcome: Outcome) {
     }
 }
 
+/// What every node process of the job is told, launch member or newcomer.
+struct NodeEnv {
+    /// The coordinator's `host:port`.
+    coordinator: String,
+    /// The job secret, hex.
+    secret_hex: String,
+    /// This launcher's pid (the nodes' watchdog).
+    launcher_pid: String,
+}
+
+/// How a node process joins the job.
+enum Joining {
+    /// As launch member `index`; node 0 serves the control endpoint and
+    /// writes its address to `control_file`.
+    Launch {
+        /// Its launch index.
+        index: u32,
+        /// Where node 0 writes its control address.
+        control_file: PathBuf,
+    },
+    /// As a newcomer, waiting for a rescale to admit it.
+    Newcomer,
+}
+
+/// The command that starts one node of the job: the program and its
+/// arguments, the environment contract, standard input from /dev/null and its
+/// own process group; standard output and error inherited.
+fn node_command(spec: &JobSpec, program: &Path, env: &NodeEnv, joining: &Joining) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.arg0(&spec.program)
+        .args(&spec.args)
+        .env(contract::ENV_COORDINATOR, &env.coordinator)
+        .env(contract::ENV_SECRET, &env.secret_hex)
+        .env(contract::ENV_PES, spec.pes_per_node.to_string())
+        .env(contract::ENV_BIND, spec.bind.to_string())
+        .env(contract::ENV_TRANSPORT, &spec.transport)
+        .env(contract::ENV_LAUNCHER_PID, &env.launcher_pid)
+        // Inherited values would contradict the ones above.
+        .env_remove(contract::ENV_SECRET_FILE)
+        .env_remove(contract::ENV_ADVERTISE)
+        // Nodes never read the terminal; in their own process groups a
+        // read would stop them (SIGTTIN).
+        .stdin(Stdio::null())
+        .process_group(0);
+    match joining {
+        Joining::Launch {
+            index,
+            control_file,
+        } => {
+            cmd.env(contract::ENV_ROLE, contract::ROLE_LAUNCH)
+                .env(contract::ENV_LAUNCH_INDEX, index.to_string());
+            if *index == 0 {
+                // Node 0 serves the control endpoint (`ductile status`) on a port of its choosing.
+                cmd.env(
+                    contract::ENV_CONTROL,
+                    SocketAddr::new(spec.bind, 0).to_string(),
+                )
+                .env(contract::ENV_CONTROL_FILE, control_file);
+            } else {
+                cmd.env_remove(contract::ENV_CONTROL)
+                    .env_remove(contract::ENV_CONTROL_FILE);
+            }
+        }
+        Joining::Newcomer => {
+            // Node 0 never leaves, so a newcomer never serves the control endpoint.
+            cmd.env(contract::ENV_ROLE, contract::ROLE_NEWCOMER)
+                .env_remove(contract::ENV_LAUNCH_INDEX)
+                .env_remove(contract::ENV_CONTROL)
+                .env_remove(contract::ENV_CONTROL_FILE);
+        }
+    }
+    cmd
+}
+
 /// Starts the coordinator and the nodes; records them in `state` and `job.json`.
 fn start_processes(
     spec: &JobSpec,
@@ -499,7 +613,7 @@ fn start_processes(
     state: &mut JobState,
     stop: &StopRequest,
     t0: Instant,
-) -> Result<Secret, LaunchError> {
+) -> Result<(Secret, NodeEnv), LaunchError> {
     let secret = Secret::generate();
     let secret_hex = secret.to_hex();
     dir.write_secret(&secret_hex)?;
@@ -555,41 +669,26 @@ fn start_processes(
         addr: addr.clone(),
     });
 
-    let launcher_pid = std::process::id().to_string();
+    let env = NodeEnv {
+        coordinator: addr,
+        secret_hex,
+        launcher_pid: std::process::id().to_string(),
+    };
     for index in 0..spec.nodes {
         if let Some(signal) = stop.take() {
             return Err(LaunchError::Interrupted { signal });
         }
-        let mut cmd = Command::new(program);
-        cmd.arg0(&spec.program)
-            .args(&spec.args)
-            .env(contract::ENV_COORDINATOR, &addr)
-            .env(contract::ENV_SECRET, &secret_hex)
-            .env(contract::ENV_ROLE, contract::ROLE_LAUNCH)
-            .env(contract::ENV_LAUNCH_INDEX, index.to_string())
-            .env(contract::ENV_PES, spec.pes_per_node.to_string())
-            .env(contract::ENV_BIND, spec.bind.to_string())
-            .env(contract::ENV_TRANSPORT, &spec.transport)
-            .env(contract::ENV_LAUNCHER_PID, &launcher_pid)
-            // Inherited values would contradict the ones above.
-            .env_remove(contract::ENV_SECRET_FILE)
-            .env_remove(contract::ENV_ADVERTISE)
-            // Nodes never read the terminal; in their own process groups a
-            // read would stop them (SIGTTIN).
-            .stdin(Stdio::null())
-            .process_group(0);
-        if index == 0 {
-            // Node 0 serves the control endpoint (`ductile status`) on a port of its choosing.
-            cmd.env(contract::ENV_CONTROL, SocketAddr::new(spec.bind, 0).to_string())
-                .env(contract::ENV_CONTROL_FILE, dir.control_file());
-        } else {
-            cmd.env_remove(contract::ENV_CONTROL).env_remove(contract::ENV_CONTROL_FILE);
-        }
-        let child = cmd.spawn().map_err(|source| LaunchError::NodeSpawn {
+        let joining = Joining::Launch {
             index,
-            program: spec.program.to_string_lossy().into_owned(),
-            source,
-        })?;
+            control_file: dir.control_file(),
+        };
+        let child = node_command(spec, program, &env, &joining)
+            .spawn()
+            .map_err(|source| LaunchError::NodeSpawn {
+                index,
+                program: spec.program.to_string_lossy().into_owned(),
+                source,
+            })?;
         let pid = child.id();
         tracing::info!(index, pid, "node started");
         state.nodes.push(NodeRecord {
@@ -603,7 +702,7 @@ fn start_processes(
     }
     dir.write_job(state)?;
     tracing::debug!(elapsed = ?t0.elapsed(), "all processes started");
-    Ok(secret)
+    Ok((secret, env))
 }
 
 /// Waits (bounded) for the coordinator to write its address.
@@ -646,19 +745,28 @@ fn wait_for_addr(
     }
 }
 
-/// Watches the running job until the supervisor's verdict, then stops what
-/// is left. Returns the verdict and whether every process is gone.
-#[allow(clippy::too_many_arguments)]
-fn supervise(
-    spec: &JobSpec,
-    dir: &StateDir,
-    fleet: &mut Fleet,
-    state: &JobState,
+/// What the supervision loop needs of a job whose processes started.
+struct RunningJob<'a> {
+    spec: &'a JobSpec,
+    /// The resolved program the nodes run.
+    program: &'a Path,
+    dir: &'a StateDir,
+    env: &'a NodeEnv,
     secret: Secret,
-    stop: &StopRequest,
     t0: Instant,
+}
+
+/// Watches the running job until the supervisor's verdict, answering the
+/// requests that arrive on the launcher's channel meanwhile, then stops what
+/// is left. Returns the verdict and whether every process is gone.
+fn supervise(
+    job: &RunningJob<'_>,
+    fleet: &mut Fleet,
+    state: &mut JobState,
+    stop: &StopRequest,
     say: &mut dyn FnMut(&str),
 ) -> (JobEnd, bool) {
+    let (spec, dir, t0) = (job.spec, job.dir, job.t0);
     let node_pids: Vec<u32> = fleet.nodes.iter().map(Supervised::pid).collect();
     let coordinator_pid = fleet.coordinator.as_ref().map(Supervised::pid).unwrap_or(0);
     let limits = Limits {
@@ -668,15 +776,31 @@ fn supervise(
     };
     let mut sup = Supervisor::new(&node_pids, coordinator_pid, limits);
     let probe_done = Arc::new(AtomicBool::new(false));
+    let probe_watch = Arc::new(AtomicBool::new(true));
     let addr = state
         .coordinator
         .as_ref()
         .map(|c| c.addr.clone())
         .unwrap_or_default();
-    let probe = spawn_start_probe(addr, secret, t0, Arc::clone(&probe_done));
+    let probe = spawn_view_probe(
+        addr,
+        job.secret.clone(),
+        t0,
+        Arc::clone(&probe_watch),
+        Arc::clone(&probe_done),
+    );
+    let channel = match Channel::open(&dir.launcher_socket()) {
+        Ok(channel) => Some(channel),
+        Err(err) => {
+            // The job runs all the same; only `ductile expand` cannot reach it.
+            tracing::warn!(%err, path = %dir.launcher_socket().display(), "cannot open the launcher's request channel");
+            None
+        }
+    };
 
     let end = loop {
         let now = t0.elapsed();
+        let mut record_changed = false;
         // The coordinator first: when it and the nodes end together, its exit
         // explains theirs.
         if let Some(exit) = fleet.coordinator.as_mut().and_then(Supervised::poll) {
@@ -689,15 +813,61 @@ fn supervise(
                 sup.node_exited(index, exit, now);
             }
         }
+        for (n, newcomer) in fleet.newcomers.iter_mut().enumerate() {
+            if let Some(exit) = newcomer.poll() {
+                tracing::info!(newcomer = n, pid = newcomer.pid(), %exit, "newcomer ended");
+                sup.newcomer_exited(n, exit, now);
+                state.newcomers[n].exit = Some(exit.to_string());
+                record_changed = true;
+            }
+        }
         while let Ok(answer) = probe.try_recv() {
             match answer {
-                ProbeAnswer::Started => {
-                    tracing::info!(elapsed = ?t0.elapsed(), "job started");
-                    sup.job_started();
+                ProbeAnswer::View {
+                    asked_at,
+                    epoch,
+                    member_pids,
+                } => {
+                    if !sup.started() {
+                        tracing::info!(elapsed = ?t0.elapsed(), "job started");
+                    }
+                    sup.members_seen(asked_at, epoch, &member_pids);
                 }
                 ProbeAnswer::NotStarted(asked_at) => sup.not_started(asked_at),
             }
         }
+        for (n, record) in state.newcomers.iter_mut().enumerate() {
+            if !record.admitted && sup.newcomer_admitted(n) {
+                tracing::info!(newcomer = n, pid = record.pid, "newcomer admitted");
+                record.admitted = true;
+                record_changed = true;
+            }
+        }
+        for dropped in sup.take_dropped() {
+            state.newcomers[dropped.newcomer].dropped = dropped.never_admitted;
+            record_changed = true;
+            // Exiting 0 unseen is most likely a departure: those go unsaid.
+            if dropped.never_admitted || dropped.exit != Exit::Code(0) {
+                say(&dropped.to_string());
+            }
+        }
+        while let Some(request) = channel.as_ref().and_then(Channel::try_next) {
+            let reply = match &request.request {
+                Request::Spawn { count } => {
+                    let reply = spawn_newcomers(job, *count, fleet, &mut sup, state);
+                    record_changed |= matches!(reply, Reply::Ok(_));
+                    reply
+                }
+                Request::Stop { pids } => stop_newcomers(pids, fleet, &sup),
+            };
+            request.answer(reply);
+        }
+        if record_changed {
+            if let Err(err) = dir.write_job(state) {
+                tracing::warn!(%err, "cannot update the job record");
+            }
+        }
+        probe_watch.store(sup.wants_views(), Ordering::SeqCst);
         if let Some(signal) = stop.take() {
             sup.interrupt(signal);
         }
@@ -706,6 +876,8 @@ fn supervise(
         }
         thread::sleep(POLL_INTERVAL);
     };
+    // No more newcomers once the job ends.
+    drop(channel);
     probe_done.store(true, Ordering::SeqCst);
     if let Some(message) = end.message() {
         say(&message);
@@ -757,6 +929,11 @@ fn supervise(
         _ => Signal::SIGTERM,
     };
     let all_stopped = fleet.stop(first, stop);
+    for (record, newcomer) in state.newcomers.iter_mut().zip(&fleet.newcomers) {
+        if record.exit.is_none() {
+            record.exit = newcomer.exit.map(|e| e.to_string());
+        }
+    }
     if !all_stopped {
         let left: Vec<String> = fleet
             .all()
@@ -770,6 +947,73 @@ fn supervise(
         ));
     }
     (end, all_stopped)
+}
+
+/// Starts `count` newcomers as children of this launcher, supervised and
+/// recorded like the launch members. All or nothing: if one cannot be
+/// started, those started with it are stopped again (and dropped).
+fn spawn_newcomers(
+    job: &RunningJob<'_>,
+    count: u32,
+    fleet: &mut Fleet,
+    sup: &mut Supervisor,
+    state: &mut JobState,
+) -> Reply {
+    if let Err(why) = sup.accepts_newcomers() {
+        return Reply::Error(format!("no newcomers now: {why}"));
+    }
+    let mut pids = Vec::new();
+    for _ in 0..count {
+        let spawned = node_command(job.spec, job.program, job.env, &Joining::Newcomer).spawn();
+        let child = match spawned {
+            Ok(child) => child,
+            Err(err) => {
+                for &pid in &pids {
+                    signal_group(pid, Signal::SIGTERM);
+                }
+                let program = job.spec.program.to_string_lossy();
+                return Reply::Error(format!("cannot start a newcomer ({program:?}): {err}"));
+            }
+        };
+        let pid = child.id();
+        let n = sup.newcomer_spawned(pid, job.t0.elapsed());
+        tracing::info!(newcomer = n, pid, "newcomer started");
+        fleet
+            .newcomers
+            .push(Supervised::new(format!("newcomer {n}"), child));
+        state.newcomers.push(NewcomerRecord {
+            pid,
+            pes: job.spec.pes_per_node,
+            started_at_unix_ms: unix_ms(SystemTime::now()),
+            admitted: false,
+            dropped: false,
+            exit: None,
+        });
+        pids.push(pid);
+    }
+    Reply::Ok(pids)
+}
+
+/// Stops (SIGTERM to their process groups) newcomers that are running and
+/// were never seen admitted; refuses, stopping none, if any pid is not one.
+fn stop_newcomers(pids: &[u32], fleet: &Fleet, sup: &Supervisor) -> Reply {
+    for &pid in pids {
+        let waiting = fleet
+            .newcomers
+            .iter()
+            .position(|c| c.pid() == pid)
+            .is_some_and(|n| sup.newcomer_waiting(n));
+        if !waiting {
+            return Reply::Error(format!(
+                "pid {pid} is not a newcomer of this job waiting for admission"
+            ));
+        }
+    }
+    for &pid in pids {
+        tracing::info!(pid, "stopping a newcomer on request");
+        signal_group(pid, Signal::SIGTERM);
+    }
+    Reply::Ok(pids.to_vec())
 }
 
 #[cfg(test)]

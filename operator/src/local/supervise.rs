@@ -1,32 +1,45 @@
 //! The launcher's judgement of a running job, as a sans-IO state machine.
 //!
-//! The driver ([`super::launch`]) reports what it observed (a node or the
-//! coordinator ended, the job started, the user asked to stop) together with
-//! the time since launch, and asks [`Supervisor::poll`] whether the job has
-//! ended and how. No clock and no processes in here, so every rule is tested
-//! in virtual time.
+//! The driver ([`super::launch`]) reports what it observed (a node, a
+//! newcomer or the coordinator ended, the coordinator showed a view, the user
+//! asked to stop) together with the time since launch, and asks
+//! [`Supervisor::poll`] whether the job has ended and how. No clock and no
+//! processes in here, so every rule is tested in virtual time.
 //!
 //! The rules:
-//! - The job ends normally after the runtime's shutdown barrier: every node
+//! - The job ends normally after the runtime's shutdown barrier: every member
 //!   and the coordinator exit with the same code. That code is the job's (node
-//!   0's; a node that disagrees is reported).
-//! - A node killed by a signal is a failure, at any time.
+//!   0's; a member that disagrees is reported).
+//! - A launch node killed by a signal is a failure, at any time.
 //! - Before the job started (the coordinator's start barrier), any node exit
 //!   is a failure: a launch node cannot be replaced. Because a short job can
 //!   start and end between two looks at the coordinator, an exit seen before
 //!   the start is judged once the coordinator has answered a question asked
-//!   after it ([`Supervisor::not_started`] or [`Supervisor::job_started`]).
+//!   after it ([`Supervisor::not_started`] or [`Supervisor::members_seen`]).
 //! - After it started, a node other than 0 may exit 0 alone: that is a node
 //!   departing in a rescale. Node 0's exit, any nonzero exit and the
-//!   coordinator's exit begin the *finish*: the remaining nodes must exit
+//!   coordinator's exit begin the *finish*: the remaining members must exit
 //!   within the grace period, or the job is failed naming the first to go.
 //! - The coordinator ending by a signal, or after its launch timeout without
 //!   the job having started, is a failure. Before the launch timeout it only
 //!   exits after the shutdown barrier, so its exit shows the job did start.
+//! - A newcomer (a node started while the job runs, waiting for a rescale to
+//!   admit it) that ends before it was admitted is dropped, whatever its exit:
+//!   the job never counted on it. Once the coordinator's view shows it as a
+//!   member (matched by the pid it reported), it is judged as a launch node
+//!   other than 0 is. Whether an exited newcomer had been admitted is settled
+//!   by a view asked for after its exit: a member that dies stays in the view
+//!   until the job removes it, a removed or never-admitted one is not there.
+//!   Without such an answer within the grace period it counts as dropped. A
+//!   newcomer admitted and removed again between two views (the epoch jumped
+//!   by more than one) is not a failure either, but is not called dropped:
+//!   the launcher cannot tell.
 //! - The optional wall-clock limit and a stop request end the job.
 
 use std::fmt;
 use std::time::Duration;
+
+use ductile_coordinator::proto::Epoch;
 
 use super::process::{signal_name, Exit};
 
@@ -48,19 +61,31 @@ pub struct Limits {
 pub enum Who {
     /// The launch node with this index.
     Node(usize),
+    /// The newcomer started `n`-th (from 0) while the job ran.
+    Newcomer(usize),
     /// The job's coordinator.
     Coordinator,
+}
+
+impl fmt::Display for Who {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Who::Node(i) => write!(f, "node {i}"),
+            Who::Newcomer(n) => write!(f, "newcomer {n}"),
+            Who::Coordinator => f.write_str("the coordinator"),
+        }
+    }
 }
 
 /// How a job ended, as the supervisor judged it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobEnd {
-    /// All nodes exited after the shutdown barrier; `code` is node 0's.
+    /// All members exited after the shutdown barrier; `code` is node 0's.
     Completed {
         /// The job's exit code.
         code: i32,
-        /// Nodes that exited with another code than node 0 (index, code).
-        disagreeing: Vec<(usize, i32)>,
+        /// Members that exited with another code than node 0 (who, code).
+        disagreeing: Vec<(Who, i32)>,
     },
     /// Something went wrong; the job must be stopped.
     Failed(Failure),
@@ -79,10 +104,10 @@ pub enum JobEnd {
 /// Why a job failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
-    /// A node was killed by a signal.
+    /// A launch node or an admitted newcomer was killed by a signal.
     NodeKilled {
-        /// The node.
-        index: usize,
+        /// Which one.
+        who: Who,
         /// Its pid.
         pid: u32,
         /// How it ended.
@@ -101,7 +126,7 @@ pub enum Failure {
         /// When, since launch.
         at: Duration,
     },
-    /// The job began to finish but some nodes kept running past the grace period.
+    /// The job began to finish but some members kept running past the grace period.
     Stragglers {
         /// Who went first.
         first: Who,
@@ -111,8 +136,8 @@ pub enum Failure {
         exit: Exit,
         /// When, since launch.
         at: Duration,
-        /// Nodes still running.
-        running: Vec<usize>,
+        /// Members still running.
+        running: Vec<Who>,
         /// The grace period.
         grace: Duration,
     },
@@ -132,28 +157,83 @@ pub enum Failure {
         /// The launch timeout.
         launch_timeout: Duration,
     },
-    /// Node 0 exited 0 but another node exited with an error.
+    /// Node 0 exited 0 but another member exited with an error.
     Disagreement {
-        /// Nodes that disagree (index, code).
-        disagreeing: Vec<(usize, i32)>,
+        /// Members that disagree (who, code).
+        disagreeing: Vec<(Who, i32)>,
     },
+}
+
+/// A newcomer that ended while not a member of the job: not a failure, but
+/// worth a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dropped {
+    /// Which newcomer (start order).
+    pub newcomer: usize,
+    /// Its pid.
+    pub pid: u32,
+    /// How it ended.
+    pub exit: Exit,
+    /// When, since launch.
+    pub at: Duration,
+    /// Whether it surely was never admitted: the launcher saw every view
+    /// since it started. False when a rescale may have admitted and another
+    /// removed it between two looks.
+    pub never_admitted: bool,
+}
+
+impl fmt::Display for Dropped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (who, pid, exit, at) = (
+            Who::Newcomer(self.newcomer),
+            self.pid,
+            self.exit,
+            secs(self.at),
+        );
+        if self.never_admitted {
+            write!(f, "{who} (pid {pid}) {exit} at {at} before it was admitted; dropped (the job goes on)")
+        } else {
+            write!(
+                f,
+                "{who} (pid {pid}) {exit} at {at}, not a member of the job (never admitted, or admitted and removed between two looks); the job goes on"
+            )
+        }
+    }
 }
 
 fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
 }
 
-fn who(w: Who) -> String {
-    match w {
-        Who::Node(i) => format!("node {i}"),
-        Who::Coordinator => "the coordinator".to_owned(),
-    }
+/// `nodes 0, 2 and newcomer 1`.
+fn list(whos: &[Who]) -> String {
+    let group = |word: &str, ids: Vec<usize>| -> Option<String> {
+        let s = if ids.len() == 1 { "" } else { "s" };
+        let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
+        (!ids.is_empty()).then(|| format!("{word}{s} {}", ids.join(", ")))
+    };
+    let nodes = whos.iter().filter_map(|w| match w {
+        Who::Node(i) => Some(*i),
+        _ => None,
+    });
+    let newcomers = whos.iter().filter_map(|w| match w {
+        Who::Newcomer(n) => Some(*n),
+        _ => None,
+    });
+    [
+        group("node", nodes.collect()),
+        group("newcomer", newcomers.collect()),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join(" and ")
 }
 
-fn list(nodes: &[usize]) -> String {
-    nodes
+fn disagreement(disagreeing: &[(Who, i32)]) -> String {
+    disagreeing
         .iter()
-        .map(|i| i.to_string())
+        .map(|(w, c)| format!("{w} exited with code {c}"))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -161,25 +241,21 @@ fn list(nodes: &[usize]) -> String {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::NodeKilled { index, pid, exit, at } => {
-                write!(f, "node {index} (pid {pid}) {exit} at {}", secs(*at))
+            Failure::NodeKilled { who, pid, exit, at } => {
+                write!(f, "{who} (pid {pid}) {exit} at {}", secs(*at))
             }
             Failure::NodeExitedBeforeStart { index, pid, exit, at } => write!(
                 f,
                 "node {index} (pid {pid}) {exit} at {}, before the job started (did it register with the coordinator?)",
                 secs(*at)
             ),
-            Failure::Stragglers { first, pid, exit, at, running, grace } => {
-                let s = if running.len() == 1 { "" } else { "s" };
-                write!(
-                    f,
-                    "{} (pid {pid}) {exit} at {}, but node{s} {} kept running for {} more",
-                    who(*first),
-                    secs(*at),
-                    list(running),
-                    secs(*grace)
-                )
-            }
+            Failure::Stragglers { first, pid, exit, at, running, grace } => write!(
+                f,
+                "{first} (pid {pid}) {exit} at {}, but {} kept running for {} more",
+                secs(*at),
+                list(running),
+                secs(*grace)
+            ),
             Failure::Coordinator { exit, at, started, exited_nodes } => {
                 if *started {
                     write!(f, "the coordinator {exit} at {} while the job was running", secs(*at))?;
@@ -201,10 +277,7 @@ impl fmt::Display for Failure {
                 secs(*launch_timeout)
             ),
             Failure::Disagreement { disagreeing } => {
-                write!(f, "node 0 exited with code 0 but ")?;
-                let parts: Vec<String> =
-                    disagreeing.iter().map(|(i, c)| format!("node {i} exited with code {c}")).collect();
-                f.write_str(&parts.join(", "))
+                write!(f, "node 0 exited with code 0 but {}", disagreement(disagreeing))
             }
         }
     }
@@ -223,16 +296,10 @@ impl JobEnd {
     /// The line told to the user, if any (a clean completion says nothing).
     pub fn message(&self) -> Option<String> {
         match self {
-            JobEnd::Completed { disagreeing, code } if !disagreeing.is_empty() => {
-                let parts: Vec<String> = disagreeing
-                    .iter()
-                    .map(|(i, c)| format!("node {i} exited with code {c}"))
-                    .collect();
-                Some(format!(
-                    "the job exited with code {code} (node 0's), but {}",
-                    parts.join(", ")
-                ))
-            }
+            JobEnd::Completed { disagreeing, code } if !disagreeing.is_empty() => Some(format!(
+                "the job exited with code {code} (node 0's), but {}",
+                disagreement(disagreeing)
+            )),
             JobEnd::Completed { .. } => None,
             JobEnd::Failed(failure) => Some(format!("{failure}; stopping the job")),
             JobEnd::TimedOut { limit } => Some(format!(
@@ -253,10 +320,26 @@ struct Slot {
     exit: Option<(Exit, Duration)>,
 }
 
+#[derive(Debug, Clone)]
+struct NewcomerSlot {
+    pid: u32,
+    spawned_at: Duration,
+    exit: Option<(Exit, Duration)>,
+    /// Seen as a member of the view: from then on judged as a member.
+    admitted: bool,
+    /// Its exit has been judged (as a member's, or as a drop).
+    judged: bool,
+    /// Whether a view asked for after its start has been seen.
+    followed: bool,
+    /// A commit happened unseen since it was followed (the epoch jumped).
+    missed_commit: bool,
+}
+
 /// The state machine. See the module docs for the rules.
 #[derive(Debug, Clone)]
 pub struct Supervisor {
     nodes: Vec<Slot>,
+    newcomers: Vec<NewcomerSlot>,
     coordinator: Slot,
     limits: Limits,
     started: bool,
@@ -264,6 +347,10 @@ pub struct Supervisor {
     /// The first event of the finish: who, and when.
     finish: Option<(Who, Duration)>,
     end: Option<JobEnd>,
+    /// Newcomers judged dropped and not yet taken by [`Supervisor::take_dropped`].
+    dropped: Vec<Dropped>,
+    /// The epoch of the latest view seen.
+    epoch: Option<Epoch>,
 }
 
 impl Supervisor {
@@ -275,6 +362,7 @@ impl Supervisor {
                 .iter()
                 .map(|&pid| Slot { pid, exit: None })
                 .collect(),
+            newcomers: Vec::new(),
             coordinator: Slot {
                 pid: coordinator_pid,
                 exit: None,
@@ -284,6 +372,8 @@ impl Supervisor {
             interrupted: None,
             finish: None,
             end: None,
+            dropped: Vec::new(),
+            epoch: None,
         }
     }
 
@@ -307,7 +397,7 @@ impl Supervisor {
             .collect();
         exits.sort_by_key(|&(i, _, at)| (at, i));
         for (index, exit, at) in exits {
-            self.judge_exit_after_start(index, exit, at);
+            self.judge_exit_after_start(Who::Node(index), exit, at);
         }
     }
 
@@ -328,6 +418,36 @@ impl Supervisor {
         }
     }
 
+    /// The coordinator answered, to a question asked at `asked_at`, with the
+    /// view of `epoch` whose members reported these pids: the job has
+    /// started, and newcomers among them are admitted.
+    pub fn members_seen(&mut self, asked_at: Duration, epoch: Epoch, member_pids: &[u32]) {
+        self.job_started();
+        let skipped = self.epoch.is_some_and(|seen| epoch > seen + 1);
+        self.epoch = Some(self.epoch.map_or(epoch, |seen| seen.max(epoch)));
+        for n in 0..self.newcomers.len() {
+            let slot = &mut self.newcomers[n];
+            if slot.admitted || slot.judged || asked_at < slot.spawned_at {
+                continue;
+            }
+            if slot.followed && skipped {
+                slot.missed_commit = true;
+            }
+            slot.followed = true;
+            if member_pids.contains(&slot.pid) {
+                slot.admitted = true;
+                // Already gone: it died (or left) as a member.
+                if let Some((exit, at)) = slot.exit {
+                    slot.judged = true;
+                    let pid = slot.pid;
+                    self.judge_member_exit(Who::Newcomer(n), pid, exit, at);
+                }
+            } else if let Some((exit, at)) = slot.exit.filter(|&(_, at)| at <= asked_at) {
+                self.drop_newcomer(n, exit, at);
+            }
+        }
+    }
+
     /// Node `index` ended at `now`.
     pub fn node_exited(&mut self, index: usize, exit: Exit, now: Duration) {
         let Some(slot) = self.nodes.get_mut(index) else {
@@ -337,30 +457,115 @@ impl Supervisor {
             return;
         }
         slot.exit = Some((exit, now));
-        if self.end.is_some() {
-            return;
-        }
         let pid = slot.pid;
-        if let Exit::Signal { .. } = exit {
-            self.end = Some(JobEnd::Failed(Failure::NodeKilled {
-                index,
-                pid,
-                exit,
-                at: now,
-            }));
-            return;
-        }
         // Before the start is known an exit cannot be judged: a short job may
         // have started and finished between two looks at the coordinator.
-        if self.started {
-            self.judge_exit_after_start(index, exit, now);
+        // A signal can: no job ends its nodes that way.
+        if self.started || matches!(exit, Exit::Signal { .. }) {
+            self.judge_member_exit(Who::Node(index), pid, exit, now);
         }
     }
 
-    fn judge_exit_after_start(&mut self, index: usize, exit: Exit, at: Duration) {
-        let departing = index != 0 && exit == Exit::Code(0);
+    /// A newcomer with this pid was started at `now` (at the user's request,
+    /// while the job runs); returns its number, `k` for the `k`-th from 0.
+    pub fn newcomer_spawned(&mut self, pid: u32, now: Duration) -> usize {
+        self.newcomers.push(NewcomerSlot {
+            pid,
+            spawned_at: now,
+            exit: None,
+            admitted: false,
+            judged: false,
+            followed: false,
+            missed_commit: false,
+        });
+        self.newcomers.len() - 1
+    }
+
+    /// Newcomer `n` ended at `now`.
+    pub fn newcomer_exited(&mut self, n: usize, exit: Exit, now: Duration) {
+        let Some(slot) = self.newcomers.get_mut(n) else {
+            return;
+        };
+        if slot.exit.is_some() {
+            return;
+        }
+        slot.exit = Some((exit, now));
+        if slot.admitted {
+            slot.judged = true;
+            let pid = slot.pid;
+            self.judge_member_exit(Who::Newcomer(n), pid, exit, now);
+        }
+        // Otherwise a view asked for after this exit settles it.
+    }
+
+    /// Whether newcomer `n` has been seen as a member.
+    pub fn newcomer_admitted(&self, n: usize) -> bool {
+        self.newcomers.get(n).is_some_and(|s| s.admitted)
+    }
+
+    /// Whether newcomer `n` may be stopped without harm: it is running and
+    /// has not been seen as a member.
+    pub fn newcomer_waiting(&self, n: usize) -> bool {
+        self.newcomers
+            .get(n)
+            .is_some_and(|s| !s.admitted && s.exit.is_none())
+    }
+
+    /// Newcomers judged dropped since the last call, in the order judged.
+    pub fn take_dropped(&mut self) -> Vec<Dropped> {
+        std::mem::take(&mut self.dropped)
+    }
+
+    /// Whether new newcomers may be started now: not once the job is ending.
+    pub fn accepts_newcomers(&self) -> Result<(), String> {
+        if let Some(signal) = self.interrupted {
+            return Err(format!(
+                "the launcher received {} and is stopping the job",
+                signal_name(signal)
+            ));
+        }
+        if self.end.is_some() || self.finish.is_some() {
+            return Err("the job is ending".to_owned());
+        }
+        Ok(())
+    }
+
+    /// Whether the driver should keep asking the coordinator for its view:
+    /// until the job started, and while a newcomer's admission is unknown.
+    pub fn wants_views(&self) -> bool {
+        self.end.is_none()
+            && (!self.started || self.newcomers.iter().any(|s| !s.admitted && !s.judged))
+    }
+
+    fn drop_newcomer(&mut self, n: usize, exit: Exit, at: Duration) {
+        let slot = &mut self.newcomers[n];
+        slot.judged = true;
+        self.dropped.push(Dropped {
+            newcomer: n,
+            pid: slot.pid,
+            exit,
+            at,
+            never_admitted: slot.followed && !slot.missed_commit,
+        });
+    }
+
+    /// A member (launch node, or admitted newcomer) ended at `at`, after the
+    /// start: a signal fails the job, other exits may begin the finish.
+    fn judge_member_exit(&mut self, who: Who, pid: u32, exit: Exit, at: Duration) {
+        if self.end.is_some() {
+            return;
+        }
+        if let Exit::Signal { .. } = exit {
+            self.end = Some(JobEnd::Failed(Failure::NodeKilled { who, pid, exit, at }));
+            return;
+        }
+        self.judge_exit_after_start(who, exit, at);
+    }
+
+    fn judge_exit_after_start(&mut self, who: Who, exit: Exit, at: Duration) {
+        let departing = who != Who::Node(0) && exit == Exit::Code(0);
         if !departing && self.finish.is_none() {
-            self.finish = Some((Who::Node(index), at));
+            self.finish = Some((who, at));
         }
     }
 
@@ -423,10 +628,47 @@ impl Supervisor {
     /// Whether the job has ended at `now`, and how. Once it returns `Some`, it
     /// keeps returning the same verdict.
     pub fn poll(&mut self, now: Duration) -> Option<JobEnd> {
+        // A newcomer gone this long with no view to say it had been admitted
+        // (the coordinator is gone or mute) is taken as never admitted.
+        for n in 0..self.newcomers.len() {
+            let slot = &self.newcomers[n];
+            if let (false, false, Some((exit, at))) = (slot.admitted, slot.judged, slot.exit) {
+                if now >= at + self.limits.exit_grace {
+                    self.drop_newcomer(n, exit, at);
+                }
+            }
+        }
         if self.end.is_none() {
             self.end = self.judge(now);
         }
         self.end.clone()
+    }
+
+    /// Who counts as running for the finish: launch nodes and admitted
+    /// newcomers that have not exited.
+    fn running(&self) -> Vec<Who> {
+        let nodes = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.exit.is_none())
+            .map(|(i, _)| Who::Node(i));
+        let newcomers = self
+            .newcomers
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.admitted && s.exit.is_none())
+            .map(|(n, _)| Who::Newcomer(n));
+        nodes.chain(newcomers).collect()
+    }
+
+    fn pid_and_exit(&self, who: Who) -> (u32, Option<Exit>) {
+        let slot = match who {
+            Who::Node(i) => (self.nodes[i].pid, self.nodes[i].exit),
+            Who::Newcomer(n) => (self.newcomers[n].pid, self.newcomers[n].exit),
+            Who::Coordinator => (self.coordinator.pid, self.coordinator.exit),
+        };
+        (slot.0, slot.1.map(|(e, _)| e))
     }
 
     fn judge(&self, now: Duration) -> Option<JobEnd> {
@@ -434,23 +676,12 @@ impl Supervisor {
             return Some(JobEnd::Interrupted { signal });
         }
         if let Some((first, since)) = self.finish {
-            let running: Vec<usize> = self
-                .nodes
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.exit.is_none())
-                .map(|(i, _)| i)
-                .collect();
+            let running = self.running();
             if running.is_empty() {
                 return Some(self.completion(since));
             }
             if now >= since + self.limits.exit_grace {
-                let (pid, exit) = match first {
-                    Who::Node(i) => (self.nodes[i].pid, self.nodes[i].exit.map(|(e, _)| e)),
-                    Who::Coordinator => {
-                        (self.coordinator.pid, self.coordinator.exit.map(|(e, _)| e))
-                    }
-                };
+                let (pid, exit) = self.pid_and_exit(first);
                 return Some(JobEnd::Failed(Failure::Stragglers {
                     first,
                     pid,
@@ -488,22 +719,32 @@ impl Supervisor {
         None
     }
 
-    /// Every node has exited and the finish began at `since`.
+    /// Every member has exited and the finish began at `since`.
     fn completion(&self, since: Duration) -> JobEnd {
-        let code_of = |s: &Slot| s.exit.and_then(|(e, _)| e.code());
-        let code = code_of(&self.nodes[0]).unwrap_or(1);
-        // Nodes that left before the finish departed in a rescale: their 0 is
-        // not a vote on the job's result.
-        let disagreeing: Vec<(usize, i32)> = self
+        let code_of = |exit: Option<(Exit, Duration)>| exit.and_then(|(e, _)| e.code());
+        let code = code_of(self.nodes[0].exit).unwrap_or(1);
+        // Members that left before the finish departed in a rescale: their 0
+        // is not a vote on the job's result.
+        let at_finish = |exit: Option<(Exit, Duration)>| exit.is_some_and(|(_, at)| at >= since);
+        let nodes = self
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.exit.is_some_and(|(_, at)| at >= since))
-            .filter_map(|(i, s)| code_of(s).map(|c| (i, c)))
+            .map(|(i, s)| (Who::Node(i), s.exit));
+        let newcomers = self
+            .newcomers
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.admitted)
+            .map(|(n, s)| (Who::Newcomer(n), s.exit));
+        let disagreeing: Vec<(Who, i32)> = nodes
+            .chain(newcomers)
+            .filter(|&(_, exit)| at_finish(exit))
+            .filter_map(|(who, exit)| code_of(exit).map(|c| (who, c)))
             .filter(|&(_, c)| c != code)
             .collect();
-        // Nodes that disagree with node 0 mean something went wrong beyond the
-        // program's own choice of code (a panic, a lost peer): fail the job.
+        // Members that disagree with node 0 mean something went wrong beyond
+        // the program's own choice of code (a panic, a lost peer): fail the job.
         if !disagreeing.is_empty() {
             JobEnd::Failed(Failure::Disagreement { disagreeing })
         } else {
@@ -597,7 +838,10 @@ mod tests {
         sup.node_exited(1, KILL, s(1.1));
         assert!(matches!(
             sup.poll(s(1.1)),
-            Some(JobEnd::Failed(Failure::NodeKilled { index: 1, .. }))
+            Some(JobEnd::Failed(Failure::NodeKilled {
+                who: Who::Node(1),
+                ..
+            }))
         ));
     }
 
@@ -779,7 +1023,7 @@ mod tests {
         assert_eq!(
             end,
             JobEnd::Failed(Failure::Disagreement {
-                disagreeing: vec![(1, 2)]
+                disagreeing: vec![(Who::Node(1), 2)]
             })
         );
         assert_eq!(end.exit_code(), 1);
@@ -868,5 +1112,299 @@ mod tests {
         sup.node_exited(1, Exit::Code(0), s(1.1));
         sup.interrupt(15);
         assert_eq!(sup.poll(s(50.0)), first);
+    }
+
+    /// What happens to a job of two launch nodes (pids 100, 101) and its
+    /// newcomers (pids 200, 201, ...), step by step.
+    #[derive(Clone, Copy, Debug)]
+    enum Step {
+        /// A newcomer with this pid is started, at 1.0 s.
+        Spawn(u32),
+        /// The coordinator answers, to a question asked at this time, with
+        /// the view of this epoch, whose members have these pids.
+        View(f64, u64, &'static [u32]),
+        /// Newcomer n ends.
+        NewcomerExit(usize, Exit, f64),
+        /// Launch node i ends.
+        NodeExit(usize, Exit, f64),
+    }
+
+    /// What `poll` says at the end, and which newcomers were dropped.
+    #[derive(Debug)]
+    enum Want {
+        Running,
+        Completed(i32),
+        /// A failure whose message starts like this.
+        Failed(&'static str),
+    }
+
+    const LAUNCH: &[u32] = &[100, 101];
+    const ADMITTED_200: &[u32] = &[100, 101, 200];
+
+    fn play(steps: &[Step]) -> Supervisor {
+        let mut sup = sup(2);
+        sup.members_seen(s(0.5), 1, LAUNCH);
+        for step in steps {
+            match *step {
+                Step::Spawn(pid) => {
+                    sup.newcomer_spawned(pid, s(1.0));
+                }
+                Step::View(asked_at, epoch, pids) => sup.members_seen(s(asked_at), epoch, pids),
+                Step::NewcomerExit(n, exit, at) => sup.newcomer_exited(n, exit, s(at)),
+                Step::NodeExit(i, exit, at) => sup.node_exited(i, exit, s(at)),
+            }
+        }
+        sup
+    }
+
+    /// A scenario: its name, its steps, when to poll, the verdict wanted
+    /// then, and the newcomers dropped (number, surely never admitted).
+    type Case = (
+        &'static str,
+        &'static [Step],
+        f64,
+        Want,
+        &'static [(usize, bool)],
+    );
+
+    #[test]
+    fn newcomer_rules() {
+        use Step::*;
+        let table: &[Case] = &[
+            (
+                "a newcomer that exits before it is admitted is dropped",
+                &[Spawn(200), NewcomerExit(0, Exit::Code(3), 2.0), View(2.1, 1, LAUNCH)],
+                50.0,
+                Want::Running,
+                &[(0, true)],
+            ),
+            (
+                "so is one killed before it is admitted",
+                &[Spawn(200), NewcomerExit(0, KILL, 2.0), View(2.1, 1, LAUNCH)],
+                50.0,
+                Want::Running,
+                &[(0, true)],
+            ),
+            (
+                "an answer to a question asked before the exit settles nothing",
+                &[Spawn(200), NewcomerExit(0, Exit::Code(3), 2.0), View(1.9, 1, LAUNCH)],
+                2.1,
+                Want::Running,
+                &[],
+            ),
+            (
+                "without any answer it is dropped after the grace period",
+                &[Spawn(200), NewcomerExit(0, Exit::Code(3), 2.0)],
+                12.0,
+                Want::Running,
+                &[(0, false)],
+            ),
+            (
+                "followed through every epoch and never a member: surely dropped",
+                &[
+                    Spawn(200),
+                    View(1.5, 1, LAUNCH),
+                    View(1.7, 2, &[100]),
+                    NewcomerExit(0, Exit::Code(3), 2.0),
+                    View(2.1, 2, &[100]),
+                ],
+                50.0,
+                Want::Running,
+                &[(0, true)],
+            ),
+            (
+                "the epoch jumped while it was followed: admitted and removed unseen, maybe",
+                &[
+                    Spawn(200),
+                    View(1.5, 1, LAUNCH),
+                    NewcomerExit(0, Exit::Code(0), 2.0),
+                    View(2.1, 3, LAUNCH),
+                ],
+                50.0,
+                Want::Running,
+                &[(0, false)],
+            ),
+            (
+                "a view asked for before its start says nothing about it",
+                &[Spawn(200), NewcomerExit(0, Exit::Code(3), 2.0), View(0.9, 1, LAUNCH)],
+                2.1,
+                Want::Running,
+                &[],
+            ),
+            (
+                "an admitted newcomer killed by a signal fails the job",
+                &[Spawn(200), View(2.0, 2, ADMITTED_200), NewcomerExit(0, KILL, 3.0)],
+                3.0,
+                Want::Failed("newcomer 0 (pid 200) was killed by signal 9 (SIGKILL) at 3.0s; stopping the job"),
+                &[],
+            ),
+            (
+                "a newcomer still in the view after its exit died as a member",
+                &[Spawn(200), NewcomerExit(0, KILL, 3.0), View(3.1, 2, ADMITTED_200)],
+                3.1,
+                Want::Failed("newcomer 0 (pid 200) was killed by signal 9 (SIGKILL) at 3.0s"),
+                &[],
+            ),
+            (
+                "an admitted newcomer exiting 0 alone departed in a rescale",
+                &[Spawn(200), View(2.0, 2, ADMITTED_200), NewcomerExit(0, Exit::Code(0), 3.0), View(3.1, 3, LAUNCH)],
+                100.0,
+                Want::Running,
+                &[],
+            ),
+            (
+                "a launch node removed by a rescale exits 0: the job goes on",
+                &[Spawn(200), View(2.0, 2, ADMITTED_200), NodeExit(1, Exit::Code(0), 3.0)],
+                100.0,
+                Want::Running,
+                &[],
+            ),
+            (
+                "an admitted newcomer's nonzero exit begins the finish",
+                &[Spawn(200), View(2.0, 2, ADMITTED_200), NewcomerExit(0, Exit::Code(4), 3.0)],
+                13.0,
+                Want::Failed("newcomer 0 (pid 200) exited with code 4 at 3.0s, but nodes 0, 1 kept running for 10.0s more"),
+                &[],
+            ),
+            (
+                "the job completes without waiting for newcomers never admitted",
+                &[
+                    Spawn(200),
+                    NodeExit(0, Exit::Code(0), 5.0),
+                    NodeExit(1, Exit::Code(0), 5.0),
+                ],
+                5.0,
+                Want::Completed(0),
+                &[],
+            ),
+            (
+                "but not without its admitted ones",
+                &[
+                    Spawn(200),
+                    Spawn(201),
+                    View(2.0, 2, ADMITTED_200),
+                    NodeExit(0, Exit::Code(0), 5.0),
+                    NodeExit(1, Exit::Code(0), 5.0),
+                ],
+                15.0,
+                Want::Failed("node 0 (pid 100) exited with code 0 at 5.0s, but newcomer 0 kept running for 10.0s more"),
+                &[],
+            ),
+            (
+                "an admitted newcomer ending with the others completes the job",
+                &[
+                    Spawn(200),
+                    View(2.0, 2, ADMITTED_200),
+                    NodeExit(0, Exit::Code(0), 5.0),
+                    NodeExit(1, Exit::Code(0), 5.0),
+                    NewcomerExit(0, Exit::Code(0), 5.1),
+                ],
+                5.1,
+                Want::Completed(0),
+                &[],
+            ),
+            (
+                "an admitted newcomer disagreeing with node 0 fails the job",
+                &[
+                    Spawn(200),
+                    View(2.0, 2, ADMITTED_200),
+                    NodeExit(0, Exit::Code(0), 5.0),
+                    NodeExit(1, Exit::Code(0), 5.0),
+                    NewcomerExit(0, Exit::Code(2), 5.1),
+                ],
+                5.1,
+                Want::Failed("node 0 exited with code 0 but newcomer 0 exited with code 2"),
+                &[],
+            ),
+        ];
+        for (name, steps, at, want, dropped) in table {
+            let mut sup = play(steps);
+            let end = sup.poll(s(*at));
+            match (want, &end) {
+                (Want::Running, None) => {}
+                (Want::Completed(code), Some(JobEnd::Completed { code: c, .. })) if c == code => {}
+                (Want::Failed(start), Some(end @ JobEnd::Failed(_))) => {
+                    let msg = end.message().unwrap();
+                    assert!(msg.starts_with(start), "{name}: {msg}");
+                }
+                _ => panic!("{name}: wanted {want:?}, got {end:?}"),
+            }
+            let got: Vec<(usize, bool)> = sup
+                .take_dropped()
+                .iter()
+                .map(|d| (d.newcomer, d.never_admitted))
+                .collect();
+            assert_eq!(got, *dropped, "{name}: dropped newcomers");
+        }
+    }
+
+    #[test]
+    fn a_dropped_newcomer_is_told_once_with_its_pid_and_exit() {
+        let mut sup = play(&[
+            Step::Spawn(200),
+            Step::Spawn(201),
+            Step::NewcomerExit(1, Exit::Code(3), 2.0),
+            Step::View(2.5, 1, LAUNCH),
+        ]);
+        let dropped = sup.take_dropped();
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(
+            dropped[0].to_string(),
+            "newcomer 1 (pid 201) exited with code 3 at 2.0s before it was admitted; dropped (the job goes on)"
+        );
+        let unsure = Dropped {
+            never_admitted: false,
+            ..dropped[0]
+        };
+        assert_eq!(
+            unsure.to_string(),
+            "newcomer 1 (pid 201) exited with code 3 at 2.0s, not a member of the job (never admitted, or admitted and removed between two looks); the job goes on"
+        );
+        sup.members_seen(s(3.0), 1, LAUNCH);
+        assert_eq!(sup.poll(s(30.0)), None);
+        assert!(sup.take_dropped().is_empty(), "told twice");
+        assert!(!sup.newcomer_admitted(1));
+    }
+
+    #[test]
+    fn newcomers_are_followed_until_admitted_and_only_waiting_ones_may_be_stopped() {
+        let mut sup = sup(2);
+        assert!(sup.wants_views(), "before the start");
+        sup.members_seen(s(0.5), 1, LAUNCH);
+        assert!(!sup.wants_views(), "nothing to follow");
+        let n = sup.newcomer_spawned(200, s(0.6));
+        assert_eq!(n, 0);
+        assert!(sup.wants_views(), "a newcomer waits");
+        assert!(sup.newcomer_waiting(0));
+        sup.members_seen(s(1.0), 2, ADMITTED_200);
+        assert!(sup.newcomer_admitted(0));
+        assert!(
+            !sup.newcomer_waiting(0),
+            "a member is not stopped as a newcomer"
+        );
+        assert!(!sup.wants_views());
+        assert!(!sup.newcomer_waiting(7), "unknown newcomer");
+    }
+
+    #[test]
+    fn newcomers_are_refused_once_the_job_is_ending() {
+        let mut sup = sup(2);
+        sup.members_seen(s(0.5), 1, LAUNCH);
+        assert_eq!(sup.accepts_newcomers(), Ok(()));
+        sup.node_exited(0, Exit::Code(0), s(1.0));
+        assert_eq!(sup.accepts_newcomers(), Err("the job is ending".to_owned()));
+
+        let mut sup = sup_started(2);
+        sup.interrupt(15);
+        assert_eq!(
+            sup.accepts_newcomers(),
+            Err("the launcher received SIGTERM and is stopping the job".to_owned())
+        );
+    }
+
+    fn sup_started(n: usize) -> Supervisor {
+        let mut sup = sup(n);
+        sup.job_started();
+        sup
     }
 }
