@@ -1,6 +1,12 @@
 //! The `ductile` command line: clap definitions and dispatch.
 //!
 //! * `ductile run`: run a job on the local fleet ([`crate::local::launch`]);
+//! * `ductile status`: a running job's membership, from node 0's control
+//!   endpoint;
+//! * `ductile expand`, `ductile shrink`, `ductile rescale`: resize a running
+//!   job without restarting it: newcomers are started by the job's launcher
+//!   (asked through [`crate::local::channel`]), the rescale itself is asked of
+//!   node 0's control endpoint;
 //! * `ductile coordinator`: run a job's coordinator (what `ductile run` and
 //!   the Kubernetes operator's pods start), forwarded to
 //!   `ductile_coordinator::cli`.
@@ -9,18 +15,32 @@
 //! it failed, timed out or could not be stopped cleanly; 2 for usage and
 //! launch errors (bad flags, program not found, state directory in use,
 //! coordinator or node could not start); 128+N when stopped by signal N.
+//! Of the rescaling commands: 0 done, 1 the job or its launcher refused or
+//! failed the rescale, 2 usage errors or no running job.
 //! See `docs/cli.md`.
 
 use std::ffi::OsString;
+use std::fmt::Write as _;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use ductile_coordinator::control::{
+    ControlClient, ControlError, JobStatus, RescaleReport, RescaleRequest,
+};
+use ductile_coordinator::proto::NodeId;
+use ductile_coordinator::secret::Secret;
+use serde::Serialize;
 
+use crate::local::channel::{self, ChannelError, Reply, Request, MAX_SPAWN};
+use crate::local::process::{pid_alive, POLL_INTERVAL};
 use crate::local::{launch, JobSpec, StopRequest};
-use crate::state::{resolve_state_dir, DEFAULT_JOB};
+use crate::state::{
+    read_job_state, resolve_state_dir, NewcomerRecord, CONTROL_ADDR_FILE, DEFAULT_JOB,
+    LAUNCHER_SOCKET_FILE, SECRET_FILE,
+};
 
 /// Exit code for usage and launch errors.
 pub const EXIT_USAGE: i32 = 2;
@@ -49,6 +69,12 @@ pub enum Command {
     Run(RunArgs),
     /// Show a running job's membership: epoch, nodes, PEs, waiting newcomers.
     Status(StatusArgs),
+    /// Grow a running job: start K newcomers and admit them in one rescale.
+    Expand(ExpandArgs),
+    /// Shrink a running job: remove its K highest-numbered nodes, or the nodes named.
+    Shrink(ShrinkArgs),
+    /// Remove nodes and admit K new ones in one rescale.
+    Rescale(RescaleArgs),
     /// Run a job's coordinator (started by `ductile run` and by the operator's pods).
     ///
     /// Arguments are those of `ductile coordinator --help`.
@@ -64,18 +90,82 @@ pub enum Command {
     },
 }
 
-/// Arguments of `ductile status`.
+/// Which running job a command talks to.
 #[derive(Args, Debug, Clone)]
-pub struct StatusArgs {
+pub struct JobTarget {
     /// Job name (as given to `ductile run --job`).
     #[arg(long, value_name = "NAME", default_value = DEFAULT_JOB)]
     pub job: String,
     /// The job's state directory (as given to `ductile run --state-dir`).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+}
+
+/// Arguments of `ductile status`.
+#[derive(Args, Debug, Clone)]
+pub struct StatusArgs {
+    /// The job.
+    #[command(flatten)]
+    pub target: JobTarget,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Options every rescaling command takes.
+#[derive(Args, Debug, Clone)]
+pub struct RescaleOptions {
+    /// The job.
+    #[command(flatten)]
+    pub target: JobTarget,
+    /// Print the report as one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds the whole command may take: newcomers registering, then the
+    /// rescale itself.
+    #[arg(long, value_name = "SECS", default_value = "120", value_parser = parse_secs)]
+    pub timeout: Duration,
+}
+
+/// Arguments of `ductile expand`.
+#[derive(Args, Debug, Clone)]
+pub struct ExpandArgs {
+    /// Number of nodes to add.
+    #[arg(long, short = 'n', value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SPAWN)))]
+    pub nodes: u32,
+    /// Common options.
+    #[command(flatten)]
+    pub options: RescaleOptions,
+}
+
+/// Arguments of `ductile shrink`.
+#[derive(Args, Debug, Clone)]
+#[command(group(ArgGroup::new("which").required(true).args(["nodes", "remove"])))]
+pub struct ShrinkArgs {
+    /// Remove the K highest-numbered nodes (at most all but node 0).
+    #[arg(long, short = 'n', value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub nodes: Option<u32>,
+    /// Remove these nodes (ids as `ductile status` shows them; never 0).
+    #[arg(long, value_name = "ID,...", value_delimiter = ',', num_args = 1..)]
+    pub remove: Vec<NodeId>,
+    /// Common options.
+    #[command(flatten)]
+    pub options: RescaleOptions,
+}
+
+/// Arguments of `ductile rescale`.
+#[derive(Args, Debug, Clone)]
+#[command(group(ArgGroup::new("change").required(true).multiple(true).args(["remove", "add"])))]
+pub struct RescaleArgs {
+    /// Remove these nodes (ids as `ductile status` shows them; never 0).
+    #[arg(long, value_name = "ID,...", value_delimiter = ',', num_args = 1..)]
+    pub remove: Vec<NodeId>,
+    /// Start this many newcomers and admit them.
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SPAWN)))]
+    pub add: Option<u32>,
+    /// Common options.
+    #[command(flatten)]
+    pub options: RescaleOptions,
 }
 
 /// Arguments of `ductile run`.
@@ -160,6 +250,22 @@ pub fn dispatch(cli: Cli) -> i32 {
             run(args)
         }
         Command::Status(args) => status(args),
+        Command::Expand(args) => rescale(Removal::None, args.nodes, &args.options),
+        Command::Shrink(args) => {
+            let removal = match args.nodes {
+                Some(k) => Removal::Highest(k),
+                None => Removal::Ids(args.remove),
+            };
+            rescale(removal, 0, &args.options)
+        }
+        Command::Rescale(args) => {
+            let removal = if args.remove.is_empty() {
+                Removal::None
+            } else {
+                Removal::Ids(args.remove)
+            };
+            rescale(removal, args.add.unwrap_or(0), &args.options)
+        }
         Command::Coordinator { args } => {
             let argv = std::iter::once(OsString::from("ductile coordinator")).chain(args);
             ductile_coordinator::cli::main_with_args(argv)
@@ -177,51 +283,117 @@ fn init_tracing() {
         .try_init();
 }
 
+/// Why a command could not talk to a running job.
+#[derive(Debug)]
+enum Unreachable {
+    /// The job name or state directory is unusable.
+    Usage(String),
+    /// No job runs there, or its endpoint does not answer.
+    NoJob(String),
+}
+
+impl Unreachable {
+    fn message(&self) -> &str {
+        match self {
+            Unreachable::Usage(m) | Unreachable::NoJob(m) => m,
+        }
+    }
+}
+
+/// A running job as a tool finds it: its state directory and an
+/// authenticated connection to node 0's control endpoint.
+struct JobConnection {
+    dir: PathBuf,
+    addr: String,
+    client: ControlClient,
+}
+
+/// Finds the job named by `target` and connects to its control endpoint.
+fn connect_job(target: &JobTarget) -> Result<JobConnection, Unreachable> {
+    let dir = resolve_state_dir(target.state_dir.as_deref(), &target.job, |k| {
+        std::env::var_os(k)
+    })
+    .map_err(|err| Unreachable::Usage(err.to_string()))?;
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).map(|s| s.trim().to_string());
+    let (Ok(addr), Ok(secret)) = (read(CONTROL_ADDR_FILE), read(SECRET_FILE)) else {
+        return Err(Unreachable::NoJob(format!(
+            "no running job in {} (start one with `ductile run`)",
+            dir.display()
+        )));
+    };
+    let secret = Secret::from_hex(&secret).map_err(|e| {
+        Unreachable::NoJob(format!(
+            "the job secret in {} is unreadable: {e}",
+            dir.display()
+        ))
+    })?;
+    let client = ControlClient::connect(&addr, &secret, Duration::from_secs(10)).map_err(|e| {
+        Unreachable::NoJob(format!(
+            "cannot reach the job's control endpoint at {addr}: {e}"
+        ))
+    })?;
+    Ok(JobConnection { dir, addr, client })
+}
+
+/// `ductile status --json`: the job's status, plus the newcomers its
+/// launcher started (from `job.json`).
+#[derive(Serialize)]
+struct StatusOutput<'a> {
+    #[serde(flatten)]
+    status: &'a JobStatus,
+    launcher_newcomers: &'a [NewcomerRecord],
+}
+
 /// `ductile status`: asks the running job's node 0 through its control endpoint.
 pub fn status(args: StatusArgs) -> i32 {
-    use ductile_coordinator::control::ControlClient;
-    use ductile_coordinator::secret::Secret;
-    let dir = match resolve_state_dir(args.state_dir.as_deref(), &args.job, |k| std::env::var_os(k)) {
-        Ok(dir) => dir,
-        Err(err) => {
-            say(&err.to_string());
+    let mut job = match connect_job(&args.target) {
+        Ok(job) => job,
+        Err(err @ Unreachable::Usage(_)) => {
+            say(err.message());
             return EXIT_USAGE;
         }
-    };
-    let read = |name: &str| std::fs::read_to_string(dir.join(name)).map(|s| s.trim().to_string());
-    let (addr, secret) = match (read(crate::state::CONTROL_ADDR_FILE), read(crate::state::SECRET_FILE)) {
-        (Ok(a), Ok(s)) => (a, s),
-        _ => {
-            say(&format!("no running job in {} (start one with `ductile run`)", dir.display()));
-            return 1;
+        Err(err) => {
+            say(err.message());
+            return EXIT_FAILED;
         }
     };
-    let secret = match Secret::from_hex(&secret) {
+    let status = match job.client.status() {
         Ok(s) => s,
         Err(e) => {
-            say(&format!("the job secret in {} is unreadable: {e}", dir.display()));
-            return 1;
+            say(&format!(
+                "cannot reach the job's control endpoint at {}: {e}",
+                job.addr
+            ));
+            return EXIT_FAILED;
         }
     };
-    let status = ControlClient::connect(&addr, &secret, Duration::from_secs(10)).and_then(|mut c| c.status());
-    let status = match status {
-        Ok(s) => s,
-        Err(e) => {
-            say(&format!("cannot reach the job's control endpoint at {addr}: {e}"));
-            return 1;
-        }
-    };
+    // Newcomers are the launcher's to report; a job started otherwise has none.
+    let newcomers = read_job_state(&job.dir)
+        .map(|state| state.newcomers)
+        .unwrap_or_default();
     if args.json {
-        match serde_json::to_string_pretty(&status) {
+        let output = StatusOutput {
+            status: &status,
+            launcher_newcomers: &newcomers,
+        };
+        match serde_json::to_string_pretty(&output) {
             Ok(text) => println!("{text}"),
             Err(e) => {
                 say(&format!("cannot encode the status: {e}"));
-                return 1;
+                return EXIT_FAILED;
             }
         }
         return 0;
     }
-    println!(
+    print!("{}", render_status(&status, &newcomers));
+    0
+}
+
+/// The human form of `ductile status`.
+pub fn render_status(status: &JobStatus, newcomers: &[NewcomerRecord]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "epoch {}  nodes {}  PEs {}  pending newcomers {}  up {:.1}s",
         status.epoch,
         status.members.len(),
@@ -229,14 +401,340 @@ pub fn status(args: StatusArgs) -> i32 {
         status.pending.len(),
         status.uptime_ms as f64 / 1e3
     );
-    println!("{:>5} {:>6} {:>4} {:>8}  host", "node", "uid", "PEs", "pid");
+    let _ = writeln!(
+        out,
+        "{:>5} {:>6} {:>4} {:>8}  host",
+        "node", "uid", "PEs", "pid"
+    );
     for m in &status.members {
-        println!("{:>5} {:>6} {:>4} {:>8}  {}", m.node, m.uid, m.pes, m.pid, m.host);
+        let _ = writeln!(
+            out,
+            "{:>5} {:>6} {:>4} {:>8}  {}",
+            m.node, m.uid, m.pes, m.pid, m.host
+        );
     }
     for p in &status.pending {
-        println!("pending newcomer uid {} ({} PEs, pid {}, {})", p.uid, p.pes, p.pid, p.host);
+        let _ = writeln!(
+            out,
+            "pending newcomer uid {} ({} PEs, pid {}, {})",
+            p.uid, p.pes, p.pid, p.host
+        );
+    }
+    if !newcomers.is_empty() {
+        let _ = writeln!(out, "newcomers started by the launcher:");
+        let _ = writeln!(out, "{:>9} {:>8}  state", "newcomer", "pid");
+        for (n, record) in newcomers.iter().enumerate() {
+            let _ = writeln!(out, "{n:>9} {:>8}  {}", record.pid, record.describe());
+        }
+    }
+    out
+}
+
+/// Which nodes a rescale removes, as the user named them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Removal {
+    /// None.
+    None,
+    /// The K highest-numbered nodes.
+    Highest(u32),
+    /// These node ids.
+    Ids(Vec<NodeId>),
+}
+
+/// Turns what the user asked for into the request for a job of `nodes`
+/// nodes: the ids to remove (ascending) and how many newcomers to admit.
+/// Node 0 never leaves.
+pub fn plan_rescale(removal: &Removal, add: u32, nodes: u32) -> Result<RescaleRequest, String> {
+    let remove: Vec<NodeId> = match removal {
+        Removal::None => Vec::new(),
+        Removal::Highest(k) if *k >= nodes => {
+            return Err(format!(
+                "cannot remove {k} of the job's {nodes} node{}: node 0 never leaves, so at most {}",
+                if nodes == 1 { "" } else { "s" },
+                nodes.saturating_sub(1)
+            ))
+        }
+        Removal::Highest(k) => (nodes - k..nodes).collect(),
+        Removal::Ids(ids) => {
+            let mut sorted = ids.clone();
+            sorted.sort_unstable();
+            for pair in sorted.windows(2) {
+                if pair[0] == pair[1] {
+                    return Err(format!("node {} is named twice", pair[0]));
+                }
+            }
+            if sorted.first() == Some(&0) {
+                return Err("node 0 never leaves: it runs the job's main chare and serves its control endpoint".to_owned());
+            }
+            if let Some(&id) = sorted.iter().find(|&&id| id >= nodes) {
+                return Err(format!(
+                    "there is no node {id}: the job's nodes are 0..={}",
+                    nodes.saturating_sub(1)
+                ));
+            }
+            sorted
+        }
+    };
+    if remove.is_empty() && add == 0 {
+        return Err("nothing to do: name nodes to remove or a number to add".to_owned());
+    }
+    Ok(RescaleRequest { remove, admit: add })
+}
+
+/// `ductile expand/shrink/rescale --json`: the job's report, plus the pids of
+/// the newcomers this command had the launcher start.
+#[derive(Serialize)]
+struct RescaleOutput<'a> {
+    #[serde(flatten)]
+    report: &'a RescaleReport,
+    spawned_pids: &'a [u32],
+}
+
+fn ids(ids: &[NodeId]) -> String {
+    if ids.is_empty() {
+        return "-".to_owned();
+    }
+    ids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The human form of a rescale's report.
+pub fn render_report(report: &RescaleReport, spawned_pids: &[u32]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "epoch       {} -> {}",
+        report.epoch_before, report.epoch
+    );
+    let _ = writeln!(out, "PEs         {} -> {}", report.pes_before, report.pes);
+    let _ = writeln!(out, "removed     {}", ids(&report.removed));
+    let _ = writeln!(out, "admitted    {}", ids(&report.admitted));
+    if !spawned_pids.is_empty() {
+        let pids: Vec<String> = spawned_pids.iter().map(u32::to_string).collect();
+        let _ = writeln!(out, "started     pids {}", pids.join(", "));
+    }
+    let _ = writeln!(out, "migrations  {}", report.migrations);
+    let width = report
+        .stages
+        .iter()
+        .map(|s| s.stage.len())
+        .chain(["mechanism".len()])
+        .max()
+        .unwrap_or(0);
+    let _ = writeln!(out);
+    let _ = writeln!(out, "{:<width$} {:>10}", "stage", "ms");
+    for stage in &report.stages {
+        let _ = writeln!(out, "{:<width$} {:>10.2}", stage.stage, stage.ms);
+    }
+    let _ = writeln!(out, "{:<width$} {:>10.2}", "mechanism", report.mechanism_ms);
+    let _ = writeln!(out, "{:<width$} {:>10.2}", "total", report.total_ms);
+    out
+}
+
+/// How a newcomer this command started is gone, if it is (as the launcher
+/// recorded it, once it has).
+fn newcomer_gone(dir: &Path, pid: u32) -> Option<Option<String>> {
+    if pid_alive(pid) {
+        return None;
+    }
+    let recorded = read_job_state(dir)
+        .ok()
+        .and_then(|state| state.newcomers.into_iter().find(|n| n.pid == pid))
+        .and_then(|n| n.exit);
+    Some(recorded)
+}
+
+/// Asks the launcher to stop newcomers that will not be admitted, so none is
+/// left waiting; tells the user if it cannot.
+fn stop_unadmitted(dir: &Path, pids: &[u32]) {
+    let alive: Vec<u32> = pids.iter().copied().filter(|&p| pid_alive(p)).collect();
+    if alive.is_empty() {
+        return;
+    }
+    let socket = dir.join(LAUNCHER_SOCKET_FILE);
+    match channel::request(
+        &socket,
+        &Request::Stop {
+            pids: alive.clone(),
+        },
+        Duration::from_secs(10),
+    ) {
+        Ok(Reply::Ok(_)) => say(&format!(
+            "stopped the newcomers started for it (pids {})",
+            pid_list(&alive)
+        )),
+        Ok(Reply::Error(message)) => say(&format!(
+            "could not stop the newcomers started for it (pids {}): {message}",
+            pid_list(&alive)
+        )),
+        Err(err) => say(&format!(
+            "could not stop the newcomers started for it (pids {}): {err}",
+            pid_list(&alive)
+        )),
+    }
+}
+
+fn pid_list(pids: &[u32]) -> String {
+    pids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `ductile expand`, `ductile shrink` and `ductile rescale`: checks the
+/// request against the job's membership, has the launcher start the
+/// newcomers and waits until they are registered, then asks node 0 for the
+/// rescale and reports it. Returns the exit code.
+pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
+    let deadline = Instant::now() + options.timeout;
+    let mut job = match connect_job(&options.target) {
+        Ok(job) => job,
+        Err(err) => {
+            say(err.message());
+            return EXIT_USAGE;
+        }
+    };
+    let status = match job.client.status() {
+        Ok(status) => status,
+        Err(e) => {
+            say(&format!("the job did not answer a status request: {e}"));
+            return EXIT_FAILED;
+        }
+    };
+    let request = match plan_rescale(&removal, add, status.members.len() as u32) {
+        Ok(request) => request,
+        Err(message) => {
+            say(&message);
+            return EXIT_USAGE;
+        }
+    };
+
+    let mut spawned: Vec<u32> = Vec::new();
+    if add > 0 {
+        let socket = job.dir.join(LAUNCHER_SOCKET_FILE);
+        let left = deadline.saturating_duration_since(Instant::now());
+        match channel::request(&socket, &Request::Spawn { count: add }, left) {
+            Ok(Reply::Ok(pids)) => spawned = pids,
+            Ok(Reply::Error(message)) => {
+                say(&format!(
+                    "the launcher did not start the newcomers: {message}"
+                ));
+                return EXIT_FAILED;
+            }
+            Err(err @ ChannelError::NoLauncher { .. }) => {
+                say(&err.to_string());
+                return EXIT_USAGE;
+            }
+            Err(err) => {
+                say(&err.to_string());
+                return EXIT_FAILED;
+            }
+        }
+        say(&format!(
+            "started {} newcomer{} (pid{} {}); waiting for {} to register",
+            spawned.len(),
+            if spawned.len() == 1 { "" } else { "s" },
+            if spawned.len() == 1 { "" } else { "s" },
+            pid_list(&spawned),
+            if spawned.len() == 1 { "it" } else { "them" },
+        ));
+        if let Err(message) = wait_for_newcomers(&mut job, &spawned, add, deadline, options.timeout)
+        {
+            say(&message);
+            stop_unadmitted(&job.dir, &spawned);
+            return EXIT_FAILED;
+        }
+    }
+
+    let left = deadline.saturating_duration_since(Instant::now());
+    let report = match job
+        .client
+        .rescale(request, left.max(Duration::from_millis(1)))
+    {
+        Ok(report) => report,
+        Err(ControlError::Refused(message)) => {
+            say(&format!("the job refused the rescale: {message}"));
+            stop_unadmitted(&job.dir, &spawned);
+            return EXIT_FAILED;
+        }
+        Err(ControlError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            say(&format!(
+                "the job did not report the rescale within --timeout ({:.1}s); it may still complete: see `ductile status`",
+                options.timeout.as_secs_f64()
+            ));
+            return EXIT_FAILED;
+        }
+        Err(e) => {
+            say(&format!(
+                "the rescale failed: {e}; see `ductile status` for where the job stands"
+            ));
+            return EXIT_FAILED;
+        }
+    };
+    if options.json {
+        let output = RescaleOutput {
+            report: &report,
+            spawned_pids: &spawned,
+        };
+        match serde_json::to_string_pretty(&output) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                say(&format!("cannot encode the report: {e}"));
+                return EXIT_FAILED;
+            }
+        }
+    } else {
+        print!("{}", render_report(&report, &spawned));
     }
     0
+}
+
+/// Polls the job's status until at least `count` newcomers wait for
+/// admission; fails if one of `spawned` ends first or the deadline passes.
+fn wait_for_newcomers(
+    job: &mut JobConnection,
+    spawned: &[u32],
+    count: u32,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), String> {
+    // A pid gone but not yet recorded by the launcher: give the record a moment.
+    let mut gone_since: Option<Instant> = None;
+    loop {
+        let status = job
+            .client
+            .status()
+            .map_err(|e| format!("the job did not answer a status request: {e}"))?;
+        if status.pending.len() >= count as usize {
+            return Ok(());
+        }
+        for &pid in spawned {
+            if let Some(exit) = newcomer_gone(&job.dir, pid) {
+                let since = *gone_since.get_or_insert_with(Instant::now);
+                if exit.is_some() || since.elapsed() >= Duration::from_millis(500) {
+                    let how = exit.unwrap_or_else(|| "is gone".to_owned());
+                    return Err(format!(
+                        "newcomer pid {pid} {how} before the rescale (its output is in the `ductile run` terminal); nothing was rescaled"
+                    ));
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "only {} of {count} newcomers registered with the job within --timeout ({:.1}s); nothing was rescaled",
+                status.pending.len(),
+                timeout.as_secs_f64()
+            ));
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
 }
 
 /// `ductile run`: builds the [`JobSpec`], runs it, reports; returns the exit code.
@@ -378,5 +876,232 @@ mod tests {
         assert!(parse_secs("0").is_err());
         assert!(parse_secs("soon").is_err());
         assert!(parse_secs("inf").is_err());
+    }
+
+    fn parse(args: &[&str]) -> Result<Command, clap::Error> {
+        Cli::try_parse_from(std::iter::once("ductile").chain(args.iter().copied()))
+            .map(|c| c.command)
+    }
+
+    #[test]
+    fn rescaling_commands_parse() {
+        let Command::Expand(args) =
+            parse(&["expand", "--nodes", "2", "--job", "j", "--json"]).unwrap()
+        else {
+            panic!("not expand")
+        };
+        assert_eq!(args.nodes, 2);
+        assert_eq!(args.options.target.job, "j");
+        assert!(args.options.json);
+        assert_eq!(args.options.timeout, Duration::from_secs(120));
+
+        let Command::Shrink(args) = parse(&[
+            "shrink",
+            "--remove",
+            "3,1",
+            "--state-dir",
+            "/s",
+            "--timeout",
+            "5",
+        ])
+        .unwrap() else {
+            panic!("not shrink")
+        };
+        assert_eq!((args.nodes, args.remove), (None, vec![3, 1]));
+        assert_eq!(args.options.target.state_dir, Some(PathBuf::from("/s")));
+        assert_eq!(args.options.timeout, Duration::from_secs(5));
+
+        let Command::Shrink(args) = parse(&["shrink", "-n", "1"]).unwrap() else {
+            panic!("not shrink")
+        };
+        assert_eq!((args.nodes, args.remove), (Some(1), vec![]));
+
+        let Command::Rescale(args) =
+            parse(&["rescale", "--remove", "2", "--remove", "4", "--add", "3"]).unwrap()
+        else {
+            panic!("not rescale")
+        };
+        assert_eq!((args.remove, args.add), (vec![2, 4], Some(3)));
+        let Command::Rescale(args) = parse(&["rescale", "--add", "1"]).unwrap() else {
+            panic!("not rescale")
+        };
+        assert_eq!((args.remove, args.add), (vec![], Some(1)));
+    }
+
+    #[test]
+    fn rescaling_commands_refuse_bad_arguments_with_exit_2() {
+        for bad in [
+            &["expand"][..],
+            &["expand", "--nodes", "0"],
+            &["expand", "--nodes", "65"],
+            &["expand", "--nodes", "two"],
+            &["expand", "--nodes", "1", "--timeout", "0"],
+            &["shrink"],
+            &["shrink", "--nodes", "1", "--remove", "2"],
+            &["shrink", "--nodes", "0"],
+            &["shrink", "--remove", "x"],
+            &["shrink", "--remove", "-1"],
+            &["rescale"],
+            &["rescale", "--add", "0"],
+            &["rescale", "--json"],
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rescale_plans_are_checked_against_the_membership() {
+        let ok = |remove: Vec<NodeId>, admit: u32| Ok(RescaleRequest { remove, admit });
+        let table: &[(Removal, u32, u32, Result<RescaleRequest, &str>)] = &[
+            (Removal::None, 2, 2, ok(vec![], 2)),
+            (Removal::Highest(1), 0, 4, ok(vec![3], 0)),
+            (Removal::Highest(3), 0, 4, ok(vec![1, 2, 3], 0)),
+            (Removal::Highest(4), 0, 4, Err("cannot remove 4 of the job's 4 nodes: node 0 never leaves, so at most 3")),
+            (Removal::Highest(1), 0, 1, Err("cannot remove 1 of the job's 1 node: node 0 never leaves, so at most 0")),
+            (Removal::Ids(vec![3, 1]), 0, 4, ok(vec![1, 3], 0)),
+            (Removal::Ids(vec![2]), 1, 3, ok(vec![2], 1)),
+            (Removal::Ids(vec![0, 2]), 0, 4, Err("node 0 never leaves: it runs the job's main chare and serves its control endpoint")),
+            (Removal::Ids(vec![2, 2]), 0, 4, Err("node 2 is named twice")),
+            (Removal::Ids(vec![1, 4]), 0, 4, Err("there is no node 4: the job's nodes are 0..=3")),
+            (Removal::None, 0, 4, Err("nothing to do: name nodes to remove or a number to add")),
+        ];
+        for (removal, add, nodes, want) in table {
+            let got = plan_rescale(removal, *add, *nodes);
+            assert_eq!(
+                got,
+                want.clone().map_err(str::to_owned),
+                "{removal:?} +{add} of {nodes}"
+            );
+        }
+    }
+
+    fn report() -> RescaleReport {
+        use ductile_coordinator::control::StageTime;
+        RescaleReport {
+            epoch_before: 1,
+            epoch: 2,
+            removed: vec![3],
+            admitted: vec![3, 4],
+            pes_before: 8,
+            pes: 10,
+            migrations: 12,
+            stages: ["evacuate", "stop", "commit", "reconcile"]
+                .iter()
+                .zip([3.214, 0.4, 1.0, 12.5])
+                .map(|(stage, ms)| StageTime {
+                    stage: (*stage).to_owned(),
+                    ms,
+                })
+                .collect(),
+            mechanism_ms: 13.9,
+            total_ms: 17.114,
+        }
+    }
+
+    #[test]
+    fn a_report_renders_as_a_table() {
+        let text = render_report(&report(), &[4711, 4712]);
+        let want = "\
+epoch       1 -> 2
+PEs         8 -> 10
+removed     3
+admitted    3, 4
+started     pids 4711, 4712
+migrations  12
+
+stage             ms
+evacuate        3.21
+stop            0.40
+commit          1.00
+reconcile      12.50
+mechanism      13.90
+total          17.11
+";
+        assert_eq!(text, want);
+        let shrink = RescaleReport {
+            admitted: vec![],
+            ..report()
+        };
+        let text = render_report(&shrink, &[]);
+        assert!(text.contains("admitted    -\n"), "{text}");
+        assert!(!text.contains("started"), "{text}");
+    }
+
+    #[test]
+    fn a_report_as_json_is_the_report_and_the_started_pids() {
+        let report = report();
+        let text = serde_json::to_string(&RescaleOutput {
+            report: &report,
+            spawned_pids: &[4711],
+        })
+        .unwrap();
+        let back: RescaleReport = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, report);
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["spawned_pids"], serde_json::json!([4711]));
+        assert_eq!(value["stages"][0]["stage"], "evacuate");
+    }
+
+    #[test]
+    fn status_lists_the_launchers_newcomers() {
+        use ductile_coordinator::proto::{Member, PendingNewcomer};
+        let member = |node: u32, pid: u32| Member {
+            node,
+            uid: u64::from(node) + 1,
+            address: vec![],
+            pes: 2,
+            host: "vm".into(),
+            pid,
+        };
+        let status = JobStatus {
+            epoch: 2,
+            members: vec![member(0, 10), member(1, 11), member(2, 20)],
+            pes: 6,
+            pending: vec![PendingNewcomer {
+                uid: 9,
+                pes: 2,
+                host: "vm".into(),
+                pid: 21,
+            }],
+            uptime_ms: 2500,
+        };
+        let record = |pid: u32, admitted: bool, exit: Option<&str>| NewcomerRecord {
+            pid,
+            pes: 2,
+            started_at_unix_ms: 0,
+            admitted,
+            dropped: exit.is_some() && !admitted,
+            exit: exit.map(str::to_owned),
+        };
+        let newcomers = [
+            record(20, true, None),
+            record(21, false, None),
+            record(22, false, Some("exited with code 3")),
+        ];
+        let text = render_status(&status, &newcomers);
+        let want = "\
+epoch 2  nodes 3  PEs 6  pending newcomers 1  up 2.5s
+ node    uid  PEs      pid  host
+    0      1    2       10  vm
+    1      2    2       11  vm
+    2      3    2       20  vm
+pending newcomer uid 9 (2 PEs, pid 21, vm)
+newcomers started by the launcher:
+ newcomer      pid  state
+        0       20  admitted
+        1       21  waiting
+        2       22  dropped: exited with code 3 before admission
+";
+        assert_eq!(text, want);
+        assert!(!render_status(&status, &[]).contains("launcher"));
+
+        let json = serde_json::to_value(StatusOutput {
+            status: &status,
+            launcher_newcomers: &newcomers,
+        })
+        .unwrap();
+        assert_eq!(json["epoch"], 2);
+        assert_eq!(json["launcher_newcomers"][2]["exit"], "exited with code 3");
     }
 }
