@@ -131,6 +131,12 @@ pub(crate) trait Store: Send {
     fn loads(&mut self, reset: bool) -> Vec<(IndexKey, f64)>;
     /// Calls `resume_from_sync` on every local element waiting in `at_sync`.
     fn resume_all(&mut self, pe: &mut PeCtx);
+    /// The local elements' keys and move counts (for rebuilding home tables).
+    fn locals(&self) -> Vec<(IndexKey, u64)>;
+    /// The last broadcast this PE delivered (a newcomer adopts the job's).
+    fn last_broadcast(&self) -> u64;
+    /// Sets where a newcomer's broadcast numbering starts.
+    fn set_last_broadcast(&mut self, seq: u64);
 }
 
 /// Row-major position of `key` in the bulk range `dims`, for the block map.
@@ -379,6 +385,18 @@ impl<C: Chare> Store for ArrayStore<C> {
                 (*k, l)
             })
             .collect()
+    }
+
+    fn locals(&self) -> Vec<(IndexKey, u64)> {
+        self.elems.iter().map(|(k, s)| (*k, s.meta.hops)).collect()
+    }
+
+    fn last_broadcast(&self) -> u64 {
+        self.last_bcast
+    }
+
+    fn set_last_broadcast(&mut self, seq: u64) {
+        self.last_bcast = seq;
     }
 
     fn resume_all(&mut self, pe: &mut PeCtx) {

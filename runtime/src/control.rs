@@ -1,5 +1,5 @@
 //! Node 0's control endpoint (the role of Charm++'s CCS): tools ask a running
-//! job for its status here; rescale requests will arrive here too. The
+//! job for its status and ask it to rescale (see [`crate::elastic`]). The
 //! protocol lives in `ductile_coordinator::control`, so fleets need no
 //! runtime dependency.
 
@@ -22,8 +22,13 @@ pub(crate) fn start(
     addr_file: Option<PathBuf>,
     secret: Secret,
     node: Arc<NodeShared>,
-    coordinator: Arc<Client>,
+    coordinator: &str,
 ) -> std::io::Result<SocketAddr> {
+    // Its own coordinator connection: replies must not mix with the node's.
+    let coordinator = Arc::new(
+        Client::connect(coordinator, &secret, Duration::from_secs(10))
+            .map_err(|e| std::io::Error::other(format!("connecting to the coordinator: {e}")))?,
+    );
     let listener = TcpListener::bind(listen)?;
     let bound = listener.local_addr()?;
     if let Some(path) = addr_file {
@@ -40,6 +45,7 @@ pub(crate) fn start(
                 let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                 let result = serve_connection(stream, &secret, |req| match req {
                     ControlRequest::Status => status(&node, &coordinator, started),
+                    ControlRequest::Rescale(req) => crate::elastic::serve_request(&node, &coordinator, req.clone()),
                     ControlRequest::Hello { .. } => ControlReply::Error { message: "already authenticated".into() },
                 });
                 match result {

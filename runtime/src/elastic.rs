@@ -9,32 +9,20 @@
 //! `View::renumbered` orders the new view), so survivors' new numbers are
 //! known before the coordinator says how many newcomers it admits.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use ductile_coordinator::client::Client;
+use ductile_coordinator::control::ControlReply;
+pub use ductile_coordinator::control::RescaleRequest;
 use ductile_coordinator::proto::{NodeId, View};
-use serde::{Deserialize, Serialize};
+
+use crate::msg::{Dest, Envelope, Payload};
+use crate::node::NodeShared;
+use crate::rescale::Desk;
+use crate::system::{StopOrder, SysMsg};
 
 use crate::topo::Pe;
-
-/// A rescale request as the control endpoint receives it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RescaleRequest {
-    /// Nodes (ids in the current view) to remove.
-    pub remove: Vec<NodeId>,
-    /// How many waiting newcomers to admit (at most; fewer if fewer wait).
-    pub admit: u32,
-}
-
-impl RescaleRequest {
-    /// A request from a keep/remove bitmap over the current nodes (`true` = keep).
-    pub fn from_keep_bitmap(keep: &[bool], admit: u32) -> Self {
-        let remove = keep
-            .iter()
-            .enumerate()
-            .filter(|(_, k)| !**k)
-            .map(|(i, _)| i as NodeId)
-            .collect();
-        RescaleRequest { remove, admit }
-    }
-}
 
 /// Why a request cannot be carried out; nothing changes when one is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -123,6 +111,61 @@ pub fn plan(view: &View, req: &RescaleRequest) -> Result<Renumbering, RescaleErr
         leaving_pes,
         surviving_pes: next_pe,
     })
+}
+
+/// How long the control endpoint waits for a rescale to complete.
+const RESCALE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Serves a rescale request on node 0's control endpoint: checks it, admits
+/// at most the newcomers that wait, hands it to PE 0 and waits for the job
+/// to run at its new size. One rescale at a time.
+pub(crate) fn serve_request(node: &Arc<NodeShared>, coordinator: &Client, req: RescaleRequest) -> ControlReply {
+    let refuse = |message: String| ControlReply::Error { message };
+    let Some(view) = node.view() else {
+        return refuse("the job has no view yet".into());
+    };
+    if let Err(e) = plan(&view, &req) {
+        return refuse(format!("rescale refused: {e}"));
+    }
+    let mut admit = req.admit;
+    if admit > 0 {
+        let waiting = match coordinator.query_view(Duration::from_secs(10)) {
+            Ok((_, pending)) => pending.len() as u32,
+            Err(e) => return refuse(format!("the coordinator did not answer: {e}")),
+        };
+        admit = admit.min(waiting);
+        if admit == 0 && req.remove.is_empty() {
+            return refuse(format!(
+                "rescale refused: {} newcomer(s) asked for, none is waiting (start newcomers first, e.g. `ductile expand`)",
+                req.admit
+            ));
+        }
+    }
+    let order = StopOrder {
+        epoch: view.epoch,
+        remove: req.remove,
+        admit,
+    };
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    {
+        let mut desk = node.desk.lock().expect("rescale desk poisoned");
+        if desk.is_some() {
+            return refuse("a rescale is already in progress".into());
+        }
+        *desk = Some(Desk::new(order, &view, tx));
+    }
+    // PE 0 is local rank 0 of node 0, where the control endpoint runs.
+    node.inboxes[0].push(Envelope {
+        prio: 0,
+        dest: Dest::System,
+        payload: Payload::local(SysMsg::RescaleBegin),
+        counted: false,
+    });
+    match rx.recv_timeout(RESCALE_TIMEOUT) {
+        Ok(Ok(report)) => ControlReply::Rescaled(report),
+        Ok(Err(e)) => refuse(format!("the rescale failed: {e}")),
+        Err(_) => refuse(format!("the rescale did not complete within {RESCALE_TIMEOUT:?}")),
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ pub mod proxy;
 pub mod readonly;
 pub mod reduce;
 pub mod registry;
+mod rescale;
 mod system;
 pub mod topo;
 pub mod transport;

@@ -34,6 +34,10 @@ pub(crate) enum Dest {
     /// Every local element of a collection, then down the spanning tree.
     /// `seq` numbers the collection's broadcasts (assigned by PE 0; 0 until then).
     Broadcast { coll: CollId, seq: u64 },
+    /// A numbered broadcast delivered to this PE's elements only, not
+    /// forwarded: what a rescale turns a broadcast into when the spanning
+    /// tree it was travelling down is replaced.
+    BroadcastLeaf { coll: CollId, seq: u64 },
     /// The runtime itself.
     System,
 }

@@ -17,13 +17,14 @@ use std::time::Duration;
 
 use ductile_coordinator::client::{Admission, Client};
 use ductile_coordinator::contract;
-use ductile_coordinator::proto::{Registration, Role, ServerMsg, View};
+use ductile_coordinator::proto::{NodeId, Registration, ServerMsg, View};
 use tracing::{error, info, warn};
 
 use crate::msg::{decode_frame, CollId};
 use crate::options::Options;
-use crate::pe::{Inbox, LoopExit, Pe};
+use crate::pe::{Inbox, LoopExit, Pe, PeCommand};
 use crate::registry::Registry;
+use crate::rescale::{ControlFrame, Desk, Driver, FrameCounts, NodeEvent};
 use crate::topo::Topology;
 use crate::transport::tcp::TcpTransport;
 use crate::transport::{kind, Sink, Tag, Transport, TransportError};
@@ -39,6 +40,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(120);
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(60);
 const TOPOLOGY_WAIT: Duration = Duration::from_secs(60);
+/// How long a newcomer waits to be admitted before it gives up.
+const ADMISSION_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// State shared by every thread of a node.
 pub(crate) struct NodeShared {
@@ -56,10 +59,22 @@ pub(crate) struct NodeShared {
     aborting: AtomicBool,
     abort_reason: Mutex<Option<String>>,
     finished: AtomicBool,
+    /// Node 0: the rescale being served.
+    pub(crate) desk: Mutex<Option<Desk>>,
+    /// Envelope frames per peer in this epoch (the rescale's drain counts them).
+    frames: Mutex<FrameCounts>,
+    draining: AtomicBool,
+    events: crossbeam_channel::Sender<NodeEvent>,
 }
 
 impl NodeShared {
-    fn new(registry: Arc<Registry>, pes: u32, args: Vec<String>, options: Options) -> Self {
+    fn new(
+        registry: Arc<Registry>,
+        pes: u32,
+        args: Vec<String>,
+        options: Options,
+        events: crossbeam_channel::Sender<NodeEvent>,
+    ) -> Self {
         NodeShared {
             registry,
             inboxes: (0..pes).map(|_| Inbox::new()).collect(),
@@ -75,6 +90,69 @@ impl NodeShared {
             aborting: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
             finished: AtomicBool::new(false),
+            desk: Mutex::new(None),
+            frames: Mutex::new(FrameCounts::default()),
+            draining: AtomicBool::new(false),
+            events,
+        }
+    }
+
+    /// Installs `view`, in which this node is `me`, as the current one.
+    pub(crate) fn install_view(&self, view: View, me: u32) -> Arc<Topology> {
+        let topo = Arc::new(Topology::new(&view, me));
+        *self.view.lock().expect("view lock poisoned") = Some(view);
+        *self.frames.lock().expect("frame counts poisoned") = FrameCounts::default();
+        self.install(topo.clone());
+        topo
+    }
+
+    /// The installed topology.
+    pub(crate) fn current_topology(&self) -> Arc<Topology> {
+        self.topology(Duration::ZERO)
+            .expect("topology installed before it is asked for")
+    }
+
+    pub(crate) fn transport(&self) -> Arc<dyn Transport> {
+        self.transport.get().expect("members have a transport").clone()
+    }
+
+    /// Sends a rescale-protocol frame to `node`, tagged with `epoch`.
+    pub(crate) fn send_control(
+        &self,
+        node: u32,
+        epoch: u64,
+        frame: &ControlFrame,
+    ) -> Result<(), TransportError> {
+        let me = self.current_topology().my_node();
+        let body = postcard::to_allocvec(frame).expect("encoding into a Vec cannot fail");
+        self.transport()
+            .send(node, Tag::new(me, epoch, kind::CONTROL), &[&body])
+    }
+
+    pub(crate) fn frames_sent_to(&self, node: u32) -> u64 {
+        let f = self.frames.lock().expect("frame counts poisoned");
+        f.sent.get(&node).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn frames_received_from(&self, node: u32) -> u64 {
+        let f = self.frames.lock().expect("frame counts poisoned");
+        f.received.get(&node).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn set_draining(&self, on: bool) {
+        self.draining.store(on, Ordering::SeqCst);
+    }
+
+    /// Runs `f` on the desk of the rescale being served, if any.
+    pub(crate) fn with_desk<R>(&self, f: impl FnOnce(&mut Desk) -> R) -> Option<R> {
+        self.desk.lock().expect("rescale desk poisoned").as_mut().map(f)
+    }
+
+    /// Answers the rescale being served (no-op when none is).
+    pub(crate) fn finish_rescale(&self, result: Result<(), String>) {
+        let desk = self.desk.lock().expect("rescale desk poisoned").take();
+        if let (Some(desk), Some(view)) = (desk, self.view()) {
+            desk.answer(&view, result);
         }
     }
 
@@ -120,7 +198,15 @@ impl NodeShared {
             node,
             Tag::new(topo.my_node(), topo.epoch(), kind::ENVELOPE),
             &[head, body],
-        )
+        )?;
+        *self
+            .frames
+            .lock()
+            .expect("frame counts poisoned")
+            .sent
+            .entry(node)
+            .or_insert(0) += 1;
+        Ok(())
     }
 
     /// Makes every PE leave its loop; the node then exits with [`EXIT_ABORTED`].
@@ -147,6 +233,19 @@ struct NodeSink(Weak<NodeShared>);
 impl Sink for NodeSink {
     fn deliver(&self, tag: Tag, frame: Vec<u8>) {
         let Some(node) = self.0.upgrade() else { return };
+        if tag.kind() == kind::CONTROL {
+            match postcard::from_bytes::<ControlFrame>(&frame) {
+                Ok(frame) => {
+                    let _ = node.events.send(NodeEvent::Frame {
+                        src: tag.src(),
+                        epoch_bits: tag.epoch_bits(),
+                        frame,
+                    });
+                }
+                Err(e) => error!("dropping a malformed control frame from node {}: {e}", tag.src()),
+            }
+            return;
+        }
         let Some(topo) = node.topology(TOPOLOGY_WAIT) else {
             error!(
                 "dropping a frame from node {}: this node never received its view",
@@ -158,10 +257,29 @@ impl Sink for NodeSink {
             Ok((rank, env)) => node.inboxes[rank].push(env),
             Err(e) => error!("dropping a frame from node {}: {e}", tag.src()),
         }
+        *node
+            .frames
+            .lock()
+            .expect("frame counts poisoned")
+            .received
+            .entry(tag.src())
+            .or_insert(0) += 1;
+        if node.draining.load(Ordering::SeqCst) {
+            let _ = node.events.send(NodeEvent::Counted);
+        }
     }
 
     fn lost(&self, peer_uid: u64, reason: String) {
         if let Some(node) = self.0.upgrade() {
+            let member = node
+                .view()
+                .is_some_and(|v| v.by_uid(peer_uid).is_some());
+            if !member {
+                // A newcomer that dialled speculatively and died before it
+                // was admitted, or a node already removed: not the job's loss.
+                warn!("the connection from uid {peer_uid}, not a member, ended: {reason}");
+                return;
+            }
             node.abort(format!(
                 "lost the connection from the node with uid {peer_uid}: {reason}; ending the job"
             ));
@@ -255,29 +373,40 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
     };
     let (options, args) = crate::options::parse(std::env::args().skip(1).collect())
         .unwrap_or_else(|e| fail_startup(e));
-    let node = Arc::new(NodeShared::new(registry.clone(), pes, args, options));
+    let (events, events_rx) = crossbeam_channel::unbounded();
+    let node = Arc::new(NodeShared::new(registry.clone(), pes, args, options, events));
     let code = match env_var(contract::ENV_COORDINATOR) {
         None => {
             node.install(Arc::new(Topology::standalone(pes)));
-            match run_pes(&node, true) {
+            let (handles, _commands) = start_pes(&node, true);
+            let mut outcome = LoopExit::Exit(0);
+            for h in handles {
+                match h.join() {
+                    Ok(LoopExit::Exit(code)) if outcome != LoopExit::Aborted => {
+                        outcome = LoopExit::Exit(code)
+                    }
+                    Ok(_) => outcome = LoopExit::Aborted,
+                    Err(_) => std::process::exit(EXIT_PANIC),
+                }
+            }
+            match outcome {
                 LoopExit::Exit(code) => code,
-                LoopExit::Aborted => EXIT_ABORTED,
+                _ => EXIT_ABORTED,
             }
         }
-        Some(addr) => run_member(&node, &addr),
+        Some(addr) => run_member(&node, events_rx, &addr),
     };
     std::process::exit(code)
 }
 
-fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
+fn run_member(
+    node: &Arc<NodeShared>,
+    events: crossbeam_channel::Receiver<NodeEvent>,
+    coordinator: &str,
+) -> i32 {
     watch_launcher();
     let secret = contract::secret_from_env().unwrap_or_else(|e| fail_startup(e));
     let role = contract::role_from_env().unwrap_or_else(|e| fail_startup(e));
-    if role == Role::Newcomer {
-        fail_startup(
-            "this build cannot join a running job as a newcomer yet (elasticity is not built in)",
-        );
-    }
     let bind: IpAddr = env_var(contract::ENV_BIND)
         .map(|b| {
             b.parse()
@@ -331,41 +460,68 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
         pid: std::process::id(),
         fingerprint: node.registry.fingerprint(),
     };
-    let (me, view) = match client.register(registration, LAUNCH_TIMEOUT) {
-        Ok(Admission::Member { node, view }) => (node, view),
-        Ok(Admission::Waiting { .. }) => {
-            fail_startup("the coordinator queued this launch member as a newcomer")
+    let admission = client
+        .register(registration, LAUNCH_TIMEOUT)
+        .unwrap_or_else(|e| fail_startup(format!("the coordinator refused this node: {e}")));
+    let set_uid = |uid: u64| {
+        if let Some(t) = &tcp {
+            t.set_uid(uid);
         }
-        Err(e) => fail_startup(format!("the coordinator refused this node: {e}")),
+        node.uid.store(uid, Ordering::Relaxed);
     };
-    let uid = view.members[me as usize].uid;
-    if let Some(t) = &tcp {
-        t.set_uid(uid);
-    }
-    node.uid.store(uid, Ordering::Relaxed);
-    let topo = Arc::new(Topology::new(&view, me));
-    *node.view.lock().expect("view lock poisoned") = Some(view.clone());
+    let client = Arc::new(client);
+    let watching = Arc::new(AtomicBool::new(true));
+    let watcher = watch_coordinator(client.clone(), node.clone(), watching.clone());
+    let mut driver = Driver::new(node.clone(), events, client.clone());
+    let (me, newcomer) = match admission {
+        Admission::Member { node: me, view } => {
+            set_uid(view.members[me as usize].uid);
+            if let Err(e) = transport.reconcile(&view, me) {
+                error!("connecting to peers failed: {e}");
+                return EXIT_ABORTED;
+            }
+            node.install_view(view, me);
+            (me, false)
+        }
+        Admission::Waiting { uid, view } => {
+            set_uid(uid);
+            // Speculative endpoints: dialled now, kept by the reconciliation
+            // that follows admission, so the rescale does not wait for them.
+            if let Err(e) = transport.reconcile(&view, NodeId::MAX) {
+                warn!("speculative endpoints to epoch {} failed: {e}", view.epoch);
+            }
+            info!(uid, epoch = view.epoch, "newcomer registered; waiting for admission");
+            let admitted = driver.wait_for("admission", ADMISSION_WAIT, |e| match e {
+                NodeEvent::Coordinator(ServerMsg::Integrate { node, view }) => {
+                    Some((*node, view.clone()))
+                }
+                _ => None,
+            });
+            let joined = admitted.and_then(|(me, view)| driver.join_view(view, me).map(|_| me));
+            match joined {
+                Ok(me) => (me, true),
+                Err(e) => {
+                    error!("joining the job failed: {e}");
+                    return EXIT_ABORTED;
+                }
+            }
+        }
+    };
+    let topo = node.current_topology();
     info!(
         node = me,
-        epoch = view.epoch,
+        epoch = topo.epoch(),
         pes = topo.num_pes(),
+        newcomer,
         "joined the job"
     );
-    if let Err(e) = transport.reconcile(&view, me) {
-        error!("connecting to peers failed: {e}");
-        return EXIT_ABORTED;
-    }
-    node.install(topo.clone());
-
-    let client = Arc::new(client);
     if me == 0 {
         if let Some(listen) = env_var(contract::ENV_CONTROL) {
             let listen = listen.parse().unwrap_or_else(|e| {
                 fail_startup(format!("{}={listen}: {e}", contract::ENV_CONTROL))
             });
             let file = env_var(contract::ENV_CONTROL_FILE).map(std::path::PathBuf::from);
-            match crate::control::start(listen, file, secret.clone(), node.clone(), client.clone())
-            {
+            match crate::control::start(listen, file, secret.clone(), node.clone(), coordinator) {
                 Ok(addr) => info!(%addr, "control endpoint listening"),
                 Err(e) => fail_startup(format!(
                     "cannot start the control endpoint on {listen}: {e}"
@@ -373,38 +529,24 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
             }
         }
     }
-    let watching = Arc::new(AtomicBool::new(true));
-    let watcher = {
-        let (client, node, watching) = (client.clone(), node.clone(), watching.clone());
-        std::thread::Builder::new()
-            .name("ductile-coord".into())
-            .spawn(move || {
-                while watching.load(Ordering::SeqCst) {
-                    match client.events().recv_timeout(Duration::from_millis(50)) {
-                        Ok(ServerMsg::MemberLost {
-                            node: lost, uid, ..
-                        }) => node.abort(format!(
-                            "node {lost} (uid {uid}) left the job unexpectedly; ending the job"
-                        )),
-                        Ok(other) => warn!("ignoring coordinator notice {other:?}"),
-                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                            node.abort("lost the coordinator connection; ending the job".into());
-                            return;
-                        }
-                    }
-                }
-            })
-            .expect("spawning the coordinator watcher")
-    };
-
-    let outcome = run_pes(node, me == 0);
+    let (handles, commands) = start_pes(node, me == 0 && !newcomer);
+    driver.attach(commands);
+    let outcome = driver.run();
+    for h in handles {
+        if h.join().is_err() {
+            std::process::exit(EXIT_PANIC);
+        }
+    }
     watching.store(false, Ordering::SeqCst);
     let _ = watcher.join();
+    if node.aborting() {
+        return EXIT_ABORTED;
+    }
     match outcome {
         LoopExit::Exit(code) => {
             node.finished.store(true, Ordering::SeqCst);
-            let code = match client.shutdown_barrier(topo.epoch(), code, SHUTDOWN_TIMEOUT) {
+            let epoch = node.current_topology().epoch();
+            let code = match client.shutdown_barrier(epoch, code, SHUTDOWN_TIMEOUT) {
                 Ok(job_code) => job_code,
                 Err(e) => {
                     error!("shutdown barrier failed: {e}");
@@ -414,46 +556,95 @@ fn run_member(node: &Arc<NodeShared>, coordinator: &str) -> i32 {
             transport.shutdown();
             code
         }
-        LoopExit::Aborted => EXIT_ABORTED,
+        LoopExit::Departed => {
+            node.finished.store(true, Ordering::SeqCst);
+            transport.shutdown();
+            0
+        }
+        LoopExit::Aborted | LoopExit::Stopped => EXIT_ABORTED,
     }
 }
 
-/// Runs one scheduler thread per local PE; the job's main chare starts on
-/// global PE 0 when `main_here`.
-fn run_pes(node: &Arc<NodeShared>, main_here: bool) -> LoopExit {
-    let topo = node
-        .topology(Duration::ZERO)
-        .expect("topology installed before PEs start");
+/// Forwards the coordinator's notices to the node's driver; a lost
+/// coordinator ends the job. Stops after Die (the coordinator then closes
+/// the departed node's connection).
+fn watch_coordinator(
+    client: Arc<Client>,
+    node: Arc<NodeShared>,
+    watching: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("ductile-coord".into())
+        .spawn(move || {
+            while watching.load(Ordering::SeqCst) {
+                match client.events().recv_timeout(Duration::from_millis(50)) {
+                    Ok(msg) => {
+                        let die = matches!(msg, ServerMsg::Die { .. });
+                        let _ = node.events.send(NodeEvent::Coordinator(msg));
+                        if die {
+                            return;
+                        }
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                        if watching.load(Ordering::SeqCst) {
+                            node.abort("lost the coordinator connection; ending the job".into());
+                        }
+                        return;
+                    }
+                }
+            }
+        })
+        .expect("spawning the coordinator watcher")
+}
+
+/// Starts one scheduler thread per local PE; the job's main chare starts on
+/// global PE 0 when `main_here`. Returns the threads and their command
+/// channels (a rescale's driver steers stopped PEs through them).
+fn start_pes(
+    node: &Arc<NodeShared>,
+    main_here: bool,
+) -> (
+    Vec<std::thread::JoinHandle<LoopExit>>,
+    Vec<crossbeam_channel::Sender<PeCommand>>,
+) {
+    let topo = node.current_topology();
     let spin = Duration::from_micros(
         env_var("DUCTILE_SPIN_US")
             .and_then(|s| s.parse().ok())
             .unwrap_or(100),
     );
-    let handles: Vec<_> = (0..topo.local_pes() as usize)
+    let mut commands = Vec::new();
+    let handles = (0..topo.local_pes() as usize)
         .map(|rank| {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            commands.push(tx);
             let (node, topo) = (node.clone(), topo.clone());
             let pe_id = topo.local_pe(rank);
             std::thread::Builder::new()
-                .name(format!("ductile-pe-{pe_id}"))
+                .name(format!("ductile-pe-{rank}"))
                 .spawn(move || {
                     let mut pe = Pe::new(node.clone(), topo, pe_id);
                     if pe_id == 0 && main_here {
                         pe.start_main();
                     }
-                    pe.run(&node.inboxes[rank], spin)
+                    let inbox = &node.inboxes[rank];
+                    let exit = loop {
+                        match pe.run(inbox, spin) {
+                            LoopExit::Stopped => {
+                                match pe.rescale(inbox, &rx, &node.events) {
+                                    Some(exit) => break exit,
+                                    None => continue,
+                                }
+                            }
+                            exit => break exit,
+                        }
+                    };
+                    let _ = node.events.send(NodeEvent::Exited { rank, exit });
+                    exit
                 })
                 .expect("spawning a PE thread")
         })
         .collect();
-    let mut outcome = LoopExit::Exit(0);
-    for h in handles {
-        match h.join() {
-            Ok(LoopExit::Exit(code)) if outcome != LoopExit::Aborted => {
-                outcome = LoopExit::Exit(code)
-            }
-            Ok(_) => outcome = LoopExit::Aborted,
-            Err(_) => std::process::exit(EXIT_PANIC),
-        }
-    }
-    outcome
+    (handles, commands)
 }

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `+lb NAME` | load-balancing strategy for `at_sync` steps (`Greedy`, `GreedyRefine`, `Refine`, `Rotate`, `Null`, and the `...RateAware` variants); default `Null` |
 //! | `+lb-params K=V,...` | strategy parameters, e.g. `tolerance=1.1` |
+//! | `+lb-rescale NAME` | strategy of the steps a rescale runs (evacuation, populating newcomers); default `GreedyRefine` |
 //! | `+lb-dump DIR` | write each step's statistics to `DIR/lb-<coll>-<step>.json` (and the plan the strategy made to `...plan.json`) for offline replay |
 //! | `+lb-report` | print one `lb step=...` line per step on PE 0's stdout |
 //! | `+lb-period SECS` | periodic balancing: an `at_sync` step only balances when SECS have passed since the last one that did (others resume at once) |
@@ -33,6 +34,9 @@ pub struct Options {
     pub lb_period: Option<std::time::Duration>,
     /// Emulated speed of each listed PE.
     pub pe_speed: HashMap<Pe, f64>,
+    /// The strategy of the steps a rescale runs (evacuating departing PEs,
+    /// populating newcomers): it must move objects, so never `Null`.
+    pub rescale_strategy: Arc<dyn Strategy>,
 }
 
 impl Default for Options {
@@ -43,6 +47,9 @@ impl Default for Options {
             lb_report: false,
             lb_period: None,
             pe_speed: HashMap::new(),
+            rescale_strategy: Arc::from(
+                lb::by_name("GreedyRefine", Params::default()).expect("GreedyRefine exists"),
+            ),
         }
     }
 }
@@ -80,8 +87,15 @@ pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
                 opts.lb_period = Some(std::time::Duration::from_secs_f64(secs));
             }
             "pe-speed" => opts.pe_speed = parse_speeds(&value("PE:FACTOR[,PE:FACTOR]")?)?,
+            "lb-rescale" => {
+                let name = value("a strategy name")?;
+                if name == "Null" {
+                    return Err("+lb-rescale: Null cannot populate newcomers; choose a strategy that moves objects".into());
+                }
+                opts.rescale_strategy = Arc::from(lb::by_name(&name, Params::default()).map_err(|e| e.to_string())?);
+            }
             other => {
-                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +pe-speed)"))
+                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +lb-rescale, +pe-speed)"))
             }
         }
     }

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::SegQueue;
 
 mod balance;
+mod rescale;
+pub(crate) use rescale::{PeCommand, Reentry, RootRescale};
 use tracing::{debug, error, warn};
 
 use crate::callback::{CallbackSpec, Target};
@@ -28,7 +30,7 @@ use crate::msg::{encode_header, CollId, Dest, Envelope, Payload, MAIN_COLL};
 use crate::node::NodeShared;
 use crate::reduce::{combine, Reducer, Value};
 use crate::registry::LinearFn;
-use crate::system::{CreateSpec, Partial, Shape, SysMsg};
+use crate::system::{CreateSpec, Partial, Shape, StopOrder, SysMsg};
 use crate::topo::{Pe as PeId, Topology};
 
 /// Delay between quiescence-detection waves while the job is busy.
@@ -54,6 +56,11 @@ impl Inbox {
         }
     }
 
+    /// Empties the queue (the PE is stopped).
+    pub(crate) fn take_all(&self) -> Vec<Envelope> {
+        std::iter::from_fn(|| self.queue.pop()).collect()
+    }
+
     /// Queues `env` and wakes the PE if it is parked.
     pub(crate) fn push(&self, env: Envelope) {
         self.queue.push(env);
@@ -72,6 +79,10 @@ pub(crate) enum LoopExit {
     Exit(i32),
     /// The node is aborting (a peer or the coordinator was lost).
     Aborted,
+    /// A rescale stopped the PE; the node's rescale driver takes over.
+    Stopped,
+    /// A rescale removed this PE's node: the PE ends, the process exits 0.
+    Departed,
 }
 
 struct Queued {
@@ -157,6 +168,12 @@ struct LbRoot {
     started: Instant,
     reports: Vec<(PeStat, Vec<ObjStat>)>,
     planned: Option<Instant>,
+    /// A step a rescale runs (evacuation, populating newcomers): the elements
+    /// are not at sync, so nothing resumes them.
+    forced: bool,
+    /// PEs the plan must empty.
+    leaving: Vec<PeId>,
+    migrations: u64,
     summary: String,
     done: u32,
     bytes: u64,
@@ -206,6 +223,14 @@ pub struct PeCtx {
     lb: HashMap<CollId, LbStep>,
     /// Root, with `+lb-period`: when each collection was last balanced.
     last_balanced: HashMap<CollId, Instant>,
+    /// Set by `RescaleStop`: the scheduler loop hands over to the node.
+    stop_order: Option<StopOrder>,
+    /// Root: every collection's creation, in order (newcomers adopt them).
+    specs: Vec<CreateSpec>,
+    /// Root: the rescale in progress.
+    rescale: Option<RootRescale>,
+    /// Root: callbacks to call with the new PE count after every rescale.
+    rescale_callbacks: Vec<CallbackSpec>,
 }
 
 impl PeCtx {
@@ -238,6 +263,17 @@ impl PeCtx {
     /// and every process exits with `code`.
     pub fn exit(&mut self, code: i32) {
         self.send_sys(0, SysMsg::ExitRequest { code });
+    }
+
+    /// Calls `callback` with the job's new PE count after every rescale, once
+    /// the job runs at its new size (Charm++'s resume-after-shrink/expand).
+    pub fn on_rescale(&mut self, callback: crate::Callback<u32>) {
+        self.send_sys(
+            0,
+            SysMsg::OnRescale {
+                callback: callback.spec,
+            },
+        );
     }
 
     /// Calls `callback` once no application message is queued or in flight
@@ -627,6 +663,11 @@ impl PeCtx {
             Target::Member { coll, pe } => self.send_member(coll, pe, 0, payload),
             Target::LbSync { coll } => {
                 // Root: every element of `coll` is at sync.
+                if let Some(r) = &mut self.rescale {
+                    // The rescale runs its own steps; this one waits for it.
+                    r.defer_sync(coll);
+                    return;
+                }
                 if let Some(period) = self.node.options.lb_period {
                     let last = self
                         .last_balanced
@@ -641,25 +682,32 @@ impl PeCtx {
                     }
                     self.last_balanced.insert(coll, Instant::now());
                 }
-                // Collect statistics.
-                let step = self.lb_steps.entry(coll).or_insert(0);
-                *step += 1;
-                let step = *step;
-                self.lb_root.insert(
-                    coll,
-                    LbRoot {
-                        step,
-                        started: Instant::now(),
-                        reports: Vec::new(),
-                        planned: None,
-                        summary: String::new(),
-                        done: 0,
-                        bytes: 0,
-                    },
-                );
-                self.send_sys(0, SysMsg::LbCollect { coll, step });
+                self.lb_start(coll, false, Vec::new());
             }
         }
+    }
+
+    /// Root: starts a load-balancing step of `coll` by collecting statistics.
+    fn lb_start(&mut self, coll: CollId, forced: bool, leaving: Vec<PeId>) {
+        let step = self.lb_steps.entry(coll).or_insert(0);
+        *step += 1;
+        let step = *step;
+        self.lb_root.insert(
+            coll,
+            LbRoot {
+                step,
+                started: Instant::now(),
+                reports: Vec::new(),
+                planned: None,
+                forced,
+                leaving,
+                migrations: 0,
+                summary: String::new(),
+                done: 0,
+                bytes: 0,
+            },
+        );
+        self.send_sys(0, SysMsg::LbCollect { coll, step });
     }
 }
 
@@ -706,6 +754,10 @@ impl Pe {
             lb_steps: HashMap::new(),
             lb: HashMap::new(),
             last_balanced: HashMap::new(),
+            stop_order: None,
+            specs: Vec::new(),
+            rescale: None,
+            rescale_callbacks: Vec::new(),
         };
         if let Some(speed) = ctx.node.options.pe_speed.get(&pe) {
             ctx.slowdown = 1.0 / speed;
@@ -780,8 +832,9 @@ impl Pe {
         self.settle();
     }
 
-    /// Runs the scheduler loop until the job exits or the node aborts.
-    pub(crate) fn run(mut self, inbox: &Inbox, spin: Duration) -> LoopExit {
+    /// Runs the scheduler loop until the job exits, the node aborts, or a
+    /// rescale stops this PE (then the loop can be entered again).
+    pub(crate) fn run(&mut self, inbox: &Inbox, spin: Duration) -> LoopExit {
         let _ = inbox.thread.set(std::thread::current());
         loop {
             while let Some(env) = inbox.queue.pop() {
@@ -791,6 +844,9 @@ impl Pe {
                 self.dispatch(env);
                 if let Some(code) = self.ctx.exit {
                     return LoopExit::Exit(code);
+                }
+                if self.ctx.stop_order.is_some() {
+                    return LoopExit::Stopped;
                 }
                 continue;
             }
@@ -859,7 +915,8 @@ impl Pe {
         match env.dest {
             Dest::Element { coll, key, src } => self.route_element(coll, key, src, env),
             Dest::Member { coll } => self.deliver_member(coll, env),
-            Dest::Broadcast { coll, seq } => self.deliver_broadcast(coll, seq, env),
+            Dest::Broadcast { coll, seq } => self.deliver_broadcast(coll, seq, env, true),
+            Dest::BroadcastLeaf { coll, seq } => self.deliver_broadcast(coll, seq, env, false),
             Dest::System => self.system(env),
         }
         self.settle();
@@ -879,7 +936,10 @@ impl Pe {
                 return None;
             }
         };
-        let pass = matches!(msg, SysMsg::Readonly { .. } | SysMsg::Exit { .. });
+        let pass = matches!(
+            msg,
+            SysMsg::Readonly { .. } | SysMsg::Exit { .. } | SysMsg::Adopt(_)
+        );
         let env = Envelope {
             payload: Payload::local(msg),
             ..env
@@ -976,7 +1036,7 @@ impl Pe {
         }
     }
 
-    fn deliver_broadcast(&mut self, coll: CollId, seq: u64, env: Envelope) {
+    fn deliver_broadcast(&mut self, coll: CollId, seq: u64, env: Envelope, forward: bool) {
         if !self.ctx.colls.contains_key(&coll) {
             self.ctx.hold_for_creation(coll, env);
             return;
@@ -989,7 +1049,12 @@ impl Pe {
         } else {
             seq
         };
-        for child in self.ctx.topo.children(self.ctx.pe) {
+        let children = if forward {
+            self.ctx.topo.children(self.ctx.pe)
+        } else {
+            Vec::new()
+        };
+        for child in children {
             let dest = Dest::Broadcast { coll, seq };
             let copy = Envelope {
                 prio: env.prio,
@@ -1027,11 +1092,18 @@ impl Pe {
                 return;
             }
         }
-        if msg.is_tree_broadcast() {
-            for child in self.ctx.topo.children(self.ctx.pe) {
-                self.ctx.send_sys(child, msg.clone());
+        let msg = match msg {
+            // Sent to every PE of a replaced subtree: handled here only.
+            SysMsg::Leaf(inner) => *inner,
+            msg => {
+                if msg.is_tree_broadcast() {
+                    for child in self.ctx.topo.children(self.ctx.pe) {
+                        self.ctx.send_sys(child, msg.clone());
+                    }
+                }
+                msg
             }
-        }
+        };
         let me = self.ctx.pe;
         match msg {
             SysMsg::Create(spec) => self.create(spec),
@@ -1211,10 +1283,27 @@ impl Pe {
                     store.resume_all(&mut self.ctx);
                 }
             }
+            SysMsg::OnRescale { callback } => self.ctx.rescale_callbacks.push(callback),
+            SysMsg::RescaleBegin => self.rescale_begin(),
+            SysMsg::RescaleStop(order) => self.ctx.stop_order = Some(order),
+            SysMsg::Adopt(adoption) => self.adopt(adoption),
+            SysMsg::Adopted => self.rescale_adopted(),
+            SysMsg::Leaf(_) => error!(pe = me, "dropping a doubly wrapped runtime message"),
         }
     }
 
     fn create(&mut self, spec: CreateSpec) {
+        self.create_as(spec, None);
+    }
+
+    /// Creates a collection's local part. `adopted`: a newcomer adopting a
+    /// collection created before it joined, with the job's last broadcast
+    /// and the first reduction new members join; arrays are then not
+    /// constructed again (their elements exist elsewhere).
+    fn create_as(&mut self, spec: CreateSpec, adopted: Option<(u64, u32)>) {
+        if self.ctx.pe == 0 && adopted.is_none() {
+            self.ctx.specs.push(spec.clone());
+        }
         let reg = self.ctx.node.registry.clone();
         let Some(entry) = reg.chares.get(&spec.type_id) else {
             error!(
@@ -1234,7 +1323,9 @@ impl Pe {
         let mut store = (entry.make)(coll);
         let topo = self.ctx.topo.clone();
         let me = self.ctx.pe;
+        let red_start = adopted.map_or(0, |(_, r)| r);
         let (result, base) = match spec.shape {
+            Shape::Array { .. } if adopted.is_some() => (Ok(()), 0),
             Shape::Array {
                 dims: Some(dims),
                 count,
@@ -1244,12 +1335,12 @@ impl Pe {
             ),
             Shape::Array { dims: None, .. } => (Ok(()), 0),
             Shape::Group => (
-                store.construct(0, &spec.init, 0, &mut self.ctx),
+                store.construct(0, &spec.init, red_start, &mut self.ctx),
                 topo.num_pes() as u64,
             ),
             Shape::NodeGroup => {
                 let r = if topo.first_pe(topo.my_node()) == me {
-                    store.construct(0, &spec.init, 0, &mut self.ctx)
+                    store.construct(0, &spec.init, red_start, &mut self.ctx)
                 } else {
                     Ok(())
                 };
@@ -1259,8 +1350,11 @@ impl Pe {
         if let Err(e) = result {
             error!(pe = me, "creating {} failed: {e}", entry.name);
         }
+        if let Some((last_bcast, _)) = adopted {
+            store.set_last_broadcast(last_bcast);
+        }
         self.stores.insert(coll, store);
-        if me == 0 {
+        if me == 0 && adopted.is_none() {
             self.ctx.populations.insert(
                 coll,
                 Population {

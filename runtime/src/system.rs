@@ -133,6 +133,53 @@ pub(crate) enum SysMsg {
     LbDone { coll: CollId, step: u64, bytes: u64 },
     /// Tree broadcast: call `resume_from_sync` on every element.
     LbResume { coll: CollId, step: u64 },
+    /// To PE 0: call `callback` with the new PE count after every rescale.
+    OnRescale { callback: CallbackSpec },
+    /// PE 0 to itself: the control endpoint queued a rescale (see
+    /// [`crate::elastic`]); start it.
+    RescaleBegin,
+    /// From PE 0 to every PE: leave the scheduler loop for the node's
+    /// rescale driver (evacuation is done).
+    RescaleStop(StopOrder),
+    /// A tree broadcast to handle here without forwarding it: a rescale
+    /// replaced the tree it was travelling down, and sent a copy to every
+    /// PE of its old subtree instead.
+    Leaf(Box<SysMsg>),
+    /// From PE 0 to each newcomer PE: the job's state to adopt.
+    Adopt(Adoption),
+    /// To PE 0: a newcomer PE adopted the job's state.
+    Adopted,
+}
+
+/// What every node needs to know to take part in a rescale.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StopOrder {
+    /// The epoch being left.
+    pub epoch: u64,
+    /// Node ids (of `epoch`) that leave.
+    pub remove: Vec<u32>,
+    /// Newcomers to admit (at most).
+    pub admit: u32,
+}
+
+/// The state a newcomer PE adopts instead of running main.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Adoption {
+    /// Readonly values, `(id, postcard bytes)`.
+    pub readonly: Vec<(u64, Vec<u8>)>,
+    /// Every collection, in creation order.
+    pub colls: Vec<AdoptedColl>,
+}
+
+/// One collection as a newcomer adopts it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct AdoptedColl {
+    /// How it was created (arrays are not constructed again).
+    pub spec: CreateSpec,
+    /// The last broadcast the job delivered to it.
+    pub last_bcast: u64,
+    /// The first reduction a new group or nodegroup member joins.
+    pub red_start: u32,
 }
 
 impl SysMsg {
@@ -172,6 +219,18 @@ impl SysMsg {
                 | SysMsg::LbCollect { .. }
                 | SysMsg::LbPlan { .. }
                 | SysMsg::LbResume { .. }
+        )
+    }
+
+    /// Runtime messages that only mean something in the view they were sent
+    /// in, and that a rescale drops (the state they update is rebuilt).
+    pub(crate) fn dropped_by_rescale(&self) -> bool {
+        matches!(
+            self,
+            SysMsg::HomeUpdate { .. }
+                | SysMsg::LocationHint { .. }
+                | SysMsg::QdWave { .. }
+                | SysMsg::QdReport { .. }
         )
     }
 }

@@ -151,6 +151,30 @@ impl Topology {
         out
     }
 
+    /// Every PE below `pe` in the spanning tree (not `pe` itself).
+    pub fn subtree(&self, pe: Pe) -> Vec<Pe> {
+        let mut out = Vec::new();
+        let mut stack = self.children(pe);
+        while let Some(p) = stack.pop() {
+            stack.extend(self.children(p));
+            out.push(p);
+        }
+        out
+    }
+
+    /// Parent of `node` in the node-level tree (None for node 0).
+    pub fn node_parent(&self, node: NodeId) -> Option<NodeId> {
+        (node > 0).then(|| (node - 1) / TREE_ARITY)
+    }
+
+    /// Children of `node` in the node-level tree.
+    pub fn node_children(&self, node: NodeId) -> Vec<NodeId> {
+        (1..=TREE_ARITY)
+            .map(|c| node * TREE_ARITY + c)
+            .filter(|&c| c < self.num_nodes())
+            .collect()
+    }
+
     /// Home PE of an element at linear position `lin` of a bulk range of `total`
     /// elements: contiguous blocks, as Charm++'s default block map.
     pub fn block_home(&self, lin: u64, total: u64) -> Pe {

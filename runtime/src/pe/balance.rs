@@ -125,7 +125,16 @@ impl Pe {
             stats.objs.extend(objs);
         }
         stats.pes.sort_by_key(|p| p.pe);
+        let forced = root.forced;
+        for p in &mut stats.pes {
+            p.leaving = root.leaving.contains(&p.pe);
+        }
         let options = self.ctx.node.options.clone();
+        let strategy = if forced {
+            options.rescale_strategy.clone()
+        } else {
+            options.strategy.clone()
+        };
         if let Some(dir) = &options.lb_dump {
             let path = dir.join(format!("lb-{coll:x}-{step}.json"));
             if let Err(e) = std::fs::create_dir_all(dir)
@@ -136,10 +145,10 @@ impl Pe {
             }
         }
         let solve_start = Instant::now();
-        let plan = match options.strategy.solve(&stats) {
+        let plan = match strategy.solve(&stats) {
             Ok(plan) => plan,
             Err(e) => {
-                error!("load balancing step {step} of collection {coll:#x} failed ({}): {e}; keeping the placement", options.strategy.name());
+                error!("load balancing step {step} of collection {coll:#x} failed ({}): {e}; keeping the placement", strategy.name());
                 Assignment::current(&stats)
             }
         };
@@ -170,9 +179,10 @@ impl Pe {
         let after = ratio(&plan);
         let root = self.ctx.lb_root.get_mut(&coll).expect("present");
         root.planned = Some(Instant::now());
+        root.migrations = moves.len() as u64;
         root.summary = format!(
             "lb step={step} strategy={} objs={} pes={} migrations={} max_avg_before={before:.4} max_avg_after={after:.4} strategy_ms={solve_ms:.3} collect_ms={:.3}",
-            options.strategy.name(),
+            strategy.name(),
             stats.objs.len(),
             stats.pes.len(),
             moves.len(),
@@ -253,7 +263,16 @@ impl Pe {
         if report {
             println!("{line}");
         }
-        self.ctx.lb_root.remove(&coll);
-        self.ctx.send_sys(0, SysMsg::LbResume { coll, step });
+        let root = self.ctx.lb_root.remove(&coll).expect("present");
+        if root.forced {
+            // A rescale's step: the elements never stopped, nothing resumes.
+            self.rescale_lb_done(coll, root.migrations);
+        } else {
+            self.ctx.send_sys(0, SysMsg::LbResume { coll, step });
+            if self.ctx.rescale.is_some() {
+                // A rescale was waiting for this step to end.
+                self.rescale_advance();
+            }
+        }
     }
 }

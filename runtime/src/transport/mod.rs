@@ -29,6 +29,8 @@ pub const KIND_BITS: u32 = 24;
 pub mod kind {
     /// A runtime envelope (application or system message).
     pub const ENVELOPE: u32 = 1;
+    /// A node-level frame of the rescale protocol (drain, view, barrier).
+    pub const CONTROL: u32 = 2;
 }
 
 /// A 64-bit message tag: `[source node: 24][epoch: 16][kind: 24]`.

@@ -1,0 +1,627 @@
+//! A PE's part in a rescale (DESIGN.md, "Launch and rescale").
+//!
+//! PE 0 drives it: it waits for load-balancing steps in progress, runs a
+//! step of every array that evacuates the departing PEs, and tells every
+//! PE to stop. The node's rescale driver ([`crate::rescale`]) then drains
+//! the network, has departing PEs hand what they hold to PE 0, commits the
+//! new view and reconciles endpoints. Each surviving PE re-enters in place
+//! ([`Pe::reenter`]): same thread, same chares, new numbering; everything
+//! that depends on the old numbering is translated or rebuilt here. PE 0
+//! then hands the job's state to the newcomers ([`Pe::adopt`]), balances
+//! onto them, and answers the control endpoint.
+//!
+//! Why nothing is lost: the driver stops every PE and drains the network
+//! before anything is renumbered, so every message sent in the old epoch
+//! sits in some PE's queue. Queued messages are then either kept (their
+//! destination does not depend on numbering, or is translated), sent to
+//! PE 0 (a departing PE's), or rebuilt (location and quiescence
+//! bookkeeping). A broadcast caught half-way down the old spanning tree
+//! continues as direct copies to every PE of its old subtree.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+use tracing::{debug, error, info, warn};
+
+use super::{Envelope, Inbox, LoopExit, Pe, PeCtx};
+use crate::callback::CallbackSpec;
+use crate::elastic::Renumbering;
+use crate::msg::{CollId, Dest, Payload, MAIN_COLL};
+use crate::rescale::{Desk, NodeEvent, Stage};
+use crate::reduce::Value;
+use crate::system::{AdoptedColl, Adoption, Partial, Shape, StopOrder, SysMsg};
+use crate::topo::{Pe as PeId, Topology};
+
+/// What the node's rescale driver tells a stopped PE.
+pub(crate) enum PeCommand {
+    /// Drain the inbox; a departing PE also sends what it holds to PE 0.
+    HandOver {
+        /// This PE's node leaves.
+        leaving: bool,
+    },
+    /// Re-enter the scheduler loop in the new view. The envelopes are what
+    /// reached this PE's inbox in the old view after it handed over (the
+    /// driver took them out before anyone could send in the new view).
+    Resume(Arc<Reentry>, Vec<Envelope>),
+    /// End this PE: its node left the job (or is aborting).
+    Depart,
+}
+
+/// Everything a surviving PE needs to re-enter after a commit.
+pub(crate) struct Reentry {
+    /// The view that was left.
+    pub old: Arc<Topology>,
+    /// The committed view.
+    pub new: Arc<Topology>,
+    /// Old PE numbers to new ones.
+    pub plan: Renumbering,
+}
+
+/// Where PE 0's rescale stands.
+#[derive(Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for load-balancing steps in progress to end.
+    Waiting,
+    /// Steps evacuating the departing PEs, by collection.
+    Evacuating(Vec<CollId>),
+    /// Every PE was told to stop; the node driver has the rescale.
+    Stopped,
+    /// Newcomer PEs still adopting the job's state.
+    Adopting(u32),
+    /// Steps populating the newcomers, by collection.
+    Balancing(Vec<CollId>),
+}
+
+/// PE 0's bookkeeping of the rescale in progress.
+pub(crate) struct RootRescale {
+    order: StopOrder,
+    plan: Renumbering,
+    phase: Phase,
+    /// When the current phase began.
+    since: Instant,
+    /// `at_sync` steps that arrived during the rescale: run after it.
+    deferred: Vec<CollId>,
+    /// PE count before.
+    pes_before: u32,
+    /// Newcomer PEs admitted (known after re-entry).
+    new_pes: u32,
+}
+
+impl RootRescale {
+    pub(crate) fn defer_sync(&mut self, coll: CollId) {
+        self.deferred.push(coll);
+    }
+}
+
+impl PeCtx {
+    fn desk<R>(&self, f: impl FnOnce(&mut Desk) -> R) -> Option<R> {
+        self.node.desk.lock().expect("rescale desk poisoned").as_mut().map(f)
+    }
+
+    /// Root: the arrays a rescale's steps balance.
+    fn balanced_arrays(&self) -> Vec<CollId> {
+        let mut colls: Vec<CollId> = self
+            .colls
+            .keys()
+            .copied()
+            .filter(|&c| self.is_migratable(c))
+            .collect();
+        colls.sort_unstable();
+        colls
+    }
+
+    /// Enqueues `msg` here without counting it as a new message.
+    fn requeue_sys(&mut self, prio: i32, counted: bool, msg: SysMsg) {
+        self.enqueue(Envelope {
+            prio,
+            dest: Dest::System,
+            payload: Payload::local(msg),
+            counted,
+        });
+    }
+}
+
+impl Pe {
+    // ---- PE 0: driving the rescale ----
+
+    /// The control endpoint queued a request on the desk.
+    pub(super) fn rescale_begin(&mut self) {
+        let Some(order) = self.ctx.desk(|d| d.order.clone()) else {
+            error!("a rescale began without a request on the desk");
+            return;
+        };
+        let view = self.ctx.node.view().expect("a member has a view");
+        let plan = match crate::elastic::plan(&view, &order.request()) {
+            Ok(p) => p,
+            Err(e) => {
+                // Checked when the request arrived; the view cannot have changed since.
+                self.ctx.node.finish_rescale(Err(e.to_string()));
+                return;
+            }
+        };
+        info!(
+            remove = ?order.remove,
+            admit = order.admit,
+            epoch = order.epoch,
+            "rescale requested"
+        );
+        self.ctx.rescale = Some(RootRescale {
+            order,
+            plan,
+            phase: Phase::Waiting,
+            since: Instant::now(),
+            deferred: Vec::new(),
+            pes_before: self.ctx.num_pes(),
+            new_pes: 0,
+        });
+        self.rescale_advance();
+    }
+
+    /// Moves the root's rescale on as far as it can go now.
+    pub(super) fn rescale_advance(&mut self) {
+        enum Next {
+            Evacuate(Vec<PeId>),
+            Stop(StopOrder),
+            Populate(bool),
+            Finish,
+        }
+        loop {
+            let Some(r) = self.ctx.rescale.as_ref() else {
+                return;
+            };
+            let next = match &r.phase {
+                // `lb_done` calls again when the step in progress ends.
+                Phase::Waiting if !self.ctx.lb_root.is_empty() => return,
+                Phase::Waiting => Next::Evacuate(r.plan.leaving_pes.clone()),
+                Phase::Evacuating(colls) if colls.is_empty() => Next::Stop(r.order.clone()),
+                Phase::Adopting(0) => Next::Populate(r.new_pes > 0),
+                Phase::Balancing(colls) if colls.is_empty() => Next::Finish,
+                _ => return,
+            };
+            match next {
+                Next::Evacuate(leaving) => {
+                    let colls = if leaving.is_empty() {
+                        Vec::new()
+                    } else {
+                        self.ctx.balanced_arrays()
+                    };
+                    self.set_phase(Phase::Evacuating(colls.clone()));
+                    for coll in colls {
+                        self.ctx.lb_start(coll, true, leaving.clone());
+                    }
+                }
+                Next::Stop(order) => {
+                    self.record(Stage::Evacuate);
+                    self.ctx.desk(|d| d.stop_sent = Some(Instant::now()));
+                    self.set_phase(Phase::Stopped);
+                    for pe in 0..self.ctx.num_pes() {
+                        self.ctx.send_sys(pe, SysMsg::RescaleStop(order.clone()));
+                    }
+                    return;
+                }
+                Next::Populate(expanded) => {
+                    self.record(Stage::State);
+                    let colls = if expanded {
+                        self.ctx.balanced_arrays()
+                    } else {
+                        Vec::new()
+                    };
+                    self.set_phase(Phase::Balancing(colls.clone()));
+                    for coll in colls {
+                        self.ctx.lb_start(coll, true, Vec::new());
+                    }
+                }
+                Next::Finish => {
+                    self.record(Stage::Balance);
+                    self.rescale_finish();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn set_phase(&mut self, phase: Phase) {
+        let r = self.ctx.rescale.as_mut().expect("a rescale is in progress");
+        r.phase = phase;
+        r.since = Instant::now();
+    }
+
+    /// Records the current phase's duration as `stage`.
+    fn record(&mut self, stage: Stage) {
+        let since = self.ctx.rescale.as_ref().expect("in progress").since;
+        let ms = since.elapsed().as_secs_f64() * 1e3;
+        self.ctx.desk(|d| d.record(stage, ms));
+    }
+
+    /// A rescale's load-balancing step of `coll` completed.
+    pub(super) fn rescale_lb_done(&mut self, coll: CollId, migrations: u64) {
+        self.ctx.desk(|d| d.migrations += migrations);
+        if let Some(r) = self.ctx.rescale.as_mut() {
+            if let Phase::Evacuating(c) | Phase::Balancing(c) = &mut r.phase {
+                c.retain(|&x| x != coll);
+            }
+        }
+        self.rescale_advance();
+    }
+
+    /// A newcomer PE adopted the job's state.
+    pub(super) fn rescale_adopted(&mut self) {
+        if let Some(Phase::Adopting(n)) = self.ctx.rescale.as_mut().map(|r| &mut r.phase) {
+            *n = n.saturating_sub(1);
+        }
+        self.rescale_advance();
+    }
+
+    /// PE 0 re-entered: hand the job's state to every newcomer PE.
+    fn rescale_resumed(&mut self, plan: &Renumbering) {
+        if self.ctx.rescale.is_none() {
+            error!("PE 0 re-entered without a rescale in progress");
+            return;
+        }
+        let topo = self.ctx.topo.clone();
+        let new_pes = topo.num_pes() - plan.surviving_pes;
+        self.ctx.rescale.as_mut().expect("checked").new_pes = new_pes;
+        if let Some(t) = self.ctx.desk(|d| d.reentry_from).flatten() {
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            self.ctx.desk(|d| d.record(Stage::Reentry, ms));
+        }
+        self.set_phase(Phase::Adopting(new_pes));
+        if new_pes > 0 {
+            let new_nodes = topo.num_nodes() - topo.node_of(plan.surviving_pes);
+            let adoption = self.adoption(new_pes, new_nodes);
+            for pe in plan.surviving_pes..topo.num_pes() {
+                self.ctx.send_sys(pe, SysMsg::Adopt(adoption.clone()));
+            }
+        }
+        self.rescale_advance();
+    }
+
+    /// The job's state for newcomers; counts their group and nodegroup
+    /// members into the reduction populations.
+    fn adoption(&mut self, new_pes: u32, new_nodes: u32) -> Adoption {
+        let reg = self.ctx.node.registry.clone();
+        let readonly = self
+            .ctx
+            .readonly
+            .iter()
+            .map(|(id, v)| (*id, (reg.readonlies[id].encode)(&**v)))
+            .collect();
+        let mut colls = Vec::new();
+        for spec in self.ctx.specs.clone() {
+            let joining = match spec.shape {
+                Shape::Group => new_pes as i64,
+                Shape::NodeGroup => new_nodes as i64,
+                Shape::Array { .. } => 0,
+            };
+            let red_start = match self.ctx.populations.get_mut(&spec.coll) {
+                Some(pop) => {
+                    if joining > 0 {
+                        *pop.births.entry(pop.next_open).or_insert(0) += joining;
+                    }
+                    pop.next_open
+                }
+                None => 0,
+            };
+            let last_bcast = match self.stores.get(&spec.coll) {
+                Some(s) => s.last_broadcast(),
+                None => 0,
+            }
+            .max(self.ctx.next_bcast.get(&spec.coll).copied().unwrap_or(0));
+            colls.push(AdoptedColl {
+                spec,
+                last_bcast,
+                red_start,
+            });
+        }
+        Adoption { readonly, colls }
+    }
+
+    /// Answers the control endpoint, runs what waited, and calls the
+    /// program's rescale callbacks.
+    fn rescale_finish(&mut self) {
+        let r = self.ctx.rescale.take().expect("in progress");
+        let pes = self.ctx.num_pes();
+        info!(
+            pes_before = r.pes_before,
+            pes,
+            epoch = self.ctx.topo.epoch(),
+            "rescale complete"
+        );
+        self.ctx.node.finish_rescale(Ok(()));
+        for coll in r.deferred {
+            let cb = CallbackSpec {
+                target: crate::callback::Target::LbSync { coll },
+                prefix: Vec::new(),
+            };
+            self.ctx.deliver_callback(&cb, &Value::Unit);
+        }
+        for cb in self.ctx.rescale_callbacks.clone() {
+            self.ctx.deliver_callback(&cb, &Value::U32(pes));
+        }
+    }
+
+    // ---- every PE: stop, hand over, re-enter ----
+
+    /// Between `RescaleStop` and re-entry: obeys the node's rescale driver.
+    /// Returns how the PE ends, or None when it re-entered and should run on.
+    pub(crate) fn rescale(
+        &mut self,
+        inbox: &Inbox,
+        commands: &Receiver<PeCommand>,
+        events: &Sender<NodeEvent>,
+    ) -> Option<LoopExit> {
+        let order = self.ctx.stop_order.take().expect("stopped by an order");
+        let _ = events.send(NodeEvent::Stopped { order });
+        loop {
+            match commands.recv() {
+                Ok(PeCommand::HandOver { leaving }) => {
+                    self.hand_over(inbox, leaving);
+                    let _ = events.send(NodeEvent::HandedOver);
+                }
+                Ok(PeCommand::Resume(r, late)) => {
+                    self.reenter(&r, late);
+                    return None;
+                }
+                Ok(PeCommand::Depart) => return Some(LoopExit::Departed),
+                Err(_) => return Some(LoopExit::Aborted),
+            }
+        }
+    }
+
+    /// Drains the inbox (the network is quiet); a departing PE sends every
+    /// element, partial result and message it holds to PE 0, which stays.
+    fn hand_over(&mut self, inbox: &Inbox, leaving: bool) {
+        while let Some(env) = inbox.queue.pop() {
+            self.ctx.enqueue(env);
+        }
+        if !leaving {
+            return;
+        }
+        let me = self.ctx.pe;
+        let subtree = self.ctx.topo.subtree(me);
+        let mut colls: Vec<CollId> = self.stores.keys().copied().collect();
+        colls.sort_unstable();
+        let (mut moved, mut ended) = (0, 0);
+        for coll in colls {
+            let migratable = self.ctx.is_migratable(coll);
+            let store = self.stores.get_mut(&coll).expect("listed");
+            for (key, _) in store.locals() {
+                let Some((state, meta)) = store.pack(key) else {
+                    continue;
+                };
+                if migratable {
+                    moved += 1;
+                    self.ctx.send_migrant(coll, key, 0, state, meta, None);
+                } else {
+                    // A group or nodegroup member ends with its PE.
+                    ended += 1;
+                    let next_red = meta.next_red;
+                    self.ctx.send_sys(0, SysMsg::Death { coll, next_red });
+                }
+            }
+        }
+        for ((coll, no), g) in std::mem::take(&mut self.ctx.gathered) {
+            self.ctx.send_sys(
+                0,
+                SysMsg::Reduce(Partial {
+                    coll,
+                    no,
+                    value: g.value.unwrap_or(Value::Unit),
+                    count: g.count,
+                    reducer: g.reducer,
+                    callback: g.callback,
+                }),
+            );
+        }
+        let held = self.take_held();
+        let forwarded = held.len();
+        for env in held {
+            self.forward_leftover(env, &subtree);
+        }
+        debug!(
+            pe = me,
+            moved, ended, forwarded, "departing PE handed over what it held"
+        );
+    }
+
+    /// Everything queued or parked on this PE, in arrival order where there is one.
+    fn take_held(&mut self) -> Vec<Envelope> {
+        let c = &mut self.ctx;
+        let mut out: Vec<Envelope> = c.fifo.drain(..).collect();
+        let mut heap: Vec<_> = std::mem::take(&mut c.heap).into_vec();
+        heap.sort_by_key(|q| q.seq);
+        out.extend(heap.into_iter().map(|q| q.env));
+        out.append(&mut c.held_in);
+        let mut unknown: Vec<_> = c.unknown.drain().collect();
+        unknown.sort_by_key(|(coll, _)| *coll);
+        out.extend(unknown.into_iter().flat_map(|(_, v)| v));
+        let mut waiting: Vec<_> = c.waiting.drain().collect();
+        waiting.sort_by_key(|(k, _)| *k);
+        out.extend(waiting.into_iter().flat_map(|(_, v)| v));
+        out
+    }
+
+    /// A departing PE's message: to PE 0, or on to the PEs of its old subtree.
+    fn forward_leftover(&mut self, env: Envelope, subtree: &[PeId]) {
+        let me = self.ctx.pe;
+        match env.dest {
+            Dest::Element { .. } => self.ctx.send_env(0, env),
+            Dest::Member { coll } => warn!(
+                pe = me,
+                "dropping a message for the member of collection {coll:#x} on a departing PE"
+            ),
+            Dest::Broadcast { coll, seq } => {
+                for &pe in subtree {
+                    self.ctx.send_env(pe, leaf_copy(&env, coll, seq));
+                }
+            }
+            // Only this PE's elements were to get it, and they are gone.
+            Dest::BroadcastLeaf { .. } => {}
+            Dest::System => {
+                let msg = match env.payload.take::<SysMsg>() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        error!(pe = me, "dropping malformed runtime message: {e}");
+                        return;
+                    }
+                };
+                if msg.dropped_by_rescale() || matches!(msg, SysMsg::Leaf(_)) {
+                    return;
+                }
+                if msg.is_tree_broadcast() {
+                    for &pe in subtree {
+                        self.ctx.send_sys(pe, SysMsg::Leaf(Box::new(msg.clone())));
+                    }
+                } else {
+                    self.ctx.send_sys(0, msg);
+                }
+            }
+        }
+    }
+
+    /// A survivor re-enters in the new view: new number, translated queues,
+    /// rebuilt location and quiescence bookkeeping. Same thread, same chares.
+    fn reenter(&mut self, r: &Reentry, late: Vec<Envelope>) {
+        // The inbox may already hold messages of the new view (from PEs that
+        // re-entered first): they stay there, untranslated.
+        for env in late {
+            self.ctx.enqueue(env);
+        }
+        let old_me = self.ctx.pe;
+        let map = |pe: PeId| r.plan.pe_map.get(pe as usize).copied().flatten();
+        let new_me = map(old_me).expect("only survivors re-enter");
+        let subtree: Vec<PeId> = r.old.subtree(old_me).into_iter().filter_map(map).collect();
+        let held = self.take_held();
+        self.ctx.pe = new_me;
+        self.ctx.topo = r.new.clone();
+        self.ctx.created = 0;
+        self.ctx.processed = 0;
+        for env in held {
+            self.translate(env, &subtree, &map);
+        }
+        let queued = self.ctx.fifo.iter().filter(|e| e.counted).count()
+            + self.ctx.heap.iter().filter(|q| q.env.counted).count();
+        self.ctx.created += queued as u64;
+        // Locations: every element tells its (new) home where it is.
+        self.ctx.cache.clear();
+        self.ctx.homes.clear();
+        let mut arrays: Vec<CollId> = self
+            .stores
+            .keys()
+            .copied()
+            .filter(|&c| c != MAIN_COLL && self.ctx.is_migratable(c))
+            .collect();
+        arrays.sort_unstable();
+        for coll in arrays {
+            for (key, hops) in self.stores[&coll].locals() {
+                self.ctx.note_local_element(coll, key, hops);
+            }
+        }
+        // Partial results go up the new tree (or complete, on PE 0).
+        let mut open: Vec<(CollId, u32)> = self.ctx.gathered.keys().copied().collect();
+        open.sort_unstable();
+        for (coll, no) in open {
+            if new_me == 0 {
+                self.complete_if_done(coll, no);
+            } else if self
+                .stores
+                .get(&coll)
+                .is_none_or(|s| s.all_contributed(no))
+            {
+                self.flush_partial(coll, no);
+            }
+        }
+        // Quiescence detection starts its waves over.
+        self.ctx.qd.current = None;
+        if new_me == 0 && self.ctx.qd.running {
+            self.ctx.qd.previous = None;
+            self.ctx.qd.next_wave_at = Some(Instant::now());
+        }
+        self.ctx.lb.clear();
+        debug!(old = old_me, new = new_me, "PE re-entered");
+        if new_me == 0 {
+            self.rescale_resumed(&r.plan);
+        }
+    }
+
+    /// Re-queues one held message in the new numbering.
+    fn translate(&mut self, env: Envelope, subtree: &[PeId], map: &dyn Fn(PeId) -> Option<PeId>) {
+        let me = self.ctx.pe;
+        match env.dest {
+            Dest::Element { coll, key, src } => self.ctx.enqueue(Envelope {
+                dest: Dest::Element {
+                    coll,
+                    key,
+                    src: map(src).unwrap_or(me),
+                },
+                ..env
+            }),
+            Dest::Broadcast { coll, seq } if seq > 0 => {
+                for &pe in subtree {
+                    self.ctx.send_env(pe, leaf_copy(&env, coll, seq));
+                }
+                self.ctx.enqueue(Envelope {
+                    dest: Dest::BroadcastLeaf { coll, seq },
+                    ..env
+                });
+            }
+            Dest::Member { .. } | Dest::Broadcast { .. } | Dest::BroadcastLeaf { .. } => {
+                self.ctx.enqueue(env)
+            }
+            Dest::System => {
+                let (prio, counted) = (env.prio, env.counted);
+                let msg = match env.payload.take::<SysMsg>() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        error!(pe = me, "dropping malformed runtime message: {e}");
+                        return;
+                    }
+                };
+                let msg = match msg {
+                    m if m.dropped_by_rescale() => return,
+                    m if m.is_tree_broadcast() => {
+                        for &pe in subtree {
+                            self.ctx.send_sys(pe, SysMsg::Leaf(Box::new(m.clone())));
+                        }
+                        SysMsg::Leaf(Box::new(m))
+                    }
+                    SysMsg::InsertRequest {
+                        coll,
+                        key,
+                        init,
+                        on,
+                    } => SysMsg::InsertRequest {
+                        coll,
+                        key,
+                        init,
+                        on: on.and_then(map),
+                    },
+                    m => m,
+                };
+                self.ctx.requeue_sys(prio, counted, msg);
+            }
+        }
+    }
+
+    // ---- newcomers ----
+
+    /// A newcomer PE adopts the job's readonly data and collections.
+    pub(super) fn adopt(&mut self, adoption: Adoption) {
+        self.adopt_readonly(adoption.readonly);
+        for c in adoption.colls {
+            self.create_as(c.spec, Some((c.last_bcast, c.red_start)));
+        }
+        debug!(pe = self.ctx.pe, "newcomer PE adopted the job's state");
+        self.ctx.send_sys(0, SysMsg::Adopted);
+    }
+}
+
+fn leaf_copy(env: &Envelope, coll: CollId, seq: u64) -> Envelope {
+    Envelope {
+        prio: env.prio,
+        dest: Dest::BroadcastLeaf { coll, seq },
+        payload: env.payload.duplicate(),
+        counted: true,
+    }
+}

@@ -1,0 +1,546 @@
+//! The node's side of a rescale: the driver that runs on each node's main
+//! thread while its PEs are stopped (DESIGN.md, "Launch and rescale",
+//! steps 2-6), and the desk where node 0 keeps the request being served.
+//!
+//! Once every local PE has stopped, the driver
+//!
+//! 1. drains the network: it tells every peer how many envelope frames it
+//!    sent it in this epoch and waits until it received as many from each
+//!    peer (counting, not ordering, so it holds for any transport);
+//! 2. has its PEs hand over (a departing node's PEs send what they hold to
+//!    PE 0) and drains again;
+//! 3. on node 0, asks the coordinator for the pending newcomers and commits;
+//!    node 0 sends the new view to the survivors over the transport; a
+//!    departing node waits for the coordinator's Die and ends;
+//! 4. reconciles transport endpoints with the new view and installs it;
+//! 5. passes a barrier up and down the node-level tree of the new view;
+//! 6. tells its PEs to re-enter ([`crate::pe::PeCommand::Resume`]).
+//!
+//! Newcomers join at step 4: they waited, registered, with endpoints built
+//! speculatively from the view they were given.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use ductile_coordinator::client::{Client, ClientError};
+use ductile_coordinator::control::{RescaleReport, StageTime};
+use ductile_coordinator::proto::{ErrorCode, NodeId, ServerMsg, View};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+use crate::node::NodeShared;
+use crate::msg::Envelope;
+use crate::pe::{LoopExit, PeCommand, Reentry};
+use crate::system::StopOrder;
+use crate::topo::Topology;
+
+/// How long any one step of a rescale may wait for its peers.
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The stages of a rescale, in protocol order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Load balancing that empties the departing PEs.
+    Evacuate,
+    /// Stopping every PE, draining the network, hand-over.
+    Stop,
+    /// Pending newcomers and the commit at the coordinator.
+    Commit,
+    /// The new view to survivors, endpoint reconciliation, tree barrier.
+    Reconcile,
+    /// PE 0's re-entry: queues translated, locations rebuilt.
+    Reentry,
+    /// Newcomers adopting readonly data and collections.
+    State,
+    /// Load balancing that populates the newcomers.
+    Balance,
+}
+
+impl Stage {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Stage::Evacuate => "evacuate",
+            Stage::Stop => "stop",
+            Stage::Commit => "commit",
+            Stage::Reconcile => "reconcile",
+            Stage::Reentry => "reentry",
+            Stage::State => "state",
+            Stage::Balance => "balance",
+        }
+    }
+
+    /// Whether the stage is the load balancer's work, reported apart from
+    /// the mechanism.
+    fn is_balancing(self) -> bool {
+        matches!(self, Stage::Evacuate | Stage::Balance)
+    }
+}
+
+impl StopOrder {
+    pub(crate) fn request(&self) -> crate::elastic::RescaleRequest {
+        crate::elastic::RescaleRequest {
+            remove: self.remove.clone(),
+            admit: self.admit,
+        }
+    }
+}
+
+/// Node 0's record of the rescale being served: the request, where its
+/// answer goes, and the stage times measured so far (by PE 0 and by the
+/// node driver).
+pub(crate) struct Desk {
+    pub order: StopOrder,
+    reply: Sender<Result<RescaleReport, String>>,
+    started: Instant,
+    pes_before: u32,
+    old_members: usize,
+    stages: Vec<(Stage, f64)>,
+    pub migrations: u64,
+    /// When PE 0 told every PE to stop.
+    pub stop_sent: Option<Instant>,
+    /// When node 0's barrier completed (re-entry starts).
+    pub reentry_from: Option<Instant>,
+}
+
+impl Desk {
+    pub(crate) fn new(
+        order: StopOrder,
+        old: &View,
+        reply: Sender<Result<RescaleReport, String>>,
+    ) -> Self {
+        Desk {
+            order,
+            reply,
+            started: Instant::now(),
+            pes_before: old.total_pes(),
+            old_members: old.members.len(),
+            stages: Vec::new(),
+            migrations: 0,
+            stop_sent: None,
+            reentry_from: None,
+        }
+    }
+
+    pub(crate) fn record(&mut self, stage: Stage, ms: f64) {
+        self.stages.push((stage, ms));
+    }
+
+    /// Sends the answer: the report against `view` (the job's view now), or the error.
+    pub(crate) fn answer(self, view: &View, result: Result<(), String>) {
+        let report = result.map(|()| {
+            let mut stages = self.stages.clone();
+            stages.sort_by_key(|(s, _)| *s as u8);
+            let mechanism_ms = stages
+                .iter()
+                .filter(|(s, _)| !s.is_balancing())
+                .map(|(_, ms)| ms)
+                .sum();
+            // Survivors keep their order at the front; newcomers follow.
+            let survivors = (self.old_members - self.order.remove.len()) as NodeId;
+            RescaleReport {
+                epoch_before: self.order.epoch,
+                epoch: view.epoch,
+                removed: self.order.remove.clone(),
+                admitted: (survivors..view.members.len() as NodeId).collect(),
+                pes_before: self.pes_before,
+                pes: view.total_pes(),
+                migrations: self.migrations,
+                stages: stages
+                    .into_iter()
+                    .map(|(s, ms)| StageTime {
+                        stage: s.name().into(),
+                        ms,
+                    })
+                    .collect(),
+                mechanism_ms,
+                total_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            }
+        });
+        let _ = self.reply.send(report);
+    }
+}
+
+/// A node-level frame of the rescale protocol (transport kind
+/// [`crate::transport::kind::CONTROL`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) enum ControlFrame {
+    /// Drain round `round`: the sender sent `sent` envelope frames to the
+    /// receiver in this epoch.
+    Drain { round: u8, sent: u64 },
+    /// From node 0 to each survivor: the committed view.
+    View(View),
+    /// Barrier, up the node tree of the new view: this subtree is ready.
+    Ready,
+    /// Barrier, down the tree: everyone is ready.
+    Go,
+}
+
+/// What the node's main thread hears about.
+pub(crate) enum NodeEvent {
+    /// A PE stopped for a rescale.
+    Stopped { order: StopOrder },
+    /// A PE handed over (drained its inbox; sent what it held if departing).
+    HandedOver,
+    /// A PE's thread ended.
+    Exited { rank: usize, exit: LoopExit },
+    /// A control frame from node `src` (numbered in the tag's epoch).
+    Frame {
+        src: NodeId,
+        epoch_bits: u64,
+        frame: ControlFrame,
+    },
+    /// An envelope frame arrived while the node drains.
+    Counted,
+    /// A notice from the coordinator.
+    Coordinator(ServerMsg),
+}
+
+/// Envelope frames sent to and received from each peer in this epoch.
+#[derive(Default)]
+pub(crate) struct FrameCounts {
+    pub sent: HashMap<NodeId, u64>,
+    pub received: HashMap<NodeId, u64>,
+}
+
+/// How a node's PEs ended, as the driver saw it.
+pub(crate) struct Driver {
+    node: Arc<NodeShared>,
+    events: Receiver<NodeEvent>,
+    commands: Vec<Sender<PeCommand>>,
+    client: Arc<Client>,
+    /// Control frames and PE events that arrived before they were awaited.
+    early: VecDeque<NodeEvent>,
+    exits: Vec<Option<LoopExit>>,
+    stopped: usize,
+}
+
+impl Driver {
+    pub(crate) fn new(node: Arc<NodeShared>, events: Receiver<NodeEvent>, client: Arc<Client>) -> Self {
+        Driver {
+            node,
+            events,
+            commands: Vec::new(),
+            client,
+            early: VecDeque::new(),
+            exits: Vec::new(),
+            stopped: 0,
+        }
+    }
+
+    /// The PEs' command channels, once they run.
+    pub(crate) fn attach(&mut self, commands: Vec<Sender<PeCommand>>) {
+        self.exits = vec![None; commands.len()];
+        self.commands = commands;
+    }
+
+    /// Serves the node until every PE ended; returns how the job ended here.
+    pub(crate) fn run(&mut self) -> LoopExit {
+        loop {
+            let event = match self.events.recv_timeout(Duration::from_millis(100)) {
+                Ok(e) => e,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return LoopExit::Aborted,
+            };
+            match event {
+                NodeEvent::Exited { rank, exit } => {
+                    self.exits[rank] = Some(exit);
+                    if self.exits.iter().all(Option::is_some) {
+                        return combine(self.exits.iter().flatten().copied());
+                    }
+                }
+                NodeEvent::Stopped { order, .. } => {
+                    self.stopped += 1;
+                    if self.stopped == self.commands.len() {
+                        self.stopped = 0;
+                        if let Err(e) = self.rescale(&order) {
+                            self.node.abort(format!("rescale failed: {e}; ending the job"));
+                            self.node.finish_rescale(Err(e));
+                            self.command_all(|| PeCommand::Depart);
+                        }
+                    }
+                }
+                NodeEvent::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => self.node.abort(
+                    format!("node {node} (uid {uid}) left the job unexpectedly; ending the job"),
+                ),
+                NodeEvent::Coordinator(other) => debug!("coordinator notice {other:?}"),
+                e @ NodeEvent::Frame { .. } => self.early.push_back(e),
+                NodeEvent::Counted | NodeEvent::HandedOver => {}
+            }
+        }
+    }
+
+    fn command_all(&self, cmd: impl Fn() -> PeCommand) {
+        for c in &self.commands {
+            let _ = c.send(cmd());
+        }
+    }
+
+    /// Waits for the first event `pick` accepts (looking at early ones
+    /// first); others are kept for later. `what` names it in errors.
+    pub(crate) fn wait_for<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut pick: impl FnMut(&NodeEvent) -> Option<T>,
+    ) -> Result<T, String> {
+        if let Some(i) = self.early.iter().position(|e| pick(e).is_some()) {
+            let e = self.early.remove(i).expect("found");
+            return Ok(pick(&e).expect("picked"));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.node.aborting() {
+                return Err(format!("the node is aborting while waiting for {what}"));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("timed out after {timeout:?} waiting for {what}"));
+            }
+            match self.events.recv_timeout(left.min(Duration::from_millis(1))) {
+                Ok(e) => {
+                    if let Some(t) = pick(&e) {
+                        return Ok(t);
+                    }
+                    match e {
+                        NodeEvent::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => {
+                            return Err(format!("node {node} (uid {uid}) was lost during the rescale"))
+                        }
+                        NodeEvent::Counted | NodeEvent::Coordinator(_) => {}
+                        e => self.early.push_back(e),
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Some(t) = self.recheck(&mut pick) {
+                        return Ok(t);
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err("the node is shutting down".into()),
+            }
+        }
+    }
+
+    /// Lets a predicate that depends on counters (not events) succeed on a timeout tick.
+    fn recheck<T>(&self, pick: &mut impl FnMut(&NodeEvent) -> Option<T>) -> Option<T> {
+        pick(&NodeEvent::Counted)
+    }
+
+    /// Runs one rescale on this node; PEs are all stopped.
+    fn rescale(&mut self, order: &StopOrder) -> Result<(), String> {
+        let node = self.node.clone();
+        let view = node.view().ok_or("no view")?;
+        let old = node.current_topology();
+        let me = old.my_node();
+        let plan = crate::elastic::plan(&view, &order.request()).map_err(|e| e.to_string())?;
+        let leaving = plan.node_map[me as usize].is_none();
+        debug!(node = me, leaving, "all PEs stopped; draining");
+        node.set_draining(true);
+        self.drain(1, &old)?;
+        self.command_all(|| PeCommand::HandOver { leaving });
+        let local = self.commands.len();
+        let mut handed = 0;
+        self.wait_for("the PEs' hand-over", STEP_TIMEOUT, |e| {
+            if matches!(e, NodeEvent::HandedOver) {
+                handed += 1;
+            }
+            (handed == local).then_some(())
+        })?;
+        self.drain(2, &old)?;
+        node.set_draining(false);
+        // Everything sent in the old view has arrived: take it out of the
+        // inboxes now, before the first message of the new view can land there.
+        let late: Vec<Vec<Envelope>> = (0..local).map(|rank| node.inboxes[rank].take_all()).collect();
+        if me == 0 {
+            node.with_desk(|d| {
+                if let Some(t) = d.stop_sent {
+                    d.record(Stage::Stop, ms_since(t));
+                }
+            });
+        }
+        if leaving {
+            self.wait_for("Die from the coordinator", STEP_TIMEOUT, |e| {
+                matches!(e, NodeEvent::Coordinator(ServerMsg::Die { .. })).then_some(())
+            })?;
+            info!(node = me, "removed by the rescale; leaving the job");
+            self.command_all(|| PeCommand::Depart);
+            return Ok(());
+        }
+        let next = if me == 0 {
+            let t = Instant::now();
+            let next = self.commit(order)?;
+            node.with_desk(|d| d.record(Stage::Commit, ms_since(t)));
+            for m in &view.members {
+                if m.node != 0 && plan.node_map[m.node as usize].is_some() {
+                    node.send_control(m.node, old.epoch(), &ControlFrame::View(next.clone()))
+                        .map_err(|e| format!("sending the new view to node {}: {e}", m.node))?;
+                }
+            }
+            next
+        } else {
+            self.wait_for("the new view from node 0", STEP_TIMEOUT, |e| match e {
+                NodeEvent::Frame {
+                    src: 0,
+                    frame: ControlFrame::View(v),
+                    ..
+                } => Some(v.clone()),
+                _ => None,
+            })?
+        };
+        let t = Instant::now();
+        let uid = old.my_uid();
+        let new_me = next
+            .by_uid(uid)
+            .map(|m| m.node)
+            .ok_or_else(|| format!("this node (uid {uid}) is not in the committed view"))?;
+        let new = self.join_view(next, new_me)?;
+        if me == 0 {
+            node.with_desk(|d| {
+                d.record(Stage::Reconcile, ms_since(t));
+                d.reentry_from = Some(Instant::now());
+            });
+        }
+        let reentry = Arc::new(Reentry { old, new, plan });
+        for (c, late) in self.commands.iter().zip(late) {
+            let _ = c.send(PeCommand::Resume(reentry.clone(), late));
+        }
+        Ok(())
+    }
+
+    /// Reconciles endpoints with `view` (this node is `me` in it), installs
+    /// it, and passes the barrier of its node tree.
+    pub(crate) fn join_view(&mut self, view: View, me: NodeId) -> Result<Arc<Topology>, String> {
+        let node = self.node.clone();
+        let r = node
+            .transport()
+            .reconcile(&view, me)
+            .map_err(|e| format!("reconciling endpoints with epoch {}: {e}", view.epoch))?;
+        debug!(kept = r.kept, opened = r.opened, closed = r.closed, "endpoints reconciled");
+        let topo = node.install_view(view, me);
+        self.barrier(&topo)?;
+        Ok(topo)
+    }
+
+    /// Up and down the node-level tree of `topo`, over its endpoints.
+    fn barrier(&mut self, topo: &Topology) -> Result<(), String> {
+        let node = self.node.clone();
+        let (me, epoch) = (topo.my_node(), topo.epoch());
+        let bits = epoch & 0xffff;
+        let children = topo.node_children(me);
+        let mut ready = 0;
+        if !children.is_empty() {
+            self.wait_for("the barrier (children ready)", STEP_TIMEOUT, |e| {
+                if let NodeEvent::Frame {
+                    frame: ControlFrame::Ready,
+                    epoch_bits,
+                    ..
+                } = e
+                {
+                    if *epoch_bits == bits {
+                        ready += 1;
+                    }
+                }
+                (ready == children.len()).then_some(())
+            })?;
+        }
+        if let Some(parent) = topo.node_parent(me) {
+            node.send_control(parent, epoch, &ControlFrame::Ready)
+                .map_err(|e| format!("barrier: {e}"))?;
+            self.wait_for("the barrier (release)", STEP_TIMEOUT, |e| match e {
+                NodeEvent::Frame {
+                    frame: ControlFrame::Go,
+                    epoch_bits,
+                    ..
+                } if *epoch_bits == bits => Some(()),
+                _ => None,
+            })?;
+        }
+        for c in children {
+            node.send_control(c, epoch, &ControlFrame::Go)
+                .map_err(|e| format!("barrier: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Tells every peer of `topo` how many frames it was sent, and waits
+    /// until as many arrived here from each.
+    fn drain(&mut self, round: u8, topo: &Topology) -> Result<(), String> {
+        let node = self.node.clone();
+        let me = topo.my_node();
+        let peers: Vec<NodeId> = (0..topo.num_nodes()).filter(|&n| n != me).collect();
+        for &p in &peers {
+            let sent = node.frames_sent_to(p);
+            node.send_control(p, topo.epoch(), &ControlFrame::Drain { round, sent })
+                .map_err(|e| format!("drain: {e}"))?;
+        }
+        let bits = topo.epoch() & 0xffff;
+        let mut expected: HashMap<NodeId, u64> = HashMap::new();
+        let what = format!("drain round {round}");
+        self.wait_for(&what, STEP_TIMEOUT, |e| {
+            if let NodeEvent::Frame {
+                src,
+                epoch_bits,
+                frame: ControlFrame::Drain { round: r, sent },
+            } = e
+            {
+                if *r == round && *epoch_bits == bits {
+                    expected.insert(*src, *sent);
+                }
+            }
+            let complete = expected.len() == peers.len()
+                && expected
+                    .iter()
+                    .all(|(&src, &n)| node.frames_received_from(src) >= n);
+            complete.then_some(())
+        })
+    }
+
+    /// Node 0: admits what waits (at most what was asked) and commits.
+    fn commit(&self, order: &StopOrder) -> Result<View, String> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let admit = if order.admit > 0 {
+                let pending = self
+                    .client
+                    .query_pending(order.epoch, STEP_TIMEOUT)
+                    .map_err(|e| format!("asking the coordinator for newcomers: {e}"))?;
+                order.admit.min(pending.len() as u32)
+            } else {
+                0
+            };
+            match self
+                .client
+                .commit(order.epoch, order.remove.clone(), admit, STEP_TIMEOUT)
+            {
+                Ok(view) => return Ok(view),
+                // A newcomer vanished between the query and the commit: ask again.
+                Err(ClientError::Server {
+                    code: ErrorCode::InvalidCommit,
+                    message,
+                }) if admit > 0 && tries < 3 => {
+                    warn!("the coordinator refused the commit ({message}); asking again");
+                }
+                Err(e) => return Err(format!("the coordinator refused the commit: {e}")),
+            }
+        }
+    }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// How a node ended, from how its PEs ended.
+fn combine(exits: impl Iterator<Item = LoopExit>) -> LoopExit {
+    let mut out = LoopExit::Exit(0);
+    for e in exits {
+        out = match (out, e) {
+            (LoopExit::Aborted, _) | (_, LoopExit::Aborted) => LoopExit::Aborted,
+            (_, LoopExit::Departed) => LoopExit::Departed,
+            (_, LoopExit::Exit(code)) => LoopExit::Exit(code),
+            (o, LoopExit::Stopped) => o,
+        };
+    }
+    out
+}
