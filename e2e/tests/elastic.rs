@@ -1,0 +1,333 @@
+//! No-restart elasticity with real processes: jobs started with `ductile
+//! run`, rescaled with `ductile expand/shrink/rescale` while they compute
+//! (ghost messages are always in flight in Jacobi2D), newcomers started by
+//! the launcher. Every test checks that survivors are the same processes
+//! (pids) and that the result does not depend on the rescales.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ductile_coordinator::control::{ControlClient, ControlError};
+use ductile_coordinator::proto::Member;
+use ductile_coordinator::{Client, Secret};
+use ductile_e2e::{alive, bin, eventually, run};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A job running in the background under `ductile run`.
+struct Running {
+    child: Option<Child>,
+    state: tempfile::TempDir,
+    pes: u32,
+    program: PathBuf,
+    args: Vec<String>,
+    /// Newcomers this test started itself (not through the launcher).
+    strays: Vec<Child>,
+}
+
+impl Running {
+    fn start(nodes: u32, pes: u32, program: &str, args: &[&str]) -> Running {
+        let state = tempfile::tempdir().expect("temp dir");
+        let child = Command::new(bin("ductile"))
+            .arg("run")
+            .args(["--nodes", &nodes.to_string(), "--pes-per-node", &pes.to_string()])
+            .arg("--state-dir")
+            .arg(state.path())
+            .args(["--timeout", "300"])
+            .arg("--")
+            .arg(bin(program))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning ductile run");
+        let job = Running {
+            child: Some(child),
+            state,
+            pes,
+            program: bin(program),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            strays: Vec::new(),
+        };
+        assert!(
+            eventually(WAIT, || job.path("control.addr").exists()),
+            "the job never published its control endpoint"
+        );
+        job
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.state.path().join(name)
+    }
+
+    fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(name))
+            .unwrap_or_else(|e| panic!("reading {name}: {e}"))
+            .trim()
+            .to_string()
+    }
+
+    fn secret(&self) -> Secret {
+        Secret::from_hex(&self.read("secret")).expect("the state directory holds the secret")
+    }
+
+    fn control(&self) -> ControlClient {
+        ControlClient::connect(&self.read("control.addr"), &self.secret(), WAIT)
+            .expect("connecting to the control endpoint")
+    }
+
+    fn members(&self) -> Vec<Member> {
+        self.control().status().expect("status").members
+    }
+
+    /// Runs a `ductile` rescale subcommand with `--json`; returns the report.
+    fn ductile(&self, args: &[&str]) -> Value {
+        let out = Command::new(bin("ductile"))
+            .args(args)
+            .arg("--state-dir")
+            .arg(self.state.path())
+            .args(["--json", "--timeout", "120"])
+            .output()
+            .expect("running ductile");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "ductile {args:?} failed ({:?})\n{stdout}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+    }
+
+    /// Starts `k` newcomer processes of the job's program outside the
+    /// launcher and waits until the coordinator lists them as pending.
+    fn start_strays(&mut self, k: usize) {
+        let before = self.control().status().expect("status").pending.len();
+        for _ in 0..k {
+            let child = Command::new(&self.program)
+                .args(&self.args)
+                .env("DUCTILE_COORDINATOR", self.read("coordinator.addr"))
+                .env("DUCTILE_SECRET", self.secret().to_hex())
+                .env("DUCTILE_ROLE", "newcomer")
+                .env("DUCTILE_PES", self.pes.to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("spawning a newcomer");
+            self.strays.push(child);
+        }
+        assert!(
+            eventually(WAIT, || self.control().status().expect("status").pending.len()
+                >= before + k),
+            "newcomers never registered"
+        );
+    }
+
+    /// Waits for the job to end; returns `ductile run`'s code, stdout, stderr.
+    fn finish(mut self) -> (Option<i32>, String, String) {
+        let out = self
+            .child
+            .take()
+            .expect("running")
+            .wait_with_output()
+            .expect("waiting for ductile run");
+        for mut n in std::mem::take(&mut self.strays) {
+            let _ = n.wait();
+        }
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for n in &mut self.strays {
+            let _ = n.kill();
+            let _ = n.wait();
+        }
+    }
+}
+
+fn checksum(stdout: &str) -> String {
+    stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().find_map(|t| t.strip_prefix("checksum=")))
+        .last()
+        .unwrap_or_else(|| panic!("no checksum in\n{stdout}"))
+        .to_string()
+}
+
+fn pids(members: &[Member]) -> Vec<u32> {
+    members.iter().map(|m| m.pid).collect()
+}
+
+fn num(report: &Value, key: &str) -> u64 {
+    report[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {report}"))
+}
+
+/// A Jacobi2D long enough to outlive the rescales of any test here.
+fn jacobi(iters: u32) -> Vec<String> {
+    ["--grid", "192", "--block", "24", "--iters", &iters.to_string(), "--quiet"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn reference(args: &[String]) -> String {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let job = run(1, 1, "jacobi2d", &args);
+    job.expect_code(0, "jacobi2d reference");
+    checksum(&job.stdout)
+}
+
+fn start_jacobi(nodes: u32, pes: u32, args: &[String]) -> Running {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Running::start(nodes, pes, "jacobi2d", &args)
+}
+
+/// Ends the job and checks it completed with the reference checksum.
+fn completes_with(job: Running, want: &str) {
+    let (code, stdout, stderr) = job.finish();
+    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
+    assert_eq!(checksum(&stdout), want, "checksum changed\n{stderr}");
+}
+
+#[test]
+fn shrink_four_to_three_keeps_survivors_and_the_checksum() {
+    let spec = jacobi(12_000);
+    let want = reference(&spec);
+    let job = start_jacobi(4, 1, &spec);
+    let before = job.members();
+    let report = job.ductile(&["shrink", "--remove", "2"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (4, 3));
+    assert_eq!(num(&report, "epoch"), num(&report, "epoch_before") + 1);
+    let after = job.members();
+    assert_eq!(pids(&after), vec![before[0].pid, before[1].pid, before[3].pid]);
+    assert!(eventually(WAIT, || !alive(before[2].pid)), "the removed node did not exit");
+    assert!(pids(&after).into_iter().all(alive), "a survivor is gone");
+    completes_with(job, &want);
+}
+
+#[test]
+fn expand_three_to_four_admits_a_newcomer_that_adopts_the_job() {
+    let spec = jacobi(12_000);
+    let want = reference(&spec);
+    let job = start_jacobi(3, 1, &spec);
+    let before = job.members();
+    let report = job.ductile(&["expand", "--nodes", "1"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (3, 4));
+    assert_eq!(report["admitted"], serde_json::json!([3]));
+    // The balancing step after an expansion gives the newcomer blocks.
+    assert!(num(&report, "migrations") > 0, "{report}");
+    let after = job.members();
+    assert_eq!(pids(&after[..3]), pids(&before));
+    assert_eq!(report["spawned_pids"][0].as_u64(), Some(after[3].pid as u64));
+    completes_with(job, &want);
+}
+
+#[test]
+fn one_rescale_removes_two_nodes_and_admits_two() {
+    let spec = jacobi(12_000);
+    let want = reference(&spec);
+    let job = start_jacobi(4, 2, &spec);
+    let before = job.members();
+    let report = job.ductile(&["rescale", "--remove", "1,2", "--add", "2"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (8, 8));
+    assert_eq!(report["removed"], serde_json::json!([1, 2]));
+    assert_eq!(report["admitted"], serde_json::json!([2, 3]));
+    let after = job.members();
+    assert_eq!(pids(&after[..2]), vec![before[0].pid, before[3].pid]);
+    for gone in [before[1].pid, before[2].pid] {
+        assert!(eventually(WAIT, || !alive(gone)), "removed node {gone} did not exit");
+    }
+    completes_with(job, &want);
+}
+
+#[test]
+fn twenty_shrinks_and_expands_in_one_run() {
+    let spec = jacobi(60_000);
+    let want = reference(&spec);
+    let job = start_jacobi(3, 1, &spec);
+    let first = job.members();
+    let mut epoch = 1;
+    for cycle in 0..20 {
+        let r = job.ductile(&["shrink", "--nodes", "1"]);
+        assert_eq!(num(&r, "epoch_before"), epoch, "cycle {cycle}");
+        let r = job.ductile(&["expand", "--nodes", "1"]);
+        epoch += 2;
+        assert_eq!(num(&r, "epoch"), epoch, "cycle {cycle}");
+        let now = job.members();
+        assert_eq!(now.len(), 3);
+        // Nodes 0 and 1 never leave: same processes all along.
+        assert_eq!(pids(&now[..2]), pids(&first[..2]), "cycle {cycle}");
+    }
+    completes_with(job, &want);
+}
+
+#[test]
+fn a_newcomer_that_dies_before_admission_is_dropped_not_fatal() {
+    let spec = jacobi(12_000);
+    let want = reference(&spec);
+    let mut job = start_jacobi(2, 1, &spec);
+    job.start_strays(2);
+    let victim = job.strays[0].id();
+    job.strays[0].kill().expect("killing a waiting newcomer");
+    let _ = job.strays[0].wait();
+    assert!(
+        eventually(WAIT, || job.control().status().expect("status").pending.len() == 1),
+        "the dead newcomer stayed pending"
+    );
+    let mut c = job.control();
+    let report = c
+        .rescale(
+            ductile_coordinator::control::RescaleRequest {
+                remove: vec![],
+                admit: 2,
+            },
+            WAIT,
+        )
+        .expect("admitting what waits");
+    assert_eq!(report.admitted, vec![2], "only the living newcomer joins");
+    assert!(!pids(&job.members()).contains(&victim));
+    completes_with(job, &want);
+}
+
+#[test]
+fn strangers_are_refused_and_change_nothing() {
+    let spec = jacobi(8_000);
+    let want = reference(&spec);
+    let job = start_jacobi(3, 1, &spec);
+    job.ductile(&["shrink", "--nodes", "1"]);
+    // The control endpoint refuses a wrong secret.
+    let wrong = Secret::generate();
+    match ControlClient::connect(&job.read("control.addr"), &wrong, WAIT) {
+        Err(ControlError::Refused(m)) => assert!(m.contains("unauthenticated"), "{m}"),
+        other => panic!("a wrong secret was not refused: {:?}", other.err()),
+    }
+    // So does the coordinator.
+    assert!(Client::connect(&job.read("coordinator.addr"), &wrong, WAIT).is_err());
+    // A tool holding the secret is no member: its commit, at the epoch the
+    // job left behind, is refused.
+    let tool = Client::connect(&job.read("coordinator.addr"), &job.secret(), WAIT)
+        .expect("the secret opens the coordinator");
+    let refused = tool.commit(1, vec![1], 0, WAIT).expect_err("a stale commit from a non-member");
+    assert!(
+        refused.to_string().contains("epoch") || refused.to_string().contains("member"),
+        "{refused}"
+    );
+    let status = job.control().status().expect("status");
+    assert_eq!((status.epoch, status.members.len()), (2, 2), "nothing changed");
+    completes_with(job, &want);
+}
