@@ -331,3 +331,35 @@ fn strangers_are_refused_and_change_nothing() {
     assert_eq!((status.epoch, status.members.len()), (2, 2), "nothing changed");
     completes_with(job, &want);
 }
+
+#[test]
+fn groups_nodegroups_and_readonly_follow_every_rescale() {
+    let job = Running::start(3, 2, "elastic_probe", &["--rounds", "30000"]);
+    let first = job.members();
+    job.ductile(&["expand", "--nodes", "1"]);
+    job.ductile(&["shrink", "--remove", "1"]);
+    let report = job.ductile(&["rescale", "--remove", "1", "--add", "2"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (6, 8));
+    assert_eq!(job.members()[0].pid, first[0].pid);
+    let (code, stdout, stderr) = job.finish();
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    // Every round that began and ended in one view saw exactly its members
+    // (newcomers' group and nodegroup members included, reading the
+    // readonly they adopted); at most one round per rescale straddled it.
+    let ok = stdout
+        .lines()
+        .find(|l| l.starts_with("probe ok"))
+        .unwrap_or_else(|| panic!("no verdict\n{stdout}\n{stderr}"));
+    assert!(ok.contains("rescales=3"), "the rescale callback ran {ok}");
+    let unchecked: u64 = ok
+        .split_whitespace()
+        .find_map(|t| t.strip_prefix("unchecked="))
+        .and_then(|v| v.parse().ok())
+        .expect("unchecked=N");
+    assert!(unchecked <= 3, "{ok}");
+    let rescaled: Vec<&str> = stdout.lines().filter(|l| l.starts_with("rescaled")).collect();
+    assert_eq!(
+        rescaled,
+        ["rescaled pes=8 nodes=4", "rescaled pes=6 nodes=3", "rescaled pes=8 nodes=4"]
+    );
+}

@@ -133,6 +133,8 @@ pub(crate) trait Store: Send {
     fn resume_all(&mut self, pe: &mut PeCtx);
     /// The local elements' keys and move counts (for rebuilding home tables).
     fn locals(&self) -> Vec<(IndexKey, u64)>;
+    /// The next reduction number of the local element `key`.
+    fn next_reduction(&self, key: IndexKey) -> Option<u32>;
     /// The last broadcast this PE delivered (a newcomer adopts the job's).
     fn last_broadcast(&self) -> u64;
     /// Sets where a newcomer's broadcast numbering starts.
@@ -389,6 +391,10 @@ impl<C: Chare> Store for ArrayStore<C> {
 
     fn locals(&self) -> Vec<(IndexKey, u64)> {
         self.elems.iter().map(|(k, s)| (*k, s.meta.hops)).collect()
+    }
+
+    fn next_reduction(&self, key: IndexKey) -> Option<u32> {
+        self.elems.get(&key).map(|s| s.meta.next_red)
     }
 
     fn last_broadcast(&self) -> u64 {

@@ -294,12 +294,21 @@ impl Pe {
                 Shape::NodeGroup => new_nodes as i64,
                 Shape::Array { .. } => 0,
             };
+            // New members join the reductions PE 0's own member has not
+            // contributed to yet: PE 0, the spanning tree's root, is the
+            // first to run every broadcast, so in broadcast-driven code its
+            // member is the most advanced (docs/elasticity.md).
+            let pe0_next = self
+                .stores
+                .get(&spec.coll)
+                .and_then(|s| s.next_reduction(0));
             let red_start = match self.ctx.populations.get_mut(&spec.coll) {
                 Some(pop) => {
+                    let start = pe0_next.unwrap_or(pop.next_open).max(pop.next_open);
                     if joining > 0 {
-                        *pop.births.entry(pop.next_open).or_insert(0) += joining;
+                        *pop.births.entry(start).or_insert(0) += joining;
                     }
-                    pop.next_open
+                    start
                 }
                 None => 0,
             };
