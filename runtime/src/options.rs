@@ -7,6 +7,7 @@
 //! | `+lb NAME` | load-balancing strategy for `at_sync` steps (`Greedy`, `GreedyRefine`, `Refine`, `Rotate`, `Null`, and the `...RateAware` variants); default `Null` |
 //! | `+lb-params K=V,...` | strategy parameters, e.g. `tolerance=1.1` |
 //! | `+lb-rescale NAME` | strategy of the steps a rescale runs (evacuation, populating newcomers); default `GreedyRefine` |
+//! | `--newcomer`, `--coordinator ADDR` | join a running job as a newcomer (same as `DUCTILE_ROLE=newcomer`, `DUCTILE_COORDINATOR`); the secret still comes from `DUCTILE_SECRET`/`DUCTILE_SECRET_FILE` |
 //! | `+lb-dump DIR` | write each step's statistics to `DIR/lb-<coll>-<step>.json` (and the plan the strategy made to `...plan.json`) for offline replay |
 //! | `+lb-report` | print one `lb step=...` line per step on PE 0's stdout |
 //! | `+lb-period SECS` | periodic balancing: an `at_sync` step only balances when SECS have passed since the last one that did (others resume at once) |
@@ -37,6 +38,10 @@ pub struct Options {
     /// The strategy of the steps a rescale runs (evacuating departing PEs,
     /// populating newcomers): it must move objects, so never `Null`.
     pub rescale_strategy: Arc<dyn Strategy>,
+    /// `--newcomer`: join a running job (same as `DUCTILE_ROLE=newcomer`).
+    pub newcomer: bool,
+    /// `--coordinator ADDR`: the job's coordinator (same as `DUCTILE_COORDINATOR`).
+    pub coordinator: Option<String>,
 }
 
 impl Default for Options {
@@ -50,6 +55,8 @@ impl Default for Options {
             rescale_strategy: Arc::from(
                 lb::by_name("GreedyRefine", Params::default()).expect("GreedyRefine exists"),
             ),
+            newcomer: false,
+            coordinator: None,
         }
     }
 }
@@ -62,6 +69,20 @@ pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
     let mut params = String::new();
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
+        // The two launch flags of a newcomer started by hand; the secret
+        // still comes from the environment (never on a command line).
+        if a == "--newcomer" {
+            opts.newcomer = true;
+            continue;
+        }
+        if let Some(addr) = a.strip_prefix("--coordinator=") {
+            opts.coordinator = Some(addr.to_string());
+            continue;
+        }
+        if a == "--coordinator" {
+            opts.coordinator = Some(it.next().ok_or("--coordinator needs an address")?);
+            continue;
+        }
         let Some(flag) = a.strip_prefix('+') else {
             rest.push(a);
             continue;
@@ -135,6 +156,18 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<String> {
         a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn newcomer_flags_are_taken_out_of_the_programs_arguments() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (o, rest) = parse(args(&["--newcomer", "--iters", "5", "--coordinator", "10.0.0.1:7000"])).unwrap();
+        assert!(o.newcomer);
+        assert_eq!(o.coordinator.as_deref(), Some("10.0.0.1:7000"));
+        assert_eq!(rest, args(&["--iters", "5"]));
+        let (o, _) = parse(args(&["--coordinator=h:1"])).unwrap();
+        assert_eq!((o.newcomer, o.coordinator.as_deref()), (false, Some("h:1")));
+        assert!(parse(args(&["--coordinator"])).is_err());
     }
 
     #[test]
