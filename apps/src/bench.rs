@@ -1,6 +1,7 @@
-//! What the benchmark programs (`bench_core`, `bench_lb`) share: running a
-//! child job under `ductile run` with a time limit, medians, parsing
-//! `key=value` output, and describing the machine the numbers came from.
+//! What the benchmark programs (`bench_core`, `bench_lb`, `bench_rescale`)
+//! share: running a child job under `ductile run` with a time limit (and
+//! timing it), medians, parsing `key=value` output, and describing the
+//! machine the numbers came from.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -71,6 +72,9 @@ pub struct Env {
 pub struct ChildOut {
     /// Everything the job printed on stdout.
     pub stdout: String,
+    /// From spawning the launcher to seeing it exit, to within the poll
+    /// interval ([`Env::run_timed`] polls every millisecond).
+    pub wall: Duration,
 }
 
 /// The last `lines` lines of `text`.
@@ -80,6 +84,14 @@ pub fn tail(text: &str, lines: usize) -> String {
 }
 
 impl Env {
+    /// A fresh job name and its state directory, for a job run by hand.
+    pub fn next_job(&mut self, tag: &str) -> (String, PathBuf) {
+        self.runs += 1;
+        let job = format!("{}-{}-{tag}-{}", self.prefix, std::process::id(), self.runs);
+        let state_dir = self.state_base.join(&job);
+        (job, state_dir)
+    }
+
     /// Runs `program args` as a job of `nodes x pes` under the launcher, with a
     /// wall-clock limit; a failure is an error carrying the child's output tails.
     pub fn run(
@@ -90,9 +102,46 @@ impl Env {
         program: &Path,
         prog_args: &[String],
     ) -> Result<ChildOut> {
-        self.runs += 1;
-        let job = format!("{}-{}-{tag}-{}", self.prefix, std::process::id(), self.runs);
-        let state_dir = self.state_base.join(&job);
+        self.run_polled(
+            tag,
+            nodes,
+            pes,
+            program,
+            prog_args,
+            Duration::from_millis(20),
+        )
+    }
+
+    /// As [`Env::run`], but watches the launcher every millisecond, so that
+    /// [`ChildOut::wall`] times the whole job to about a millisecond.
+    pub fn run_timed(
+        &mut self,
+        tag: &str,
+        nodes: u32,
+        pes: u32,
+        program: &Path,
+        prog_args: &[String],
+    ) -> Result<ChildOut> {
+        self.run_polled(
+            tag,
+            nodes,
+            pes,
+            program,
+            prog_args,
+            Duration::from_millis(1),
+        )
+    }
+
+    fn run_polled(
+        &mut self,
+        tag: &str,
+        nodes: u32,
+        pes: u32,
+        program: &Path,
+        prog_args: &[String],
+        poll: Duration,
+    ) -> Result<ChildOut> {
+        let (job, state_dir) = self.next_job(tag);
         let mut cmd = Command::new(&self.ductile);
         cmd.arg("run")
             .args([
@@ -112,6 +161,7 @@ impl Env {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let shown = format!("{cmd:?}");
+        let spawned = Instant::now();
         let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", self.ductile.display()))?;
@@ -138,12 +188,13 @@ impl Env {
                 let _ = child.wait();
                 break None;
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(poll);
         };
+        let wall = spawned.elapsed();
         let stdout = out_reader.join().unwrap_or_default();
         let stderr = err_reader.join().unwrap_or_default();
         match status {
-            Some(st) if st.success() => Ok(ChildOut { stdout }),
+            Some(st) if st.success() => Ok(ChildOut { stdout, wall }),
             other => {
                 let why = match other {
                     Some(st) => format!("exited with {st}"),
@@ -217,6 +268,17 @@ pub fn git_commit(root: &Path) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Whether the checkout at `root` has uncommitted changes to tracked files.
+pub fn git_dirty(root: &Path) -> Option<bool> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .ok()?;
+    out.status.success().then_some(!out.stdout.is_empty())
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch (proleptic Gregorian, UTC).
