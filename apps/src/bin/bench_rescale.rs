@@ -2,7 +2,7 @@
 //! to the least a kill-and-restart could cost, in one run.
 //!
 //! ```text
-//! bench_rescale [--nodes 4,8,16] [--reps R] [--grid N] [--block B] [--job-seconds S]
+//! bench_rescale [--nodes 4,8,16] [--step K] [--reps R] [--grid G] [--block B] [--job-seconds S]
 //!               [--quick] [--child-timeout SECS] [--out PATH]
 //! ```
 //!
@@ -12,16 +12,17 @@
 //! 1. a short calibration job at `N` nodes, to size the measured job so that
 //!    it computes for about `--job-seconds` (and prints a residual line about
 //!    every 100 ms, which is how the bench sees it make progress);
-//! 2. the measured job, `jacobi2d --grid N --block B` at `N` nodes under
-//!    `ductile run`; while it computes, `R` times: `ductile shrink -n 1 --json`
-//!    (`N -> N-1`), then `ductile expand -n 1 --json` (`N-1 -> N`). After each
-//!    rescale the job must print two more residual lines before the next one
-//!    (it computes at its new size). Every report's stage times are kept;
+//! 2. the measured job, `jacobi2d --grid G --block B` at `N` nodes under
+//!    `ductile run`; while it computes, `R` times: `ductile shrink -n K
+//!    --json` (`N -> N-K`), then `ductile expand -n K --json` (`N-K -> N`),
+//!    `K` being `--step` (default 1). After each rescale the job must print
+//!    two more residual lines before the next one (it computes at its new
+//!    size). Every report's stage times are kept;
 //!    afterwards the launch members that never left must still be the same
 //!    processes, and the job's checksum must equal that of a 1-node run of
 //!    the same program and arguments (exit 3 otherwise);
 //! 3. the restart lower bound: `R` times each, the same program with
-//!    `--iters 1` relaunched through `ductile run` at `N-1` nodes (what a
+//!    `--iters 1` relaunched through `ductile run` at `N-K` nodes (what a
 //!    shrink would restart into) and at `N` nodes (an expand), timed from
 //!    spawning the launcher to its exit: process start, registration,
 //!    connections, constructing every block, one iteration, teardown. A real
@@ -56,11 +57,12 @@ use ductile_apps::bench::*;
 use serde_json::{json, Value};
 
 const USAGE: &str =
-    "usage: bench_rescale [--nodes 4,8,16] [--reps R] [--grid N] [--block B] [--job-seconds S] \
+    "usage: bench_rescale [--nodes 4,8,16] [--step K] [--reps R] [--grid G] [--block B] [--job-seconds S] \
                      [--quick] [--child-timeout SECS] [--out PATH]";
 const FLAGS: &[&str] = &["quick", "help"];
 const VALUED: &[&str] = &[
     "nodes",
+    "step",
     "reps",
     "grid",
     "block",
@@ -103,6 +105,8 @@ const TARGET_RATIO: f64 = 100.0;
 
 struct Opts {
     nodes: Vec<u32>,
+    /// Nodes each shrink removes and each expand adds.
+    step: u32,
     reps: usize,
     grid: u32,
     block: u32,
@@ -143,6 +147,12 @@ impl Opts {
         if nodes.is_empty() || nodes.iter().any(|&n| !(2..=64).contains(&n)) {
             return Err("--nodes: every node count must be 2..=64 (a shrink needs 2 nodes)".into());
         }
+        let step = args::parse(a, "step", 1u32)?;
+        if step == 0 || nodes.iter().any(|&n| n <= step) {
+            return Err(format!(
+                "--step {step}: must be 1 or more, and less than every node count (node 0 stays)"
+            ));
+        }
         let reps = args::parse(a, "reps", if quick { 1 } else { 5usize })?;
         if reps == 0 {
             return Err("--reps must be at least 1".into());
@@ -165,6 +175,7 @@ impl Opts {
         }
         Ok(Opts {
             nodes,
+            step,
             reps,
             grid,
             block,
@@ -216,11 +227,12 @@ impl Op {
         }
     }
 
-    /// Node counts before and after, in a job of `n` nodes at full size.
-    fn change(self, n: u32) -> (u32, u32) {
+    /// Node counts before and after, changing a job of `n` nodes at full
+    /// size by `step` nodes.
+    fn change(self, n: u32, step: u32) -> (u32, u32) {
         match self {
-            Op::Shrink => (n, n - 1),
-            Op::Expand => (n - 1, n),
+            Op::Shrink => (n, n - step),
+            Op::Expand => (n - step, n),
         }
     }
 }
@@ -259,6 +271,7 @@ impl OpSample {
 fn parse_report(
     op: Op,
     n: u32,
+    step: u32,
     text: &str,
     command_ms: f64,
     job_iteration: u64,
@@ -276,19 +289,19 @@ fn parse_report(
             .map(|a| a.iter().filter_map(Value::as_u64).collect())
             .unwrap_or_default()
     };
-    let (from, to) = op.change(n);
+    let (from, to) = op.change(n, step);
     let (pes_before, pes) = (number("pes_before")?, number("pes")?);
     let (epoch_before, epoch) = (number("epoch_before")?, number("epoch")?);
-    let expected_ids = vec![u64::from(n - 1)];
+    // A shrink removes the highest-numbered nodes; newcomers take the next ids.
+    let expected_ids: Vec<u64> = (u64::from(n - step)..u64::from(n)).collect();
     let moved = match op {
         Op::Shrink => ids("removed") == expected_ids && ids("admitted").is_empty(),
         Op::Expand => ids("admitted") == expected_ids && ids("removed").is_empty(),
     };
     if pes_before != f64::from(from) || pes != f64::from(to) || epoch <= epoch_before || !moved {
         bail!(
-            "the {} reported something else than {from} -> {to} nodes (node {} {}): {report}",
+            "the {} reported something else than {from} -> {to} nodes (nodes {expected_ids:?} {}): {report}",
             op.name(),
-            n - 1,
             if op == Op::Shrink {
                 "removed"
             } else {
@@ -664,14 +677,14 @@ fn measure(env: &mut Env, o: &Opts, n: u32, jacobi: &Path, logs: &Path) -> Resul
     let mut samples: [Vec<OpSample>; 2] = [Vec::new(), Vec::new()];
     for rep in 0..o.reps {
         for (oi, op) in OPS.iter().enumerate() {
-            let (from, to) = op.change(n);
+            let (from, to) = op.change(n, o.step);
             let iteration = long.seen().1;
             let cli = vec![
                 op.name().to_string(),
                 "--state-dir".to_string(),
                 state_dir.display().to_string(),
                 "-n".to_string(),
-                "1".to_string(),
+                o.step.to_string(),
                 "--json".to_string(),
                 "--timeout".to_string(),
                 RESCALE_TIMEOUT_S.to_string(),
@@ -688,7 +701,7 @@ fn measure(env: &mut Env, o: &Opts, n: u32, jacobi: &Path, logs: &Path) -> Resul
                     long.context()
                 );
             }
-            let sample = parse_report(*op, n, &out, ms, iteration)
+            let sample = parse_report(*op, n, o.step, &out, ms, iteration)
                 .map_err(|e| anyhow!("{e:#}\n  command: {shown}\n{}", long.context()))?;
             eprintln!(
                 "bench_rescale: {n} nodes: {} {from} -> {to} rep {}/{}: mechanism {:.3} ms, {} {:.3} ms, command {:.0} ms",
@@ -713,7 +726,7 @@ fn measure(env: &mut Env, o: &Opts, n: u32, jacobi: &Path, logs: &Path) -> Resul
         member_pids(&env.ductile, &state_dir).map_err(|e| anyhow!("{e:#}\n{}", long.context()))?;
     // A rescale must not restart anyone: the launch members that never left
     // are the same processes.
-    let kept = n as usize - 1;
+    let kept = (n - o.step) as usize;
     if final_pids.len() != n as usize || final_pids[..kept] != launch_pids[..kept] {
         bail!(
             "the job's processes changed: launch pids {launch_pids:?}, now {final_pids:?} (nodes 0..{kept} never left)\n{}",
@@ -745,7 +758,7 @@ fn measure(env: &mut Env, o: &Opts, n: u32, jacobi: &Path, logs: &Path) -> Resul
     let mut restart_ms: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for rep in 0..o.reps {
         for (oi, op) in OPS.iter().enumerate() {
-            let to = op.change(n).1;
+            let to = op.change(n, o.step).1;
             eprintln!(
                 "bench_rescale: {n} nodes: restart lower bound for {} ({to} nodes) rep {}/{}",
                 op.name(),
@@ -926,8 +939,9 @@ fn real_main() -> Result<ExitCode> {
     )?;
     writeln!(
         w,
-        "parameters: nodes {:?} x 1 PE, reps={}, jacobi2d {} (~{} s of iterations per measured job){}",
+        "parameters: nodes {:?} x 1 PE, step {} node(s), reps={}, jacobi2d {} (~{} s of iterations per measured job){}",
         o.nodes,
+        o.step,
         o.reps,
         o.problem().join(" "),
         o.job_seconds,
@@ -941,8 +955,8 @@ fn real_main() -> Result<ExitCode> {
     )?;
     writeln!(
         w,
-        "\nRescaling a running jacobi2d job by one node; ms, median of {} rescales per row.",
-        o.reps
+        "\nRescaling a running jacobi2d job by {} node(s); ms, median of {} rescales per row.",
+        o.step, o.reps
     )?;
     writeln!(
         w,
@@ -959,7 +973,7 @@ fn real_main() -> Result<ExitCode> {
         "total_ms", "cmd_ms"
     )?;
     for r in &rows {
-        let (from, to) = r.op.change(r.nodes);
+        let (from, to) = r.op.change(r.nodes, o.step);
         let st = |name: &str| {
             r.stages
                 .iter()
@@ -1027,7 +1041,7 @@ fn real_main() -> Result<ExitCode> {
             r.job_checksum,
             r.reference_checksum,
             if agree { "identical" } else { "!!! MISMATCH" },
-            r.nodes - 2
+            r.nodes - o.step - 1
         )?;
     }
 
@@ -1124,7 +1138,7 @@ fn real_main() -> Result<ExitCode> {
                 .enumerate()
                 .map(|(oi, op)| {
                     let s = &r.samples[oi];
-                    let (from, to) = op.change(r.nodes);
+                    let (from, to) = op.change(r.nodes, o.step);
                     let series = |f: &dyn Fn(&OpSample) -> Option<f64>| stats_json(&s.iter().filter_map(f).collect::<Vec<_>>());
                     let row = rows.iter().find(|x| x.nodes == r.nodes && x.op == *op).expect("a row per op");
                     json!({
@@ -1174,7 +1188,7 @@ fn real_main() -> Result<ExitCode> {
             "loadavg_start": load_start, "loadavg_end": load_end,
         },
         "parameters": {
-            "nodes": o.nodes, "pes_per_node": 1, "reps": o.reps, "quick": o.quick,
+            "nodes": o.nodes, "step": o.step, "pes_per_node": 1, "reps": o.reps, "quick": o.quick,
             "problem": o.problem(), "job_seconds": o.job_seconds,
             "calibration_iters": CALIBRATION_ITERS, "progress_every_ms": PROGRESS_EVERY_MS,
             "settle_residual_lines": SETTLE_LINES, "child_timeout_s": o.child_timeout_s,
