@@ -398,6 +398,20 @@ impl Policy {
         self.in_flight.is_some()
     }
 
+    /// Makes the names of future newcomers differ from `taken` (the pods or
+    /// processes that exist already, when a driver restarts and builds a new
+    /// policy for a running job).
+    pub fn reserve_names<'a>(&mut self, taken: impl IntoIterator<Item = &'a str>) {
+        for name in taken {
+            let number = name
+                .strip_prefix(&self.config.newcomer_prefix)
+                .and_then(|k| k.parse::<u64>().ok());
+            if let Some(k) = number {
+                self.next_newcomer = self.next_newcomer.max(k + 1);
+            }
+        }
+    }
+
     /// Feeds one event that happened at `now`.
     pub fn observe(&mut self, now: Time, event: Event) {
         tracing::debug!(?now, ?event, "policy event");

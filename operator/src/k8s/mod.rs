@@ -1,30 +1,72 @@
 //! The Kubernetes fleet: a kube-runtime `Controller` that reconciles
-//! ElasticJobs into the objects of [`objects`].
+//! ElasticJobs into the objects of [`objects`] and drives each running job
+//! with the rescale policy of [`crate::policy`].
 //!
-//! This is a skeleton. What it does today, per reconcile: check the spec
-//! (an invalid one is reported in the `SpecValid` condition and nothing else
-//! changes); create the job Secret when `spec.secretRef` is absent and it does
-//! not exist; server-side apply the headless Service; create the launch pods
-//! that are missing; write `status` (phase, replicas, selector, conditions)
-//! by server-side apply. Not yet: the finalizer, node-taint watching,
-//! feeding [`crate::policy`] and carrying out its decisions (that needs PE
-//! 0's control endpoint), Events, leader election, metrics.
+//! Per reconcile of one ElasticJob:
+//!
+//! 1. an invalid spec is reported in the `SpecValid=False` condition and
+//!    nothing else changes (a job being deleted is still torn down);
+//! 2. the finalizer [`objects::FINALIZER`] is added (kube-runtime's
+//!    `finalizer` helper); on deletion, [`cleanup`] deletes the job's pods
+//!    and forgets its policy before the finalizer goes;
+//! 3. the job Secret (generated when `secretRef` is absent), the headless
+//!    Service, and before the first epoch the missing launch pods;
+//! 4. node 0's pod decides the phase: ended with success or failure, the
+//!    job is Succeeded or Failed; running, the job's status is read from
+//!    its control endpoint ([`control`]) at the pod's IP;
+//! 5. what Kubernetes and the job show becomes policy [`Event`]s, each fed
+//!    once: view members (`MemberJoined`), registered newcomers
+//!    (`NewcomerReady`), notices from node taints and pod deletion
+//!    ([`notices`]), pods that ended or vanished (`MemberGone`), and
+//!    `spec.replicas` (`DesiredReplicas`);
+//! 6. the policy's [`Decision`]s are carried out: newcomer pods
+//!    (`DUCTILE_ROLE=newcomer`) are created, rescales are requested from PE
+//!    0 (the reconcile waits for the report), vacated pods are deleted, and
+//!    every decision is recorded as a Kubernetes Event;
+//! 7. `status` is written by server-side apply (phase, epoch, replicas,
+//!    members, at-risk pods, last rescale with its stage timings,
+//!    conditions with `observedGeneration`), and the reconcile is requeued
+//!    at the policy's next wake-up (timeouts, deadlines) or to poll the
+//!    control endpoint while newcomers register.
+//!
+//! Pods and view members are matched by name: every pod's `hostname` is its
+//! own name, and a node reports its host name when it registers.
+//!
+//! The policy of a job lives in memory ([`Context`]); after an operator
+//! restart it is rebuilt from what the job and the cluster show (members,
+//! pending newcomers, taints), but replacement pairings and in-flight
+//! timeouts restart from that moment.
 
+pub mod control;
+pub mod leader;
+pub mod metrics;
+pub mod notices;
 pub mod objects;
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ductile_coordinator::control::{ControlError, JobStatus, RescaleReport, RescaleRequest};
+use ductile_coordinator::Secret;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret as K8sSecret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::events::{Event as K8sEvent, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::crd::{ElasticJob, ElasticJobStatus, Phase};
+use crate::crd::{ElasticJob, ElasticJobStatus, MemberStatus, Phase, RescaleRecord};
+use crate::policy::{Capacity, Decision, Event, MemberId, Policy, PolicyConfig, Report};
+use control::{ControlEndpoint, ControlTarget, TcpControl};
+use metrics::Metrics;
+use notices::{NoticeKind, PodState};
 use objects::ObjectSettings;
 
 /// Field manager of every server-side apply the operator makes.
@@ -39,35 +81,230 @@ pub enum Error {
     /// The ElasticJob has no namespace (it is a namespaced resource).
     #[error("ElasticJob {0} has no namespace")]
     NoNamespace(String),
+    /// The job secret named by `spec.secretRef` is missing or malformed.
+    #[error("job secret {name}: {problem}")]
+    Secret {
+        /// The Secret's name.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Adding or removing the finalizer, or the work it wraps, failed.
+    #[error("{0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// A blocking call to the control endpoint could not run.
+    #[error("control endpoint task: {0}")]
+    Task(String),
+}
+
+impl Error {
+    /// A short class for the error metric.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::NoNamespace(_) => "no-namespace",
+            Error::Secret { .. } => "secret",
+            Error::Task(_) => "task",
+            Error::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.class(),
+                _ => "finalizer",
+            },
+        }
+    }
 }
 
 /// Result of the reconciler's operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A wall clock the reconciler reads (tests substitute their own).
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// What the reconciler remembers of one job between reconciles.
+struct JobRuntime {
+    uid: String,
+    /// Virtual time zero of this job's policy.
+    origin: Timestamp,
+    policy: Policy,
+    /// `spec.replicas` as last fed to the policy.
+    desired: u32,
+    secret: Option<Secret>,
+    /// Notices fed to the policy, by pod and kind.
+    noticed: BTreeSet<(String, NoticeKind)>,
+    /// First notice per pod, for the notice-to-commit histogram.
+    first_notice: BTreeMap<String, Timestamp>,
+    /// Pods reported gone to the policy.
+    gone: BTreeSet<String>,
+    /// Newcomer pods created, with the member each replaces.
+    newcomers: BTreeMap<String, Option<String>>,
+    /// The job's status as PE 0 last reported it.
+    view: Option<JobStatus>,
+    last_rescale: Option<RescaleRecord>,
+    control_error: Option<String>,
+}
+
+impl JobRuntime {
+    fn new(job: &ElasticJob, now: Timestamp) -> Self {
+        let name = job.name_any();
+        let desired = u32::try_from(job.spec.replicas).unwrap_or(1);
+        JobRuntime {
+            uid: job.uid().unwrap_or_default(),
+            origin: now,
+            policy: Policy::new(PolicyConfig::from_spec(&name, &job.spec), desired),
+            desired,
+            secret: None,
+            noticed: BTreeSet::new(),
+            first_notice: BTreeMap::new(),
+            gone: BTreeSet::new(),
+            newcomers: BTreeMap::new(),
+            view: None,
+            last_rescale: None,
+            control_error: None,
+        }
+    }
+
+    /// Virtual time of a wall-clock instant.
+    fn vt(&self, at: Timestamp) -> Duration {
+        Duration::try_from(at.duration_since(self.origin)).unwrap_or(Duration::ZERO)
+    }
+
+    fn member_pods(&self) -> BTreeSet<String> {
+        self.policy.members().map(|m| m.0.clone()).collect()
+    }
+}
+
 /// Shared state of the reconciler.
-#[derive(Clone)]
 pub struct Context {
     /// The API client.
     pub client: Client,
     /// Settings the objects depend on.
     pub settings: ObjectSettings,
+    /// How PE 0's control endpoint is reached.
+    pub control: Arc<dyn ControlEndpoint>,
+    /// Port of the control endpoint in node 0's pod.
+    pub control_port: u16,
+    /// Longest wait for a rescale's report.
+    pub rescale_timeout: Duration,
+    /// Nodes, as a reflector keeps them (taints carry the notices).
+    pub nodes: Store<Node>,
+    /// Publishes Kubernetes Events.
+    pub recorder: Recorder,
+    /// The operator's metrics.
+    pub metrics: Arc<Metrics>,
+    /// The wall clock.
+    pub clock: Clock,
+    jobs: Mutex<HashMap<String, JobRuntime>>,
+    failures: Mutex<HashMap<String, u32>>,
 }
 
-fn condition(job: &ElasticJob, type_: &str, ok: bool, reason: &str, message: String) -> Condition {
+impl Context {
+    /// A context with the real control endpoint, the system clock and fresh metrics.
+    pub fn new(client: Client, settings: ObjectSettings, nodes: Store<Node>) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: MANAGER.to_owned(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        Context {
+            client,
+            settings,
+            control: Arc::new(TcpControl::default()),
+            control_port: objects::CONTROL_PORT as u16,
+            rescale_timeout: Duration::from_secs(600),
+            nodes,
+            recorder,
+            metrics: Arc::new(Metrics::default()),
+            clock: Arc::new(Timestamp::now),
+            jobs: Mutex::new(HashMap::new()),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn now(&self) -> Timestamp {
+        (self.clock)()
+    }
+
+    /// Takes the job's runtime out of the map (a job is never reconciled
+    /// twice at once); a new one when the job is new or was recreated.
+    fn take_runtime(&self, key: &str, job: &ElasticJob) -> JobRuntime {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        match jobs.remove(key) {
+            Some(rt) if Some(&rt.uid) == job.uid().as_ref() => rt,
+            _ => JobRuntime::new(job, self.now()),
+        }
+    }
+
+    fn put_runtime(&self, key: String, rt: JobRuntime) {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, rt);
+    }
+
+    fn forget(&self, key: &str) {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    async fn publish(
+        &self,
+        job: &ElasticJob,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = K8sEvent {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        // An Event that cannot be written is not worth failing the reconcile for.
+        if let Err(error) = self.recorder.publish(&event, &job.object_ref(&())).await {
+            tracing::warn!(job = %job.name_any(), %error, reason, "could not publish an Event");
+        }
+    }
+}
+
+fn key(job: &ElasticJob) -> String {
+    format!("{}/{}", job.namespace().unwrap_or_default(), job.name_any())
+}
+
+fn condition(
+    job: &ElasticJob,
+    old: &[Condition],
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+) -> Condition {
+    let status = if ok { "True" } else { "False" }.to_owned();
+    // The transition time moves only when the status does.
+    let since = old
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
     Condition {
         type_: type_.to_owned(),
-        status: if ok { "True" } else { "False" }.to_owned(),
+        status,
         reason: reason.to_owned(),
         message,
         observed_generation: job.metadata.generation,
-        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+        last_transition_time: since,
     }
 }
 
 async fn patch_status(
     jobs: &Api<ElasticJob>,
     job: &ElasticJob,
-    status: ElasticJobStatus,
+    status: &ElasticJobStatus,
 ) -> Result<()> {
     let patch = json!({
         "apiVersion": "ductile.dev/v1alpha1",
@@ -85,6 +322,158 @@ async fn patch_status(
 
 /// One reconcile of one ElasticJob (see the module docs for what it does).
 pub async fn reconcile(job: Arc<ElasticJob>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconcile();
+    let name = job.name_any();
+    let ns = job
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    let jobs: Api<ElasticJob> = Api::namespaced(ctx.client.clone(), &ns);
+
+    if !objects::is_deleting(&job) {
+        if let Err(invalid) = job.spec.validate() {
+            tracing::warn!(job = %name, %invalid, "invalid spec: nothing changed");
+            let old = job.status.clone().unwrap_or_default();
+            let status = ElasticJobStatus {
+                observed_generation: job.metadata.generation,
+                conditions: vec![condition(
+                    &job,
+                    &old.conditions,
+                    "SpecValid",
+                    false,
+                    "InvalidSpec",
+                    invalid.to_string(),
+                    ctx.now(),
+                )],
+                ..old
+            };
+            patch_status(&jobs, &job, &status).await?;
+            return Ok(Action::await_change());
+        }
+    }
+
+    let job_key = key(&job);
+    let result = finalizer(&jobs, objects::FINALIZER, job, |event| async {
+        match event {
+            FinalizerEvent::Apply(job) => {
+                let mut rt = ctx.take_runtime(&job_key, &job);
+                let result = apply(&job, &ctx, &mut rt).await;
+                ctx.put_runtime(job_key.clone(), rt);
+                result
+            }
+            FinalizerEvent::Cleanup(job) => cleanup(&job, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    if result.is_ok() {
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&job_key);
+    }
+    result
+}
+
+/// Teardown before the finalizer goes: the job's pods are deleted now (not
+/// left to the garbage collector, so that no newcomer keeps waiting and no
+/// node outlives its job), and the job's policy is forgotten. The Service
+/// and generated Secret go with their owner reference.
+pub async fn cleanup(job: &ElasticJob, ctx: &Context) -> Result<Action> {
+    let ns = job
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    pods.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels(&objects::selector(job)),
+    )
+    .await?;
+    ctx.forget(&key(job));
+    tracing::info!(job = %job.name_any(), "torn down");
+    ctx.publish(
+        job,
+        EventType::Normal,
+        "TornDown",
+        "Cleanup",
+        "the job's pods were deleted".to_owned(),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// What the pods of a job look like in one reconcile.
+struct PodView {
+    by_name: BTreeMap<String, Pod>,
+    /// Pods deleted in this reconcile.
+    deleted: BTreeSet<String>,
+}
+
+impl PodView {
+    fn alive(&self) -> usize {
+        self.by_name
+            .iter()
+            .filter(|(name, pod)| {
+                !self.deleted.contains(*name)
+                    && !matches!(
+                        notices::pod_state(pod),
+                        PodState::Succeeded | PodState::Failed
+                    )
+            })
+            .count()
+    }
+}
+
+async fn ensure_secret(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<()> {
+    if rt.secret.is_some() {
+        return Ok(());
+    }
+    let ns = job.namespace().unwrap_or_default();
+    let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = objects::secret_name(job);
+    let key = job
+        .spec
+        .secret_ref
+        .as_ref()
+        .map_or(objects::SECRET_KEY, |r| r.key.as_str());
+    match secrets.get_opt(&name).await? {
+        Some(existing) => {
+            let bytes = existing
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .ok_or_else(|| Error::Secret {
+                    name: name.clone(),
+                    problem: format!("has no key {key:?}"),
+                })?;
+            let text = String::from_utf8_lossy(&bytes.0);
+            let secret = Secret::from_hex(text.trim()).map_err(|e| Error::Secret {
+                name: name.clone(),
+                problem: e.to_string(),
+            })?;
+            rt.secret = Some(secret);
+        }
+        None if job.spec.secret_ref.is_none() => {
+            let secret = Secret::generate();
+            secrets
+                .create(
+                    &PostParams::default(),
+                    &objects::job_secret(job, &secret.to_hex()),
+                )
+                .await?;
+            tracing::info!(job = %job.name_any(), secret = %name, "job secret created");
+            rt.secret = Some(secret);
+        }
+        None => {
+            return Err(Error::Secret {
+                name,
+                problem: "not found (spec.secretRef names it)".to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<Action> {
     let name = job.name_any();
     let ns = job
         .namespace()
@@ -93,101 +482,713 @@ pub async fn reconcile(job: Arc<ElasticJob>, ctx: Arc<Context>) -> Result<Action
     let jobs: Api<ElasticJob> = Api::namespaced(client.clone(), &ns);
     let old = job.status.clone().unwrap_or_default();
 
-    if let Err(invalid) = job.spec.validate() {
-        tracing::warn!(job = %name, %invalid, "invalid spec: nothing changed");
-        let status = ElasticJobStatus {
-            observed_generation: job.metadata.generation,
-            conditions: vec![condition(
-                &job,
-                "SpecValid",
-                false,
-                "InvalidSpec",
-                invalid.to_string(),
-            )],
-            ..old
-        };
-        patch_status(&jobs, &job, status).await?;
-        return Ok(Action::await_change());
-    }
-    if objects::is_deleting(&job) {
-        // Owner references garbage-collect the pods; the finalizer comes later.
-        return Ok(Action::await_change());
-    }
-
-    if job.spec.secret_ref.is_none() {
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-        let secret_name = objects::secret_name(&job);
-        if secrets.get_opt(&secret_name).await?.is_none() {
-            let hex = ductile_coordinator::Secret::generate().to_hex();
-            secrets
-                .create(&PostParams::default(), &objects::job_secret(&job, &hex))
-                .await?;
-            tracing::info!(job = %name, secret = %secret_name, "job secret created");
-        }
-    }
+    ensure_secret(job, ctx, rt).await?;
 
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
     services
         .patch(
             &name,
             &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&objects::headless_service(&job)),
+            &Patch::Apply(&objects::headless_service(job)),
         )
         .await?;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let existing = pods
-        .list(&ListParams::default().labels(&objects::selector(&job)))
+    let listed = pods
+        .list(&ListParams::default().labels(&objects::selector(job)))
         .await?;
-    let existing: Vec<String> = existing.items.iter().map(|p| p.name_any()).collect();
-    let replicas = u32::try_from(job.spec.replicas).unwrap_or(0);
-    let mut created = 0;
-    if old.epoch.is_none() {
-        // Before epoch 1 the launch members are the pods 0..replicas; after
-        // it, growth goes through newcomers (the policy), not here.
+    let mut view = PodView {
+        by_name: listed
+            .items
+            .into_iter()
+            .map(|p| (p.name_any(), p))
+            .collect(),
+        deleted: BTreeSet::new(),
+    };
+    rt.policy
+        .reserve_names(view.by_name.keys().map(String::as_str));
+
+    // Before epoch 1 the launch members are the pods 0..replicas; after it,
+    // growth goes through newcomers (the policy).
+    let launched = old.epoch.is_some() || rt.view.is_some();
+    if !launched {
+        let replicas = u32::try_from(job.spec.replicas).unwrap_or(0);
         for index in 0..replicas {
-            let pod_name = objects::pod_name(&job, index);
-            if !existing.contains(&pod_name) {
-                pods.create(
-                    &PostParams::default(),
-                    &objects::launch_pod(&job, index, &ctx.settings),
-                )
-                .await?;
-                created += 1;
+            let pod_name = objects::pod_name(job, index);
+            if !view.by_name.contains_key(&pod_name) {
+                let pod = pods
+                    .create(
+                        &PostParams::default(),
+                        &objects::launch_pod(job, index, &ctx.settings),
+                    )
+                    .await?;
+                view.by_name.insert(pod_name, pod);
             }
         }
     }
-    tracing::info!(job = %name, created, "launch pods reconciled");
 
-    let status = ElasticJobStatus {
-        phase: Some(old.phase.unwrap_or(Phase::Launching)),
-        observed_generation: job.metadata.generation,
-        replicas: i32::try_from(existing.len() + created).unwrap_or(i32::MAX),
-        selector: Some(objects::selector(&job)),
-        conditions: vec![condition(&job, "SpecValid", true, "Valid", String::new())],
-        ..old
+    // Node 0 ends the job: its program's exit is the job's.
+    let root = view.by_name.get(&objects::pod_name(job, 0)).cloned();
+    let root_state = root.as_ref().map(notices::pod_state);
+    if let Some(end @ (PodState::Succeeded | PodState::Failed)) = root_state {
+        let phase = if end == PodState::Succeeded {
+            Phase::Succeeded
+        } else {
+            Phase::Failed
+        };
+        if old.phase != Some(phase) {
+            ctx.publish(
+                job,
+                EventType::Normal,
+                &phase.to_string(),
+                "JobEnded",
+                format!("node 0 ended: the job {phase}"),
+            )
+            .await;
+        }
+        let status = build_status(job, ctx, rt, &view, phase, &old);
+        patch_status(&jobs, job, &status).await?;
+        return Ok(Action::await_change());
+    }
+
+    // The job's own view, from PE 0.
+    let root_ip = root
+        .as_ref()
+        .filter(|_| root_state == Some(PodState::Running))
+        .and_then(|p| p.status.as_ref()?.pod_ip.clone());
+    let target = root_ip
+        .zip(rt.secret.clone())
+        .map(|(ip, secret)| ControlTarget {
+            address: format!("{ip}:{}", ctx.control_port),
+            secret,
+        });
+    if let Some(target) = &target {
+        let endpoint = ctx.control.clone();
+        let t = target.clone();
+        match tokio::task::spawn_blocking(move || endpoint.status(&t)).await {
+            Ok(Ok(status)) => {
+                rt.view = Some(status);
+                rt.control_error = None;
+            }
+            Ok(Err(error)) => {
+                tracing::info!(job = %name, %error, "control endpoint not answering");
+                rt.control_error = Some(error.to_string());
+            }
+            Err(join) => return Err(Error::Task(join.to_string())),
+        }
+    }
+
+    if rt.view.is_some() {
+        observe(job, ctx, rt, &view).await;
+        if let Some(target) = &target {
+            carry_out(job, ctx, rt, &mut view, &pods, &jobs, &old, target).await?;
+        }
+    }
+
+    let phase = if rt.view.is_some() {
+        Phase::Running
+    } else {
+        Phase::Launching
     };
-    patch_status(&jobs, &job, status).await?;
-    Ok(Action::requeue(Duration::from_secs(300)))
+    let status = build_status(job, ctx, rt, &view, phase, &old);
+    patch_status(&jobs, job, &status).await?;
+    Ok(Action::requeue(requeue_after(ctx, rt)))
 }
 
-/// Requeue after a failed reconcile.
-pub fn error_policy(job: Arc<ElasticJob>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(job = %job.name_any(), %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(15))
+/// Turns what the job and the cluster show into policy events, each once.
+async fn observe(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime, pods: &PodView) {
+    let now_ts = ctx.now();
+    let now = rt.vt(now_ts);
+    let Some(status) = rt.view.clone() else {
+        return;
+    };
+
+    let desired = u32::try_from(job.spec.replicas).unwrap_or(1);
+    if desired != rt.desired {
+        rt.desired = desired;
+        rt.policy
+            .observe(now, Event::DesiredReplicas { replicas: desired });
+    }
+
+    let known = rt.member_pods();
+    for member in &status.members {
+        if !known.contains(&member.host) && !rt.gone.contains(&member.host) {
+            let capacity = match pods.by_name.get(&member.host) {
+                Some(pod) if objects::is_on_demand(pod) => Capacity::OnDemand,
+                _ => Capacity::Spot,
+            };
+            rt.policy.observe(
+                now,
+                Event::MemberJoined {
+                    member: MemberId(member.host.clone()),
+                    capacity,
+                    root: member.node == 0,
+                },
+            );
+        }
+    }
+    for pod in &known {
+        if !status.members.iter().any(|m| &m.host == pod) && rt.gone.insert(pod.clone()) {
+            rt.policy.observe(
+                now,
+                Event::MemberGone {
+                    member: MemberId(pod.clone()),
+                },
+            );
+        }
+    }
+    for pending in &status.pending {
+        rt.policy.observe(
+            now,
+            Event::NewcomerReady {
+                newcomer: MemberId(pending.host.clone()),
+            },
+        );
+    }
+
+    let members = rt.member_pods();
+    let tracked = |pod: &str| {
+        members.contains(pod)
+            || rt.newcomers.contains_key(pod)
+            || status.pending.iter().any(|p| p.host == pod)
+    };
+    let mut notices: Vec<(String, NoticeKind, Option<Duration>)> = Vec::new();
+    let mut ended: Vec<String> = Vec::new();
+    for (name, pod) in &pods.by_name {
+        if !tracked(name) {
+            continue;
+        }
+        match notices::pod_state(pod) {
+            PodState::Succeeded | PodState::Failed => {
+                ended.push(name.clone());
+                continue;
+            }
+            PodState::Terminating => {
+                let deadline = pod.metadata.deletion_timestamp.as_ref().map(|t| rt.vt(t.0));
+                notices.push((name.clone(), NoticeKind::PodDeleted, deadline));
+            }
+            PodState::Pending | PodState::Running => {}
+        }
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        if let Some(node) = node.and_then(|n| ctx.nodes.get(&ObjectRef::new(&n))) {
+            for kind in notices::node_notices(&node) {
+                notices.push((name.clone(), kind, None));
+            }
+        }
+    }
+    for name in rt.newcomers.keys() {
+        if !pods.by_name.contains_key(name) && !members.contains(name) {
+            ended.push(name.clone());
+        }
+    }
+    for name in ended {
+        if rt.gone.insert(name.clone()) {
+            rt.policy.observe(
+                now,
+                Event::MemberGone {
+                    member: MemberId(name),
+                },
+            );
+        }
+    }
+    for (pod, kind, deadline) in notices {
+        if !rt.noticed.insert((pod.clone(), kind)) {
+            continue;
+        }
+        ctx.metrics.notice(kind.label());
+        rt.first_notice.entry(pod.clone()).or_insert(now_ts);
+        let member = MemberId(pod.clone());
+        let event = if kind.is_interruption() {
+            Event::InterruptionNotice { member, deadline }
+        } else {
+            Event::RebalanceRecommendation { member }
+        };
+        rt.policy.observe(now, event);
+        tracing::info!(job = %job.name_any(), %pod, %kind, "notice");
+        ctx.publish(
+            job,
+            EventType::Warning,
+            "Notice",
+            "Observe",
+            format!("{kind} for pod {pod}"),
+        )
+        .await;
+    }
 }
 
-/// Runs the controller until SIGINT/SIGTERM.
-pub async fn run(client: Client, settings: ObjectSettings) {
+fn report_event(report: &Report) -> (EventType, &'static str, String) {
+    match report {
+        Report::ProtectedMemberAtRisk { member, root } => (
+            EventType::Warning,
+            "ProtectedMemberAtRisk",
+            format!("{member} ({}) is at risk; it is never removed", if *root { "node 0" } else { "on-demand" }),
+        ),
+        Report::NoReplacementByDeadline { member } => (
+            EventType::Warning,
+            "NoReplacementByDeadline",
+            format!("{member} has no replacement and shrinking is disabled: it will be lost at its deadline"),
+        ),
+        Report::BelowMinReplicas { members, min } => (
+            EventType::Warning,
+            "BelowMinReplicas",
+            format!("an interruption takes the job to {members} members, below minReplicas {min}"),
+        ),
+        Report::MemberLost { member } => (EventType::Warning, "MemberLost", format!("{member} left without a rescale")),
+        Report::DesiredClamped { requested, target } => (
+            EventType::Normal,
+            "DesiredClamped",
+            format!("replicas {requested} is outside [minReplicas, maxReplicas]: the job aims at {target}"),
+        ),
+        Report::RescaleFailed { reason } => (EventType::Warning, "RescaleFailed", reason.clone()),
+    }
+}
+
+/// Carries out the policy's decisions until it has nothing more to say.
+#[allow(clippy::too_many_arguments)]
+async fn carry_out(
+    job: &ElasticJob,
+    ctx: &Context,
+    rt: &mut JobRuntime,
+    view: &mut PodView,
+    pods: &Api<Pod>,
+    jobs: &Api<ElasticJob>,
+    old: &ElasticJobStatus,
+    target: &ControlTarget,
+) -> Result<()> {
+    // A commit makes the removed members gone, whose deletion is the next
+    // round's decision: a few rounds settle every chain.
+    for _ in 0..4 {
+        let now = rt.vt(ctx.now());
+        let decisions = rt.policy.decide(now);
+        if decisions.is_empty() {
+            break;
+        }
+        for decision in decisions {
+            match decision {
+                Decision::LaunchReplacement {
+                    for_member,
+                    newcomer,
+                } => {
+                    create_newcomer(job, pods, view, &newcomer.0, Some(&for_member.0)).await?;
+                    rt.newcomers
+                        .insert(newcomer.0.clone(), Some(for_member.0.clone()));
+                    ctx.publish(
+                        job,
+                        EventType::Normal,
+                        "LaunchReplacement",
+                        "Launch",
+                        format!("newcomer {newcomer} launched to replace {for_member}"),
+                    )
+                    .await;
+                }
+                Decision::LaunchNewcomers { newcomers } => {
+                    for newcomer in &newcomers {
+                        create_newcomer(job, pods, view, &newcomer.0, None).await?;
+                        rt.newcomers.insert(newcomer.0.clone(), None);
+                    }
+                    let names: Vec<&str> = newcomers.iter().map(|n| n.0.as_str()).collect();
+                    ctx.publish(
+                        job,
+                        EventType::Normal,
+                        "LaunchNewcomers",
+                        "Launch",
+                        format!("newcomers {} launched", names.join(", ")),
+                    )
+                    .await;
+                }
+                Decision::Rescale {
+                    remove,
+                    admit,
+                    reason,
+                } => {
+                    rescale(job, ctx, rt, view, jobs, old, target, remove, admit, reason).await?;
+                }
+                Decision::DeleteVacated { member } => {
+                    match pods.delete(&member.0, &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    view.deleted.insert(member.0.clone());
+                    ctx.publish(
+                        job,
+                        EventType::Normal,
+                        "DeleteVacated",
+                        "Delete",
+                        format!("pod {member} left the job and was deleted"),
+                    )
+                    .await;
+                }
+                Decision::Report(report) => {
+                    let (type_, reason, note) = report_event(&report);
+                    ctx.publish(job, type_, reason, "Report", note).await;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn create_newcomer(
+    job: &ElasticJob,
+    pods: &Api<Pod>,
+    view: &mut PodView,
+    name: &str,
+    replaces: Option<&str>,
+) -> Result<()> {
+    match pods
+        .create(
+            &PostParams::default(),
+            &objects::newcomer_pod(job, name, replaces),
+        )
+        .await
+    {
+        Ok(pod) => {
+            view.by_name.insert(name.to_owned(), pod);
+        }
+        // Created by a reconcile whose answer was lost: it is the same pod.
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    tracing::info!(job = %job.name_any(), newcomer = name, ?replaces, "newcomer pod created");
+    Ok(())
+}
+
+fn record(
+    reason: &str,
+    report: Option<&RescaleReport>,
+    removed: &[String],
+    added: Vec<String>,
+) -> RescaleRecord {
+    RescaleRecord {
+        reason: reason.to_owned(),
+        removed: removed.to_vec(),
+        added,
+        stage_timings: report
+            .map(|r| {
+                r.stages
+                    .iter()
+                    .map(|s| (s.stage.clone(), s.ms.round() as i64))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        duration_ms: report.map(|r| r.total_ms.round() as i64),
+        epoch: report.map(|r| r.epoch as i64),
+    }
+}
+
+/// One rescale: the policy's member names become node ids of the current
+/// view, PE 0 is asked, and the outcome goes back to the policy.
+#[allow(clippy::too_many_arguments)]
+async fn rescale(
+    job: &ElasticJob,
+    ctx: &Context,
+    rt: &mut JobRuntime,
+    view: &PodView,
+    jobs: &Api<ElasticJob>,
+    old: &ElasticJobStatus,
+    target: &ControlTarget,
+    remove: Vec<MemberId>,
+    admit: u32,
+    reason: crate::policy::RescaleReason,
+) -> Result<()> {
+    let reason_text = reason.to_string();
+    let removed: Vec<String> = remove.iter().map(|m| m.0.clone()).collect();
+    ctx.metrics.rescale_requested(&reason_text);
+    let members = rt
+        .view
+        .as_ref()
+        .map(|v| v.members.clone())
+        .unwrap_or_default();
+    let ids: std::result::Result<Vec<u32>, String> = remove
+        .iter()
+        .map(|m| {
+            members
+                .iter()
+                .find(|v| v.host == m.0)
+                .map(|v| v.node)
+                .ok_or_else(|| format!("pod {m} is not a member of the job's view"))
+        })
+        .collect();
+    ctx.publish(
+        job,
+        EventType::Normal,
+        "RescaleRequested",
+        "Rescale",
+        format!(
+            "{reason_text}: remove [{}], admit {admit}",
+            removed.join(", ")
+        ),
+    )
+    .await;
+
+    let outcome = match ids {
+        Err(problem) => Err(problem),
+        Ok(ids) => {
+            // Show Rescaling while PE 0 works (it may take a while).
+            let status = build_status(job, ctx, rt, view, Phase::Rescaling, old);
+            patch_status(jobs, job, &status).await?;
+            let endpoint = ctx.control.clone();
+            let t = target.clone();
+            let timeout = ctx.rescale_timeout;
+            let request = RescaleRequest { remove: ids, admit };
+            match tokio::task::spawn_blocking(move || endpoint.rescale(&t, request, timeout)).await
+            {
+                Ok(result) => result.map_err(|e: ControlError| e.to_string()),
+                Err(join) => return Err(Error::Task(join.to_string())),
+            }
+        }
+    };
+    let now_ts = ctx.now();
+    let now = rt.vt(now_ts);
+    match outcome {
+        Ok((report, after)) => {
+            let added: Vec<String> = report
+                .admitted
+                .iter()
+                .filter_map(|id| {
+                    after
+                        .members
+                        .iter()
+                        .find(|m| m.node == *id)
+                        .map(|m| m.host.clone())
+                })
+                .collect();
+            rt.policy.observe(
+                now,
+                Event::RescaleCommitted {
+                    epoch: report.epoch,
+                    admitted: added.iter().map(|a| MemberId(a.clone())).collect(),
+                },
+            );
+            // The removed nodes left the view: the coordinator told them to exit.
+            for pod in &removed {
+                if rt.gone.insert(pod.clone()) {
+                    rt.policy.observe(
+                        now,
+                        Event::MemberGone {
+                            member: MemberId(pod.clone()),
+                        },
+                    );
+                }
+                if let Some(first) = rt.first_notice.remove(pod) {
+                    let waited =
+                        Duration::try_from(now_ts.duration_since(first)).unwrap_or_default();
+                    ctx.metrics.notice_to_commit(waited.as_secs_f64());
+                }
+            }
+            ctx.metrics.rescale_committed(&reason_text);
+            ctx.publish(
+                job,
+                EventType::Normal,
+                "RescaleCommitted",
+                "Rescale",
+                format!(
+                    "{reason_text}: epoch {} -> {}, removed [{}], admitted [{}], {:.1} ms (mechanism {:.1} ms)",
+                    report.epoch_before,
+                    report.epoch,
+                    removed.join(", "),
+                    added.join(", "),
+                    report.total_ms,
+                    report.mechanism_ms
+                ),
+            )
+            .await;
+            tracing::info!(job = %job.name_any(), epoch = report.epoch, ?removed, ?added, "rescale committed");
+            rt.last_rescale = Some(record(&reason_text, Some(&report), &removed, added));
+            rt.view = Some(after);
+        }
+        Err(problem) => {
+            tracing::warn!(job = %job.name_any(), %problem, "rescale failed");
+            rt.policy.observe(
+                now,
+                Event::RescaleFailed {
+                    reason: problem.clone(),
+                },
+            );
+            ctx.metrics.rescale_failed(&reason_text);
+            rt.last_rescale = Some(record(
+                &format!("{reason_text} (failed: {problem})"),
+                None,
+                &removed,
+                Vec::new(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn build_status(
+    job: &ElasticJob,
+    ctx: &Context,
+    rt: &JobRuntime,
+    pods: &PodView,
+    phase: Phase,
+    old: &ElasticJobStatus,
+) -> ElasticJobStatus {
+    let now = ctx.now();
+    let members: Vec<MemberStatus> = rt
+        .view
+        .iter()
+        .flat_map(|v| v.members.iter())
+        .map(|m| MemberStatus {
+            pod: m.host.clone(),
+            node: pods
+                .by_name
+                .get(&m.host)
+                .and_then(|p| p.spec.as_ref()?.node_name.clone()),
+            node_id: i32::try_from(m.node).unwrap_or(i32::MAX),
+            pes: i32::try_from(m.pes).unwrap_or(i32::MAX),
+        })
+        .collect();
+    let (ready, reason, message) = match phase {
+        Phase::Running => (true, "Running", String::new()),
+        Phase::Rescaling => (true, "Rescaling", String::new()),
+        Phase::Launching => (
+            false,
+            "Launching",
+            rt.control_error
+                .clone()
+                .map_or_else(String::new, |e| format!("control endpoint: {e}")),
+        ),
+        other => (
+            false,
+            if other == Phase::Succeeded {
+                "Succeeded"
+            } else {
+                "Failed"
+            },
+            String::new(),
+        ),
+    };
+    let mut conditions = vec![condition(
+        job,
+        &old.conditions,
+        "SpecValid",
+        true,
+        "Valid",
+        String::new(),
+        now,
+    )];
+    conditions.push(condition(
+        job,
+        &old.conditions,
+        "Ready",
+        ready,
+        reason,
+        message,
+        now,
+    ));
+    if phase == Phase::Running {
+        if let Some(error) = &rt.control_error {
+            conditions.push(condition(
+                job,
+                &old.conditions,
+                "ControlReachable",
+                false,
+                "Unreachable",
+                error.clone(),
+                now,
+            ));
+        }
+    }
+    ElasticJobStatus {
+        phase: Some(phase),
+        observed_generation: job.metadata.generation,
+        epoch: rt.view.as_ref().map(|v| v.epoch as i64).or(old.epoch),
+        replicas: i32::try_from(pods.alive()).unwrap_or(i32::MAX),
+        ready_replicas: i32::try_from(members.len()).unwrap_or(i32::MAX),
+        pending_newcomers: rt
+            .view
+            .as_ref()
+            .map_or(0, |v| i32::try_from(v.pending.len()).unwrap_or(i32::MAX)),
+        at_risk: rt.policy.at_risk().into_iter().map(|m| m.0).collect(),
+        members,
+        last_rescale: rt.last_rescale.clone().or_else(|| old.last_rescale.clone()),
+        conditions,
+        selector: Some(objects::selector(job)),
+    }
+}
+
+/// When to look again: the policy's next wake-up, or soon while the job
+/// launches or newcomers register (only the control endpoint shows that).
+fn requeue_after(ctx: &Context, rt: &JobRuntime) -> Duration {
+    let now = rt.vt(ctx.now());
+    let mut after = Duration::from_secs(60);
+    if let Some(wake) = rt.policy.next_wakeup(now) {
+        after = after.min(wake.saturating_sub(now).max(Duration::from_secs(1)));
+    }
+    let waiting_newcomers = rt
+        .newcomers
+        .keys()
+        .any(|n| !rt.gone.contains(n) && !rt.policy.members().any(|m| &m.0 == n));
+    if rt.view.is_none() || rt.control_error.is_some() || waiting_newcomers {
+        after = after.min(Duration::from_secs(5));
+    }
+    after
+}
+
+/// Requeue after a failed reconcile, with exponential backoff per job
+/// (5 s, 10 s, 20 s ... up to 5 minutes; reset by a success).
+pub fn error_policy(job: Arc<ElasticJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(error.class());
+    let mut failures = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
+    let count = failures.entry(key(&job)).or_insert(0);
+    let delay = backoff(*count);
+    *count = count.saturating_add(1);
+    tracing::warn!(job = %job.name_any(), %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// The wait after `failures` consecutive failed reconciles.
+pub fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(5u64.saturating_mul(1u64 << failures.min(6)).min(300))
+}
+
+/// Runs the controller until SIGINT/SIGTERM (or until `stop` resolves:
+/// leadership lost).
+pub async fn run(
+    client: Client,
+    settings: ObjectSettings,
+    metrics: Arc<Metrics>,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
     let jobs = Api::<ElasticJob>::all(client.clone());
     let owned = watcher::Config::default().labels(objects::JOB_LABEL);
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        settings,
-    });
-    Controller::new(jobs, watcher::Config::default())
+    let nodes_api = Api::<Node>::all(client.clone());
+    let (nodes, writer) = reflector::store();
+    // The node store the reconciler reads taints from.
+    tokio::spawn(
+        reflector(
+            writer,
+            watcher(nodes_api.clone(), watcher::Config::default()),
+        )
+        .default_backoff()
+        .applied_objects()
+        .for_each(|_| async {}),
+    );
+    let mut context = Context::new(client.clone(), settings, nodes);
+    context.metrics = metrics;
+    let ctx = Arc::new(context);
+    let controller = Controller::new(jobs, watcher::Config::default())
         .owns(Api::<Pod>::all(client.clone()), owned.clone())
-        .owns(Api::<Service>::all(client.clone()), owned)
+        .owns(Api::<Service>::all(client.clone()), owned);
+    let store = controller.store();
+    // A node with a notice concerns every job with a pod on it; which pods
+    // are there is the reconcile's business, so each job looks.
+    controller
+        .watches(nodes_api, watcher::Config::default(), move |node: Node| {
+            if notices::node_has_notice(&node) {
+                store
+                    .state()
+                    .iter()
+                    .map(|job| ObjectRef::from_obj(job.as_ref()))
+                    .collect()
+            } else {
+                Vec::new()
+            }
+        })
+        .graceful_shutdown_on(stop)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {

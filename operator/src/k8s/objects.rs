@@ -30,6 +30,10 @@ pub const LAUNCH_INDEX_LABEL: &str = "ductile.dev/launch-index";
 pub const CAPACITY_LABEL: &str = "ductile.dev/capacity";
 /// Label saying `launch` or `newcomer`.
 pub const ROLE_LABEL: &str = "ductile.dev/role";
+/// Annotation on a replacement newcomer's pod naming the member it replaces.
+pub const REPLACES_ANNOTATION: &str = "ductile.dev/replaces";
+/// Finalizer the operator puts on every ElasticJob it manages.
+pub const FINALIZER: &str = "ductile.dev/teardown";
 /// Port of the coordinator in node 0's pod.
 pub const COORDINATOR_PORT: i32 = 7070;
 /// Port of PE 0's control endpoint (rescale requests).
@@ -180,22 +184,66 @@ fn secret_mount() -> VolumeMount {
 /// `onDemand.replicas` members and on spot capacity after; node 0's pod
 /// also runs the coordinator.
 pub fn launch_pod(job: &ElasticJob, index: u32, settings: &ObjectSettings) -> Pod {
+    node_pod(job, NodeRole::Launch(index), settings)
+}
+
+/// A newcomer's pod, named by the policy (`{job}-n{k}`): a node that
+/// registers with the coordinator and waits until a rescale admits it.
+/// Newcomers always run on spot capacity (the on-demand part is fixed at
+/// launch); `replaces` names the at-risk member it was launched for.
+pub fn newcomer_pod(job: &ElasticJob, name: &str, replaces: Option<&str>) -> Pod {
+    let mut pod = node_pod(
+        job,
+        NodeRole::Newcomer(name.to_owned()),
+        &ObjectSettings::default(),
+    );
+    if let Some(member) = replaces {
+        pod.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(REPLACES_ANNOTATION.to_owned(), member.to_owned());
+    }
+    pod
+}
+
+/// Which kind of node a pod runs.
+enum NodeRole {
+    /// A launch member with its launch index.
+    Launch(u32),
+    /// A newcomer with its pod name.
+    Newcomer(String),
+}
+
+fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod {
     let spec = &job.spec;
-    let on_demand = i64::from(index) < i64::from(spec.on_demand_replicas());
+    let (name, index) = match &role {
+        NodeRole::Launch(index) => (pod_name(job, *index), Some(*index)),
+        NodeRole::Newcomer(name) => (name.clone(), None),
+    };
+    let on_demand = index.is_some_and(|i| i64::from(i) < i64::from(spec.on_demand_replicas()));
     let (capacity, placement) = if on_demand {
         (CapacityType::OnDemand, spec.on_demand_placement())
     } else {
         (CapacityType::Spot, spec.spot_placement())
     };
-    let name = pod_name(job, index);
+    let root = index == Some(0);
     let mut pod_spec: PodSpec = spec.template.spec.clone().unwrap_or_default();
 
     let secret_file = format!("{SECRET_DIR}/{SECRET_KEY}");
+    let role_name = if index.is_some() {
+        contract::ROLE_LAUNCH
+    } else {
+        contract::ROLE_NEWCOMER
+    };
     let mut contract_env = vec![
         env(contract::ENV_COORDINATOR, coordinator_address(job)),
         env(contract::ENV_SECRET_FILE, secret_file.clone()),
-        env(contract::ENV_ROLE, contract::ROLE_LAUNCH),
-        env(contract::ENV_LAUNCH_INDEX, index.to_string()),
+        env(contract::ENV_ROLE, role_name),
+    ];
+    if let Some(index) = index {
+        contract_env.push(env(contract::ENV_LAUNCH_INDEX, index.to_string()));
+    }
+    contract_env.extend([
         env(contract::ENV_PES, spec.pes_per_pod.to_string()),
         env(contract::ENV_BIND, "0.0.0.0"),
         env(contract::ENV_TRANSPORT, "tcp"),
@@ -210,8 +258,8 @@ pub fn launch_pod(job: &ElasticJob, index: u32, settings: &ObjectSettings) -> Po
                 ..EnvVarSource::default()
             }),
         },
-    ];
-    if index == 0 {
+    ]);
+    if root {
         contract_env.push(env(
             contract::ENV_CONTROL,
             format!("0.0.0.0:{CONTROL_PORT}"),
@@ -229,7 +277,7 @@ pub fn launch_pod(job: &ElasticJob, index: u32, settings: &ObjectSettings) -> Po
         node.volume_mounts
             .get_or_insert_with(Vec::new)
             .push(secret_mount());
-        if index == 0 {
+        if root {
             node.ports.get_or_insert_with(Vec::new).push(ContainerPort {
                 name: Some("control".to_owned()),
                 container_port: CONTROL_PORT,
@@ -237,7 +285,7 @@ pub fn launch_pod(job: &ElasticJob, index: u32, settings: &ObjectSettings) -> Po
             });
         }
     }
-    if index == 0 {
+    if root {
         pod_spec.containers.insert(
             0,
             Container {
@@ -300,12 +348,14 @@ pub fn launch_pod(job: &ElasticJob, index: u32, settings: &ObjectSettings) -> Po
     let template_meta = spec.template.metadata.clone().unwrap_or_default();
     let mut labels = template_meta.labels.unwrap_or_default();
     labels.extend(job_labels(job));
-    labels.insert(LAUNCH_INDEX_LABEL.to_owned(), index.to_string());
+    if let Some(index) = index {
+        labels.insert(LAUNCH_INDEX_LABEL.to_owned(), index.to_string());
+    }
     labels.insert(
         CAPACITY_LABEL.to_owned(),
         if on_demand { "on-demand" } else { "spot" }.to_owned(),
     );
-    labels.insert(ROLE_LABEL.to_owned(), contract::ROLE_LAUNCH.to_owned());
+    labels.insert(ROLE_LABEL.to_owned(), role_name.to_owned());
     Pod {
         metadata: ObjectMeta {
             name: Some(name),
@@ -318,6 +368,11 @@ pub fn launch_pod(job: &ElasticJob, index: u32, settings: &ObjectSettings) -> Po
         spec: Some(pod_spec),
         status: None,
     }
+}
+
+/// Whether a pod runs on on-demand capacity (its capacity label).
+pub fn is_on_demand(pod: &Pod) -> bool {
+    pod.labels().get(CAPACITY_LABEL).map(String::as_str) == Some("on-demand")
 }
 
 /// Whether `job` is being deleted.

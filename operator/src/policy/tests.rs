@@ -832,3 +832,31 @@ proptest! {
         harness.apply(Op::Advance(400))?;
     }
 }
+
+#[test]
+fn a_restarted_driver_never_reuses_an_existing_newcomer_name() {
+    let mut policy = Policy::new(config(), 3);
+    let prefix = config().newcomer_prefix;
+    let taken = [
+        format!("{prefix}0"),
+        format!("{prefix}4"),
+        "other-7".to_owned(),
+        format!("{prefix}x"),
+    ];
+    policy.reserve_names(taken.iter().map(String::as_str));
+    policy.observe(
+        s(0),
+        Event::MemberJoined {
+            member: id("a"),
+            capacity: Capacity::OnDemand,
+            root: true,
+        },
+    );
+    let decisions = policy.decide(s(0));
+    assert_eq!(
+        decisions,
+        [Decision::LaunchNewcomers {
+            newcomers: ids(&[&format!("{prefix}5"), &format!("{prefix}6")])
+        }]
+    );
+}
