@@ -37,10 +37,12 @@
 //! `target/bench/rescale.json` (or `--out`).
 //!
 //! The jobs inherit `DUCTILE_LOG`. The measured job's stderr (its nodes',
-//! newcomers' and launcher's logs) goes to a file; when a rescale fails or the
+//! newcomers' and launcher's logs) goes to a file. When a rescale fails or the
 //! job stalls, the bench stops the job, prints the failing command, its output
-//! and the job's log tail, keeps the directory holding the logs, and exits 1.
-//! Run it with `DUCTILE_LOG=ductile=debug` to get the runtime's logs there.
+//! and the job's log tail, keeps the directory holding the logs, goes on with
+//! the next node count, lists the failure under the table and in the JSON,
+//! and exits 1. Run it with `DUCTILE_LOG=ductile=debug` to get the runtime's
+//! logs there. Exit 3 (first) when a checksum differs.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -871,24 +873,28 @@ fn real_main() -> Result<ExitCode> {
     .collect::<Vec<_>>()
     .join(" ");
 
-    let measured: Result<Vec<NodeRun>> = o
-        .nodes
-        .iter()
-        .map(|&n| measure(&mut env, &o, n, &jacobi, &logs))
-        .collect();
-    let runs = match measured {
-        Ok(r) => {
-            let _ = std::fs::remove_dir_all(&state_base);
-            r
+    // A node count that fails (a rescale refused, a stalled job, a child
+    // run failing) is reported in full at once and again at the end, and
+    // makes the exit status 1; the other node counts are still measured.
+    let mut runs = Vec::new();
+    let mut failures: Vec<(u32, String)> = Vec::new();
+    for &n in &o.nodes {
+        match measure(&mut env, &o, n, &jacobi, &logs) {
+            Ok(r) => runs.push(r),
+            Err(e) => {
+                eprintln!("bench_rescale: error: {n} nodes FAILED: {e:#}");
+                failures.push((n, format!("{e:#}")));
+            }
         }
-        Err(e) => {
-            eprintln!(
-                "bench_rescale: the job logs and state directories are kept in {}",
-                state_base.display()
-            );
-            return Err(e);
-        }
-    };
+    }
+    if failures.is_empty() {
+        let _ = std::fs::remove_dir_all(&state_base);
+    } else {
+        eprintln!(
+            "bench_rescale: the job logs and state directories are kept in {}",
+            state_base.display()
+        );
+    }
     let load_end = loadavg();
 
     // Medians.
@@ -1043,6 +1049,12 @@ fn real_main() -> Result<ExitCode> {
             if agree { "identical" } else { "!!! MISMATCH" },
             r.nodes - o.step - 1
         )?;
+    }
+
+    for (n, e) in &failures {
+        // The first lines say what failed and how; the whole error went to stderr and the JSON.
+        let head: Vec<&str> = e.lines().take(4).collect();
+        writeln!(w, "  {n:>2} nodes: !!! FAILED: {}", head.join("\n      "))?;
     }
 
     // Targets.
@@ -1200,7 +1212,9 @@ fn real_main() -> Result<ExitCode> {
         "targets": targets.iter().map(|(name, v, unit, limit, pass)| json!({
             "name": name, "value": v, "unit": unit, "limit": limit, "pass": pass,
         })).collect::<Vec<_>>(),
-        "ok": checksum_ok,
+        "failures": failures.iter().map(|(n, e)| json!({ "nodes": n, "error": e })).collect::<Vec<_>>(),
+        "logs_kept_in": (!failures.is_empty()).then(|| state_base.display().to_string()),
+        "ok": checksum_ok && failures.is_empty(),
         "table": report,
     });
     if let Some(dir) = out_path.parent() {
@@ -1213,6 +1227,15 @@ fn real_main() -> Result<ExitCode> {
     if !checksum_ok {
         eprintln!("bench_rescale: ERROR: CHECKSUM MISMATCH: a rescaled job computed something else than the same job on 1 node");
         return Ok(ExitCode::from(3));
+    }
+    if !failures.is_empty() {
+        let which: Vec<String> = failures.iter().map(|(n, _)| n.to_string()).collect();
+        eprintln!(
+            "bench_rescale: ERROR: the measurement at {} node(s) failed (see above); job logs in {}",
+            which.join(", "),
+            state_base.display()
+        );
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }
