@@ -247,6 +247,7 @@ fn rbac_is_least_privilege() {
         "elasticjobs/scale:get",
         "pods:create",
         "pods:delete",
+        "pods:deletecollection",
         "services:create",
         "secrets:create",
         "nodes:watch",
@@ -259,6 +260,8 @@ fn rbac_is_least_privilege() {
         "nodes:update",
         "nodes:delete",
         "secrets:update",
+        "secrets:deletecollection",
+        "services:deletecollection",
     ] {
         assert!(
             !granted.iter().any(|g| g == forbidden),
@@ -277,7 +280,73 @@ fn rbac_is_least_privilege() {
         "resources: [\"elasticjobs/scale\"]",
         "resources: [\"nodes\"]",
         "resources: [\"leases\"]",
+        "verbs: [\"deletecollection\"]",
     ] {
         assert!(chart_rbac.contains(line), "chart RBAC lacks {line}");
+    }
+}
+
+/// The install bundle's Deployment runs the operator binary with a
+/// configuration the operator accepts, and the chart's template sets the
+/// same variables.
+#[test]
+fn the_deployment_configures_the_operator_it_runs() {
+    use ductile_operator::k8s::entry;
+    let install = documents(&repo_root().join("manifests/install.yaml"));
+    let deployment = install
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("install.yaml has the operator Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["command"],
+        serde_json::json!(["ductile-operator"])
+    );
+    let env = container["env"].as_array().unwrap();
+    let literal = |name: &str| {
+        env.iter()
+            .find(|v| v["name"] == name)
+            .and_then(|v| v["value"].as_str().map(str::to_owned))
+    };
+    // Downward-API variables get a value on a cluster; stand one in here.
+    let config = entry::OperatorConfig::from_lookup(|name| {
+        literal(name).or_else(|| {
+            env.iter()
+                .any(|v| v["name"] == name && v["valueFrom"].is_object())
+                .then(|| "from-downward-api".to_owned())
+        })
+    })
+    .expect("the shipped configuration is accepted");
+    assert!(config.leader_election);
+    assert_eq!(config.identity, "from-downward-api");
+    let port = container["ports"][0]["containerPort"].as_u64().unwrap();
+    assert_eq!(u64::from(config.metrics.port()), port);
+    assert_eq!(
+        config.settings.coordinator_image,
+        container["image"].as_str().unwrap(),
+        "node 0's coordinator runs the operator's own image"
+    );
+
+    let template =
+        std::fs::read_to_string(repo_root().join("charts/ductile/templates/deployment.yaml"))
+            .unwrap();
+    assert!(template.contains("command: [\"ductile-operator\"]"));
+    for name in [
+        entry::ENV_LEADER_ELECTION,
+        entry::ENV_LEASE,
+        entry::ENV_WATCH_NAMESPACES,
+        entry::ENV_METRICS_PORT,
+        entry::ENV_COORDINATOR_IMAGE,
+        entry::ENV_POD_NAME,
+        entry::ENV_POD_NAMESPACE,
+    ] {
+        assert!(
+            template.contains(&format!("name: {name}")),
+            "chart lacks {name}"
+        );
+        assert!(
+            env.iter().any(|v| v["name"] == name),
+            "install.yaml lacks {name}"
+        );
     }
 }

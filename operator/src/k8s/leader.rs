@@ -128,3 +128,150 @@ impl LeaseLock {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Method, Request, Response, StatusCode};
+    use kube::client::Body;
+    use kube::Client;
+    use serde_json::{json, Value};
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+    const PATH: &str =
+        "/apis/coordination.k8s.io/v1/namespaces/ductile-system/leases/ductile-operator";
+
+    fn lock() -> (LeaseLock, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "ductile-system");
+        let lock = LeaseLock {
+            api: Api::namespaced(client, "ductile-system"),
+            name: "ductile-operator".to_owned(),
+            identity: "op-b".to_owned(),
+            duration: Duration::from_secs(15),
+        };
+        (lock, handle)
+    }
+
+    async fn answer(
+        handle: &mut Handle,
+        method: Method,
+        path: &str,
+        status: StatusCode,
+        reply: impl FnOnce(Value) -> Value,
+    ) -> Value {
+        let (request, send) = handle.next_request().await.expect("a request");
+        assert_eq!((request.method(), request.uri().path()), (&method, path));
+        let body = request.into_body().collect_bytes().await.unwrap();
+        let body: Value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body).unwrap()
+        };
+        let out = reply(body.clone());
+        send.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&out).unwrap()))
+                .unwrap(),
+        );
+        body
+    }
+
+    fn lease(holder: &str, renewed: &str) -> Value {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "ductile-operator", "namespace": "ductile-system", "resourceVersion": "7"},
+               "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": renewed, "leaseTransitions": 2}})
+    }
+
+    fn not_found(_: Value) -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "nf", "metadata": {}})
+    }
+
+    fn now() -> Timestamp {
+        "2025-06-01T12:00:00Z".parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_missing_lease_is_created_and_held() {
+        let (lock, mut handle) = lock();
+        let server = tokio::spawn(async move {
+            answer(
+                &mut handle,
+                Method::GET,
+                PATH,
+                StatusCode::NOT_FOUND,
+                not_found,
+            )
+            .await;
+            answer(
+                &mut handle,
+                Method::POST,
+                "/apis/coordination.k8s.io/v1/namespaces/ductile-system/leases",
+                StatusCode::CREATED,
+                |b| b,
+            )
+            .await
+        });
+        assert!(lock.try_acquire_or_renew(now()).await.unwrap());
+        let created = server.await.unwrap();
+        assert_eq!(created["spec"]["holderIdentity"], "op-b");
+        assert_eq!(created["spec"]["leaseDurationSeconds"], 15);
+    }
+
+    #[tokio::test]
+    async fn a_live_lease_of_another_replica_is_left_alone() {
+        let (lock, mut handle) = lock();
+        let server = tokio::spawn(async move {
+            answer(&mut handle, Method::GET, PATH, StatusCode::OK, |_| {
+                lease("op-a", "2025-06-01T11:59:55.000000Z")
+            })
+            .await;
+            drop(handle); // any write would fail the attempt
+        });
+        assert!(!lock.try_acquire_or_renew(now()).await.unwrap());
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_expired_lease_is_taken_over_with_its_resource_version() {
+        let (lock, mut handle) = lock();
+        let server = tokio::spawn(async move {
+            answer(&mut handle, Method::GET, PATH, StatusCode::OK, |_| {
+                lease("op-a", "2025-06-01T11:59:40.000000Z")
+            })
+            .await;
+            answer(&mut handle, Method::PUT, PATH, StatusCode::OK, |b| b).await
+        });
+        assert!(lock.try_acquire_or_renew(now()).await.unwrap());
+        let written = server.await.unwrap();
+        assert_eq!(
+            written["metadata"]["resourceVersion"], "7",
+            "a concurrent writer makes this conflict"
+        );
+        assert_eq!(written["spec"]["holderIdentity"], "op-b");
+        assert_eq!(written["spec"]["leaseTransitions"], 3);
+    }
+
+    #[tokio::test]
+    async fn losing_the_race_for_a_lease_is_not_an_error() {
+        let (lock, mut handle) = lock();
+        let server = tokio::spawn(async move {
+            answer(&mut handle, Method::GET, PATH, StatusCode::OK, |_| {
+                lease("op-b", "2025-06-01T11:59:58.000000Z")
+            })
+            .await;
+            answer(&mut handle, Method::PUT, PATH, StatusCode::CONFLICT, |_| {
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "changed", "metadata": {}})
+            })
+            .await
+        });
+        assert!(!lock.try_acquire_or_renew(now()).await.unwrap());
+        let renewal = server.await.unwrap();
+        assert_eq!(renewal["spec"]["transitions"], Value::Null);
+        assert_eq!(
+            renewal["spec"]["leaseTransitions"], 2,
+            "a renewal is not a transition"
+        );
+    }
+}

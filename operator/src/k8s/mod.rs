@@ -38,6 +38,7 @@
 //! timeouts restart from that moment.
 
 pub mod control;
+pub mod entry;
 pub mod leader;
 pub mod metrics;
 pub mod notices;
@@ -1146,14 +1147,26 @@ pub fn backoff(failures: u32) -> Duration {
 }
 
 /// Runs the controller until SIGINT/SIGTERM (or until `stop` resolves:
-/// leadership lost).
+/// leadership lost). `namespace`: the one to watch; `None`: all.
 pub async fn run(
     client: Client,
+    namespace: Option<String>,
     settings: ObjectSettings,
     metrics: Arc<Metrics>,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let jobs = Api::<ElasticJob>::all(client.clone());
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let ns = namespace.as_deref();
+    let jobs: Api<ElasticJob> = api(&client, ns);
     let owned = watcher::Config::default().labels(objects::JOB_LABEL);
     let nodes_api = Api::<Node>::all(client.clone());
     let (nodes, writer) = reflector::store();
@@ -1171,8 +1184,8 @@ pub async fn run(
     context.metrics = metrics;
     let ctx = Arc::new(context);
     let controller = Controller::new(jobs, watcher::Config::default())
-        .owns(Api::<Pod>::all(client.clone()), owned.clone())
-        .owns(Api::<Service>::all(client.clone()), owned);
+        .owns(api::<Pod>(&client, ns), owned.clone())
+        .owns(api::<Service>(&client, ns), owned);
     let store = controller.store();
     // A node with a notice concerns every job with a pod on it; which pods
     // are there is the reconcile's business, so each job looks.

@@ -44,7 +44,7 @@ pub const SECRET_DIR: &str = "/var/run/ductile";
 pub const SECRET_KEY: &str = "secret";
 
 /// Operator-wide settings the objects depend on.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ObjectSettings {
     /// Image with the `ductile` binary, for the coordinator container.
     pub coordinator_image: String,

@@ -1,0 +1,226 @@
+//! The operator process: configuration from the environment the Helm chart
+//! and `manifests/install.yaml` set, the metrics server, leader election,
+//! then the controller. The `ductile-operator` binary calls [`main`].
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::{Api, Client};
+
+use super::leader::LeaseLock;
+use super::metrics::{spawn_server, Metrics};
+use super::objects::ObjectSettings;
+
+/// `true`/`false`: elect a leader through a Lease before reconciling.
+pub const ENV_LEADER_ELECTION: &str = "DUCTILE_OPERATOR_LEADER_ELECTION";
+/// Name of the Lease (in the operator's namespace).
+pub const ENV_LEASE: &str = "DUCTILE_OPERATOR_LEASE";
+/// Comma-separated namespaces to watch; empty: all.
+pub const ENV_WATCH_NAMESPACES: &str = "DUCTILE_OPERATOR_WATCH_NAMESPACES";
+/// Port of `/metrics`, `/healthz` and `/readyz`.
+pub const ENV_METRICS_PORT: &str = "DUCTILE_OPERATOR_METRICS_PORT";
+/// Image of the coordinator container in node 0's pod (the operator's own image).
+pub const ENV_COORDINATOR_IMAGE: &str = "DUCTILE_OPERATOR_COORDINATOR_IMAGE";
+/// This replica's pod name (downward API): its leader identity and Event instance.
+pub const ENV_POD_NAME: &str = "POD_NAME";
+/// The operator's namespace (downward API): where the Lease lives.
+pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
+
+/// What the operator process runs with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OperatorConfig {
+    /// Elect a leader before reconciling.
+    pub leader_election: bool,
+    /// The Lease's name.
+    pub lease: String,
+    /// Namespace to watch; `None`: all.
+    pub namespace: Option<String>,
+    /// Where the metrics server listens.
+    pub metrics: SocketAddr,
+    /// Settings of the objects the operator creates.
+    pub settings: ObjectSettings,
+    /// Leader identity.
+    pub identity: String,
+    /// Namespace of the Lease.
+    pub own_namespace: String,
+}
+
+/// A configuration variable with a value that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("{name}={value:?}: {reason}")]
+pub struct ConfigError {
+    /// The variable.
+    pub name: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What was expected.
+    pub reason: String,
+}
+
+impl OperatorConfig {
+    /// Reads the configuration through `var` (the process environment in
+    /// [`main`]; a map in tests).
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let bad = |name: &'static str, value: &str, reason: &str| ConfigError {
+            name,
+            value: value.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let leader_election = match var(ENV_LEADER_ELECTION).as_deref().map(str::trim) {
+            None | Some("") | Some("false") => false,
+            Some("true") => true,
+            Some(other) => return Err(bad(ENV_LEADER_ELECTION, other, "expected true or false")),
+        };
+        let namespaces: Vec<String> = var(ENV_WATCH_NAMESPACES)
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let namespace = match namespaces.as_slice() {
+            [] => None,
+            [one] => Some(one.clone()),
+            _ => return Err(bad(
+                ENV_WATCH_NAMESPACES,
+                &namespaces.join(","),
+                "one namespace or all (empty) for now; run one operator per namespace otherwise",
+            )),
+        };
+        let port = match var(ENV_METRICS_PORT) {
+            None => 8080,
+            Some(text) => text
+                .trim()
+                .parse::<u16>()
+                .map_err(|e| bad(ENV_METRICS_PORT, &text, &e.to_string()))?,
+        };
+        let mut settings = ObjectSettings::default();
+        if let Some(image) = var(ENV_COORDINATOR_IMAGE).filter(|i| !i.trim().is_empty()) {
+            settings.coordinator_image = image;
+        }
+        let identity =
+            var(ENV_POD_NAME).unwrap_or_else(|| format!("ductile-operator-{}", std::process::id()));
+        let own_namespace = var(ENV_POD_NAMESPACE).unwrap_or_else(|| "ductile-system".to_owned());
+        if leader_election && var(ENV_POD_NAME).is_none() {
+            return Err(bad(
+                ENV_POD_NAME,
+                "",
+                "leader election needs each replica's pod name",
+            ));
+        }
+        Ok(OperatorConfig {
+            leader_election,
+            lease: var(ENV_LEASE)
+                .filter(|l| !l.is_empty())
+                .unwrap_or_else(|| "ductile-operator".to_owned()),
+            namespace,
+            metrics: SocketAddr::from(([0, 0, 0, 0], port)),
+            settings,
+            identity,
+            own_namespace,
+        })
+    }
+}
+
+/// Runs the operator: metrics server, leader election when configured,
+/// then the controller until SIGTERM or lost leadership.
+pub async fn main(config: OperatorConfig) -> anyhow::Result<()> {
+    let client = Client::try_default().await?;
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let bound = spawn_server(config.metrics, metrics.clone(), ready.clone()).await?;
+    tracing::info!(%bound, "metrics on /metrics, probes on /healthz and /readyz");
+
+    let lock = Arc::new(LeaseLock {
+        api: Api::namespaced(client.clone(), &config.own_namespace),
+        name: config.lease.clone(),
+        identity: config.identity.clone(),
+        duration: Duration::from_secs(15),
+    });
+    let leadership_lost = Arc::new(AtomicBool::new(false));
+    // A follower is ready (it serves probes and waits); only the leader reconciles.
+    ready.store(true, Ordering::Relaxed);
+    let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>> = if config
+        .leader_election
+    {
+        tracing::info!(lease = %config.lease, identity = %config.identity, "waiting for leadership");
+        lock.acquire(Duration::from_secs(5)).await;
+        tracing::info!(lease = %config.lease, "leading");
+        let keeper = lock.clone();
+        let (lost, lost_rx) = tokio::sync::oneshot::channel::<()>();
+        let flag = leadership_lost.clone();
+        tokio::spawn(async move {
+            keeper.keep(Duration::from_secs(5)).await;
+            flag.store(true, Ordering::Relaxed);
+            let _ = lost.send(());
+        });
+        Box::pin(async move {
+            let _ = lost_rx.await;
+        })
+    } else {
+        Box::pin(std::future::pending())
+    };
+    super::run(client, config.namespace, config.settings, metrics, stop).await;
+    if leadership_lost.load(Ordering::Relaxed) {
+        // Exit non-zero: the Deployment restarts this replica as a follower.
+        anyhow::bail!(
+            "leadership of lease {} lost; stopped reconciling",
+            config.lease
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(vars: &[(&str, &str)]) -> Result<OperatorConfig, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        OperatorConfig::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn the_chart_environment_configures_the_operator() {
+        let c = config(&[
+            ("DUCTILE_OPERATOR_LEADER_ELECTION", "true"),
+            ("DUCTILE_OPERATOR_LEASE", "ductile-lock"),
+            ("DUCTILE_OPERATOR_WATCH_NAMESPACES", " hpc "),
+            ("DUCTILE_OPERATOR_METRICS_PORT", "9090"),
+            ("DUCTILE_OPERATOR_COORDINATOR_IMAGE", "registry/ductile:1.2"),
+            ("POD_NAME", "ductile-7d9-abc"),
+            ("POD_NAMESPACE", "ductile-system"),
+        ])
+        .unwrap();
+        assert!(c.leader_election);
+        assert_eq!(c.lease, "ductile-lock");
+        assert_eq!(c.namespace.as_deref(), Some("hpc"));
+        assert_eq!(c.metrics, "0.0.0.0:9090".parse().unwrap());
+        assert_eq!(c.settings.coordinator_image, "registry/ductile:1.2");
+        assert_eq!(c.identity, "ductile-7d9-abc");
+
+        let defaults = config(&[]).unwrap();
+        assert!(!defaults.leader_election);
+        assert_eq!(defaults.namespace, None);
+        assert_eq!(defaults.metrics.port(), 8080);
+        assert_eq!(defaults.lease, "ductile-operator");
+    }
+
+    #[test]
+    fn bad_values_are_refused_by_name() {
+        let e = config(&[("DUCTILE_OPERATOR_METRICS_PORT", "http")]).unwrap_err();
+        assert_eq!(e.name, "DUCTILE_OPERATOR_METRICS_PORT");
+        let e = config(&[("DUCTILE_OPERATOR_LEADER_ELECTION", "yes")]).unwrap_err();
+        assert!(e.to_string().contains("expected true or false"), "{e}");
+        let e = config(&[("DUCTILE_OPERATOR_WATCH_NAMESPACES", "a,b")]).unwrap_err();
+        assert!(e.to_string().contains("one namespace"), "{e}");
+        let e = config(&[("DUCTILE_OPERATOR_LEADER_ELECTION", "true")]).unwrap_err();
+        assert_eq!(e.name, "POD_NAME");
+    }
+}
