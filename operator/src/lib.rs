@@ -2,7 +2,7 @@
 //! command line.
 //!
 //! * [`local`]: the local fleet, nodes as processes on this machine: launch,
-//!   supervision, termination (later: newcomers, fault injection);
+//!   supervision, newcomers for rescales, termination (later: fault injection);
 //! * [`state`]: a job's state directory and its `job.json` record;
 //! * [`cli`]: the `ductile` command line (clap definitions and dispatch);
 //! * [`contract`]: the environment contract with the job's processes,
@@ -13,8 +13,9 @@
 //! * [`policy`]: the rescale policy (sans-IO, virtual time) that both fleets
 //!   drive: replacements, complete replacement, emergency, timeout, scaling;
 //!
-//! * [`k8s`]: the Kubernetes fleet: the ElasticJob reconciler (a skeleton
-//!   so far) and the objects it owns.
+//! * [`k8s`]: the Kubernetes fleet: the ElasticJob reconciler, which drives
+//!   the policy through PE 0's control endpoint, the objects it owns, its
+//!   metrics and leader election (`ductile-operator` binary).
 //!
 //! See `docs/cli.md` for the command line and `docs/operator.md` for the
 //! operator.
