@@ -17,14 +17,14 @@ use std::time::Duration;
 
 use ductile_coordinator::client::{Admission, Client};
 use ductile_coordinator::contract;
-use ductile_coordinator::proto::{NodeId, Registration, ServerMsg, View};
+use ductile_coordinator::proto::{NodeId, Registration, Role, ServerMsg, View};
 use tracing::{error, info, warn};
 
 use crate::msg::{decode_frame, CollId};
 use crate::options::Options;
 use crate::pe::{Inbox, LoopExit, Pe, PeCommand};
 use crate::registry::Registry;
-use crate::rescale::{ControlFrame, Desk, Driver, FrameCounts, NodeEvent};
+use crate::rescale::{ControlFrame, Desk, Driver, FrameCounts, NodeEvent, Pick};
 use crate::topo::Topology;
 use crate::transport::tcp::TcpTransport;
 use crate::transport::{kind, Sink, Tag, Transport, TransportError};
@@ -373,9 +373,11 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
     };
     let (options, args) = crate::options::parse(std::env::args().skip(1).collect())
         .unwrap_or_else(|e| fail_startup(e));
+    let options_coordinator = options.coordinator.clone();
     let (events, events_rx) = crossbeam_channel::unbounded();
     let node = Arc::new(NodeShared::new(registry.clone(), pes, args, options, events));
-    let code = match env_var(contract::ENV_COORDINATOR) {
+    let coordinator = options_coordinator.or_else(|| env_var(contract::ENV_COORDINATOR));
+    let code = match coordinator {
         None => {
             node.install(Arc::new(Topology::standalone(pes)));
             let (handles, _commands) = start_pes(&node, true);
@@ -406,7 +408,11 @@ fn run_member(
 ) -> i32 {
     watch_launcher();
     let secret = contract::secret_from_env().unwrap_or_else(|e| fail_startup(e));
-    let role = contract::role_from_env().unwrap_or_else(|e| fail_startup(e));
+    let role = if node.options.newcomer {
+        Role::Newcomer
+    } else {
+        contract::role_from_env().unwrap_or_else(|e| fail_startup(e))
+    };
     let bind: IpAddr = env_var(contract::ENV_BIND)
         .map(|b| {
             b.parse()
@@ -492,10 +498,10 @@ fn run_member(
             }
             info!(uid, epoch = view.epoch, "newcomer registered; waiting for admission");
             let admitted = driver.wait_for("admission", ADMISSION_WAIT, |e| match e {
-                NodeEvent::Coordinator(ServerMsg::Integrate { node, view }) => {
-                    Some((*node, view.clone()))
+                Some(NodeEvent::Coordinator(ServerMsg::Integrate { node, view })) => {
+                    Pick::Done((*node, view.clone()))
                 }
-                _ => None,
+                _ => Pick::Keep,
             });
             let joined = admitted.and_then(|(me, view)| driver.join_view(view, me).map(|_| me));
             match joined {

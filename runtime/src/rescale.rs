@@ -197,6 +197,16 @@ pub(crate) enum NodeEvent {
     Coordinator(ServerMsg),
 }
 
+/// What a wait's predicate makes of an event.
+pub(crate) enum Pick<T> {
+    /// Not for this wait: keep it for a later one.
+    Keep,
+    /// Consumed; keep waiting.
+    Took,
+    /// Consumed; the wait is over.
+    Done(T),
+}
+
 /// Envelope frames sent to and received from each peer in this epoch.
 #[derive(Default)]
 pub(crate) struct FrameCounts {
@@ -277,20 +287,33 @@ impl Driver {
         }
     }
 
-    /// Waits for the first event `pick` accepts (looking at early ones
-    /// first); others are kept for later. `what` names it in errors.
+    /// Feeds events to `pick` (those that arrived early first, in order)
+    /// until it says `Done`; `pick(None)` is a tick on which it may check
+    /// counters. Events it keeps stay for later waits. `what` names the
+    /// wait in errors.
     pub(crate) fn wait_for<T>(
         &mut self,
         what: &str,
         timeout: Duration,
-        mut pick: impl FnMut(&NodeEvent) -> Option<T>,
+        mut pick: impl FnMut(Option<&NodeEvent>) -> Pick<T>,
     ) -> Result<T, String> {
-        if let Some(i) = self.early.iter().position(|e| pick(e).is_some()) {
-            let e = self.early.remove(i).expect("found");
-            return Ok(pick(&e).expect("picked"));
+        let early = std::mem::take(&mut self.early);
+        let mut rest = early.into_iter();
+        while let Some(e) = rest.next() {
+            match pick(Some(&e)) {
+                Pick::Keep => self.early.push_back(e),
+                Pick::Took => {}
+                Pick::Done(t) => {
+                    self.early.extend(rest);
+                    return Ok(t);
+                }
+            }
         }
         let deadline = Instant::now() + timeout;
         loop {
+            if let Pick::Done(t) = pick(None) {
+                return Ok(t);
+            }
             if self.node.aborting() {
                 return Err(format!("the node is aborting while waiting for {what}"));
             }
@@ -298,32 +321,30 @@ impl Driver {
             if left.is_zero() {
                 return Err(format!("timed out after {timeout:?} waiting for {what}"));
             }
-            match self.events.recv_timeout(left.min(Duration::from_millis(1))) {
-                Ok(e) => {
-                    if let Some(t) = pick(&e) {
-                        return Ok(t);
-                    }
-                    match e {
-                        NodeEvent::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => {
-                            return Err(format!("node {node} (uid {uid}) was lost during the rescale"))
-                        }
-                        NodeEvent::Counted | NodeEvent::Coordinator(_) => {}
-                        e => self.early.push_back(e),
-                    }
+            let e = match self.events.recv_timeout(left.min(Duration::from_millis(1))) {
+                Ok(e) => e,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err("the node is shutting down".into())
                 }
-                Err(RecvTimeoutError::Timeout) => {
-                    if let Some(t) = self.recheck(&mut pick) {
-                        return Ok(t);
+            };
+            match pick(Some(&e)) {
+                Pick::Done(t) => return Ok(t),
+                Pick::Took => {}
+                Pick::Keep => match e {
+                    NodeEvent::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => {
+                        return Err(format!("node {node} (uid {uid}) was lost during the rescale"))
                     }
-                }
-                Err(RecvTimeoutError::Disconnected) => return Err("the node is shutting down".into()),
+                    // A later step of this rescale waits for these (Die can
+                    // come while a departing node still drains).
+                    e @ NodeEvent::Coordinator(ServerMsg::Die { .. } | ServerMsg::Integrate { .. }) => {
+                        self.early.push_back(e)
+                    }
+                    NodeEvent::Counted | NodeEvent::Coordinator(_) => {}
+                    e => self.early.push_back(e),
+                },
             }
         }
-    }
-
-    /// Lets a predicate that depends on counters (not events) succeed on a timeout tick.
-    fn recheck<T>(&self, pick: &mut impl FnMut(&NodeEvent) -> Option<T>) -> Option<T> {
-        pick(&NodeEvent::Counted)
     }
 
     /// Runs one rescale on this node; PEs are all stopped.
@@ -340,11 +361,16 @@ impl Driver {
         self.command_all(|| PeCommand::HandOver { leaving });
         let local = self.commands.len();
         let mut handed = 0;
-        self.wait_for("the PEs' hand-over", STEP_TIMEOUT, |e| {
-            if matches!(e, NodeEvent::HandedOver) {
+        self.wait_for("the PEs' hand-over", STEP_TIMEOUT, |e| match e {
+            Some(NodeEvent::HandedOver) => {
                 handed += 1;
+                if handed == local {
+                    Pick::Done(())
+                } else {
+                    Pick::Took
+                }
             }
-            (handed == local).then_some(())
+            _ => Pick::Keep,
         })?;
         self.drain(2, &old)?;
         node.set_draining(false);
@@ -359,8 +385,9 @@ impl Driver {
             });
         }
         if leaving {
-            self.wait_for("Die from the coordinator", STEP_TIMEOUT, |e| {
-                matches!(e, NodeEvent::Coordinator(ServerMsg::Die { .. })).then_some(())
+            self.wait_for("Die from the coordinator", STEP_TIMEOUT, |e| match e {
+                Some(NodeEvent::Coordinator(ServerMsg::Die { .. })) => Pick::Done(()),
+                _ => Pick::Keep,
             })?;
             info!(node = me, "removed by the rescale; leaving the job");
             self.command_all(|| PeCommand::Depart);
@@ -379,12 +406,12 @@ impl Driver {
             next
         } else {
             self.wait_for("the new view from node 0", STEP_TIMEOUT, |e| match e {
-                NodeEvent::Frame {
+                Some(NodeEvent::Frame {
                     src: 0,
                     frame: ControlFrame::View(v),
                     ..
-                } => Some(v.clone()),
-                _ => None,
+                }) => Pick::Done(v.clone()),
+                _ => Pick::Keep,
             })?
         };
         let t = Instant::now();
@@ -429,30 +456,32 @@ impl Driver {
         let children = topo.node_children(me);
         let mut ready = 0;
         if !children.is_empty() {
-            self.wait_for("the barrier (children ready)", STEP_TIMEOUT, |e| {
-                if let NodeEvent::Frame {
+            self.wait_for("the barrier (children ready)", STEP_TIMEOUT, |e| match e {
+                Some(NodeEvent::Frame {
                     frame: ControlFrame::Ready,
                     epoch_bits,
                     ..
-                } = e
-                {
-                    if *epoch_bits == bits {
-                        ready += 1;
+                }) if *epoch_bits == bits => {
+                    ready += 1;
+                    if ready == children.len() {
+                        Pick::Done(())
+                    } else {
+                        Pick::Took
                     }
                 }
-                (ready == children.len()).then_some(())
+                _ => Pick::Keep,
             })?;
         }
         if let Some(parent) = topo.node_parent(me) {
             node.send_control(parent, epoch, &ControlFrame::Ready)
                 .map_err(|e| format!("barrier: {e}"))?;
             self.wait_for("the barrier (release)", STEP_TIMEOUT, |e| match e {
-                NodeEvent::Frame {
+                Some(NodeEvent::Frame {
                     frame: ControlFrame::Go,
                     epoch_bits,
                     ..
-                } if *epoch_bits == bits => Some(()),
-                _ => None,
+                }) if *epoch_bits == bits => Pick::Done(()),
+                _ => Pick::Keep,
             })?;
         }
         for c in children {
@@ -477,21 +506,27 @@ impl Driver {
         let mut expected: HashMap<NodeId, u64> = HashMap::new();
         let what = format!("drain round {round}");
         self.wait_for(&what, STEP_TIMEOUT, |e| {
-            if let NodeEvent::Frame {
-                src,
-                epoch_bits,
-                frame: ControlFrame::Drain { round: r, sent },
-            } = e
-            {
-                if *r == round && *epoch_bits == bits {
+            let took = match e {
+                Some(NodeEvent::Frame {
+                    src,
+                    epoch_bits,
+                    frame: ControlFrame::Drain { round: r, sent },
+                }) if *r == round && *epoch_bits == bits => {
                     expected.insert(*src, *sent);
+                    true
                 }
-            }
+                Some(NodeEvent::Counted) | None => true,
+                Some(_) => false,
+            };
             let complete = expected.len() == peers.len()
                 && expected
                     .iter()
                     .all(|(&src, &n)| node.frames_received_from(src) >= n);
-            complete.then_some(())
+            match (complete, took) {
+                (true, _) => Pick::Done(()),
+                (false, true) => Pick::Took,
+                (false, false) => Pick::Keep,
+            }
         })
     }
 
