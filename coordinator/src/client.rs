@@ -14,7 +14,8 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -93,6 +94,8 @@ pub struct Client {
     events: Receiver<ServerMsg>,
     reader: Option<JoinHandle<()>>,
     peer: SocketAddr,
+    /// Set by the reader thread when the connection ended.
+    closed: Arc<AtomicBool>,
 }
 
 fn remaining(deadline: Instant) -> Result<Duration> {
@@ -144,6 +147,17 @@ fn is_notice(msg: &ServerMsg) -> bool {
 }
 
 fn reader_thread(
+    stream: TcpStream,
+    reader: FrameReader,
+    replies: Sender<ServerMsg>,
+    events: Sender<ServerMsg>,
+    closed: Arc<AtomicBool>,
+) {
+    read_until_closed(stream, reader, replies, events);
+    closed.store(true, Ordering::SeqCst);
+}
+
+fn read_until_closed(
     mut stream: TcpStream,
     mut reader: FrameReader,
     replies: Sender<ServerMsg>,
@@ -251,9 +265,11 @@ impl Client {
         let (reply_tx, replies) = crossbeam_channel::unbounded();
         let (event_tx, events) = crossbeam_channel::unbounded();
         let read_half = stream.try_clone()?;
+        let closed = Arc::new(AtomicBool::new(false));
+        let reader_closed = Arc::clone(&closed);
         let reader = std::thread::Builder::new()
             .name("ductile-coord-client".to_owned())
-            .spawn(move || reader_thread(read_half, reader, reply_tx, event_tx))?;
+            .spawn(move || reader_thread(read_half, reader, reply_tx, event_tx, reader_closed))?;
         debug!(%peer, "connected to coordinator");
         Ok(Client {
             writer: Mutex::new(stream),
@@ -261,12 +277,20 @@ impl Client {
             events,
             reader: Some(reader),
             peer,
+            closed,
         })
     }
 
     /// The coordinator's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// Whether the connection has ended (the coordinator closed it, went
+    /// away, or sent bytes that are not frames). Replies and notices read
+    /// before the end can still be taken.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// Sends one message.

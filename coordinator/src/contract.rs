@@ -33,6 +33,12 @@ pub const ENV_TRANSPORT: &str = "DUCTILE_TRANSPORT";
 pub const ENV_LAUNCHER_PID: &str = "DUCTILE_LAUNCHER_PID";
 /// `tracing` filter directive for the process's logs (e.g. `info,ductile=debug`).
 pub const ENV_LOG: &str = "DUCTILE_LOG";
+/// Seconds a node keeps trying to rejoin its coordinator after the connection
+/// dropped (a coordinator restart), before it ends the job; `0` ends it at once.
+/// Default [`DEFAULT_COORDINATOR_RECONNECT`].
+pub const ENV_COORDINATOR_RECONNECT: &str = "DUCTILE_COORDINATOR_RECONNECT";
+/// How long a node tries to rejoin its coordinator when [`ENV_COORDINATOR_RECONNECT`] is unset.
+pub const DEFAULT_COORDINATOR_RECONNECT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Value of [`ENV_ROLE`] for a launch member.
 pub const ROLE_LAUNCH: &str = "launch";
@@ -126,6 +132,29 @@ pub fn parse_role(role: &str, launch_index: Option<&str>) -> Result<Role, Contra
     }
 }
 
+/// Parses a reconnect bound as found in [`ENV_COORDINATOR_RECONNECT`]:
+/// seconds, fractions allowed; unset or empty means the default.
+pub fn parse_reconnect(value: Option<&str>) -> Result<std::time::Duration, ContractError> {
+    let Some(text) = value.map(str::trim).filter(|t| !t.is_empty()) else {
+        return Ok(DEFAULT_COORDINATOR_RECONNECT);
+    };
+    let invalid = |reason: &str| ContractError::Invalid {
+        name: ENV_COORDINATOR_RECONNECT,
+        value: text.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| invalid("expected seconds, e.g. 30 or 0.5"))?;
+    std::time::Duration::try_from_secs_f64(secs)
+        .map_err(|_| invalid("expected a finite number of seconds, 0 or more"))
+}
+
+/// Reads the reconnect bound from [`ENV_COORDINATOR_RECONNECT`].
+pub fn reconnect_from_env() -> Result<std::time::Duration, ContractError> {
+    parse_reconnect(std::env::var(ENV_COORDINATOR_RECONNECT).ok().as_deref())
+}
+
 /// Reads the role from [`ENV_ROLE`] (and [`ENV_LAUNCH_INDEX`] for launch members).
 pub fn role_from_env() -> Result<Role, ContractError> {
     let role = std::env::var(ENV_ROLE).map_err(|_| ContractError::Missing(ENV_ROLE))?;
@@ -152,6 +181,32 @@ mod tests {
             parse_role("boss", None),
             Err(ContractError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn reconnect_bounds_parse() {
+        use std::time::Duration;
+        assert_eq!(
+            parse_reconnect(None).ok(),
+            Some(DEFAULT_COORDINATOR_RECONNECT)
+        );
+        assert_eq!(
+            parse_reconnect(Some(" ")).ok(),
+            Some(DEFAULT_COORDINATOR_RECONNECT)
+        );
+        assert_eq!(parse_reconnect(Some("0")).ok(), Some(Duration::ZERO));
+        assert_eq!(
+            parse_reconnect(Some("2.5")).ok(),
+            Some(Duration::from_millis(2500))
+        );
+        for bad in ["-1", "soon", "inf", "NaN"] {
+            let err = parse_reconnect(Some(bad)).expect_err(bad);
+            assert!(
+                err.to_string()
+                    .starts_with("DUCTILE_COORDINATOR_RECONNECT="),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

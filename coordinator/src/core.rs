@@ -937,14 +937,33 @@ impl Coordinator {
                 "no view yet: node 0 has not restored the coordinator".to_owned(),
             ));
         };
-        if epoch != view.epoch {
-            let message = format!(
-                "reattach refers to epoch {epoch} but the current epoch is {}",
-                view.epoch
+        let current = view.epoch;
+        let member = view.by_uid(uid).map(|m| m.node);
+        if member.is_none() && epoch < current {
+            // A member removed by a commit made while its connection was
+            // down (the coordinator restarted): it waits for its Die, so it
+            // gets it now, as it would have then.
+            info!(
+                uid,
+                epoch, current, "a member removed while away reattached; telling it to leave"
             );
+            if let Some(c) = self.conns.get_mut(&conn) {
+                c.peer = Peer::Departed;
+            }
+            Self::send(out, conn, ServerMsg::Die { epoch: current });
+            return Err((
+                ErrorCode::NotMember,
+                format!(
+                    "uid {uid} was removed after epoch {epoch}; the current epoch is {current}: Die sent"
+                ),
+            ));
+        }
+        if epoch != current {
+            let message =
+                format!("reattach refers to epoch {epoch} but the current epoch is {current}");
             return Err((ErrorCode::StaleEpoch, message));
         }
-        let Some(node) = view.by_uid(uid).map(|m| m.node) else {
+        let Some(node) = member else {
             return Err((
                 ErrorCode::NotMember,
                 format!("uid {uid} is not a member of view epoch {epoch}"),

@@ -263,3 +263,99 @@ pub fn run_with(
 pub fn run(cfg: ServerConfig, listen: SocketAddr, addr_file: Option<PathBuf>) -> Result<i32> {
     run_with(cfg, listen, addr_file.as_deref(), |_| {})
 }
+
+/// A coordinator served on a thread of its own, for tests and for programs
+/// that embed one: [`Background::abort`] stops it the way a crash would, so
+/// clients can be tested against a coordinator that goes away and comes back
+/// (in recovery mode, on the same address).
+#[derive(Debug)]
+pub struct Background {
+    addr: SocketAddr,
+    abort: Option<tokio::sync::oneshot::Sender<()>>,
+    done: std::sync::mpsc::Receiver<Result<i32>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    /// Binds `listen` (port 0 picks one) and serves `cfg` on a new thread.
+    pub fn start(cfg: ServerConfig, listen: SocketAddr) -> Result<Background> {
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel::<Result<SocketAddr>>();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let (abort, aborted) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("ductile-coordinator".to_owned())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = bound_tx.send(Err(e.into()));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let listener = match TcpListener::bind(listen).await {
+                        Ok(l) => l,
+                        Err(error) => {
+                            let _ = bound_tx.send(Err(ServerError::Bind {
+                                addr: listen,
+                                error,
+                            }));
+                            return;
+                        }
+                    };
+                    let _ = bound_tx.send(listener.local_addr().map_err(ServerError::Io));
+                    tokio::select! {
+                        result = serve(listener, cfg) => {
+                            let _ = done_tx.send(result);
+                        }
+                        _ = aborted => debug!("coordinator aborted"),
+                    }
+                });
+                // Dropping the runtime drops every connection task: the
+                // clients see their connections end, as after a crash.
+            })?;
+        let addr = bound_rx
+            .recv()
+            .map_err(|_| ServerError::Io(std::io::Error::other("coordinator thread ended")))??;
+        Ok(Background {
+            addr,
+            abort: Some(abort),
+            done,
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Waits up to `timeout` for the job to finish; `None` if it has not.
+    pub fn wait(&self, timeout: Duration) -> Option<Result<i32>> {
+        self.done.recv_timeout(timeout).ok()
+    }
+
+    /// Stops at once without a word to anyone, as a crash would, and waits
+    /// until every connection and the listener are closed.
+    pub fn abort(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if let Some(abort) = self.abort.take() {
+            let _ = abort.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

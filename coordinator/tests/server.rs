@@ -310,3 +310,81 @@ fn binary_prints_address_and_exits_with_the_job_code() {
     let status = rx.recv_timeout(T).expect("binary exits").expect("wait");
     assert_eq!(status.code(), Some(3));
 }
+
+/// Starts the binary with `args` (and the secret in its environment);
+/// returns the child and the address it printed.
+fn spawn_binary(secret: &Secret, args: &[&str]) -> (std::process::Child, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ductile-coordinator"))
+        .args(args)
+        .env("DUCTILE_SECRET", secret.to_hex())
+        .env_remove("DUCTILE_SECRET_FILE")
+        .env("DUCTILE_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("address line");
+    (child, line.trim().to_owned())
+}
+
+fn wait_exit(mut child: std::process::Child) -> std::process::ExitStatus {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    rx.recv_timeout(T).expect("binary exits").expect("wait")
+}
+
+/// The binary killed with SIGKILL while members are connected, then started
+/// again with `--recover` on the address it had: node 0 restores it, node 1
+/// reattaches (refused as not ready before that), and the job finishes with
+/// node 0's code.
+#[test]
+fn binary_killed_and_restarted_with_recover_on_the_same_address() {
+    let secret = Secret::generate();
+    let (mut first, addr) = spawn_binary(&secret, &["--expect", "2"]);
+    let server = Server {
+        addr: addr.clone(),
+        done: mpsc::channel().1,
+    };
+    let members = launch(&server, &secret, 2);
+    let view = match members[0].0.query_view(T).expect("view") {
+        (Some(view), _) => view,
+        other => panic!("no view: {other:?}"),
+    };
+    first.kill().expect("SIGKILL");
+    assert_eq!(
+        first.wait().expect("wait").code(),
+        None,
+        "killed by a signal"
+    );
+    for (c, _) in &members {
+        assert!(
+            matches!(c.recv_timeout(T), Err(ClientError::Disconnected)),
+            "the connection outlived the coordinator"
+        );
+    }
+    let (second, again) = spawn_binary(&secret, &["--recover", "--listen", &addr]);
+    assert_eq!(again, addr, "not the same address");
+    let c1 = Client::connect(&addr, &secret, T).expect("node 1 connects");
+    match c1.reattach(view.epoch, view.members[1].uid, T) {
+        Err(ClientError::Server {
+            code: ErrorCode::NotReady,
+            ..
+        }) => {}
+        other => panic!("reattach before Restore: {other:?}"),
+    }
+    let c0 = Client::connect(&addr, &secret, T).expect("node 0 connects");
+    assert_eq!(c0.restore(view.clone(), FP, T).expect("restore"), view);
+    assert_eq!(
+        c1.reattach(view.epoch, view.members[1].uid, T)
+            .expect("reattach"),
+        (1, view.clone())
+    );
+    assert_eq!(
+        barrier(vec![(c0, 0), (c1, 1)], view.epoch, &[5, 5]),
+        vec![5, 5]
+    );
+    assert_eq!(wait_exit(second).code(), Some(5));
+}

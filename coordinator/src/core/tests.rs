@@ -952,6 +952,33 @@ fn restore_after_restart() {
         to(&out, m1),
         vec![ServerMsg::ViewUpdate { view: next.clone() }]
     );
+    // Node 2, removed while away, reattaches in its old epoch: it is told
+    // to leave (the Die it missed), and its later disconnect is expected.
+    let m2 = h.auth();
+    let out = h.send(m2, &ClientMsg::Reattach { epoch: 5, uid: 30 });
+    assert_eq!(
+        to(&out, m2)[0],
+        ServerMsg::Die { epoch: 6 },
+        "Die comes before the refusal"
+    );
+    assert_eq!(
+        error_code(&out, m2).map(|e| e.0),
+        Some(ErrorCode::NotMember)
+    );
+    assert!(!closed(&out, m2));
+    let out = h.core.on_disconnect(m2, h.now);
+    assert!(
+        out.is_empty(),
+        "no MemberLost for a departed member: {out:?}"
+    );
+    // A uid never seen, in the current epoch, is simply not a member.
+    let stranger = h.auth();
+    let out = h.send(stranger, &ClientMsg::Reattach { epoch: 6, uid: 77 });
+    assert_eq!(to(&out, stranger).len(), 1, "no Die: {out:?}");
+    assert_eq!(
+        error_code(&out, stranger).map(|e| e.0),
+        Some(ErrorCode::NotMember)
+    );
     // And the barrier completes with the restored members.
     let (n2, _) = h.newcomer(41);
     h.send(m1, &ClientMsg::ShutdownReady { epoch: 6, code: 0 });
