@@ -8,12 +8,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ductile_coordinator::client::Client;
 use ductile_coordinator::control::{serve_connection, ControlReply, ControlRequest, JobStatus};
 use ductile_coordinator::secret::Secret;
 use tracing::{debug, warn};
 
+use crate::link::CoordinatorLink;
 use crate::node::NodeShared;
+
+/// How long the control endpoint waits to reach the coordinator.
+const COORDINATOR_WAIT: Duration = Duration::from_secs(10);
 
 /// Starts the control endpoint on `listen`; writes the bound address to
 /// `addr_file` (atomically) when given. Returns the bound address.
@@ -25,8 +28,9 @@ pub(crate) fn start(
     coordinator: &str,
 ) -> std::io::Result<SocketAddr> {
     // Its own coordinator connection: replies must not mix with the node's.
+    // It is dialled again when it ended (the coordinator restarted).
     let coordinator = Arc::new(
-        Client::connect(coordinator, &secret, Duration::from_secs(10))
+        CoordinatorLink::connect(coordinator, secret.clone(), COORDINATOR_WAIT)
             .map_err(|e| std::io::Error::other(format!("connecting to the coordinator: {e}")))?,
     );
     let listener = TcpListener::bind(listen)?;
@@ -45,7 +49,10 @@ pub(crate) fn start(
                 let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                 let result = serve_connection(stream, &secret, |req| match req {
                     ControlRequest::Status => status(&node, &coordinator, started),
-                    ControlRequest::Rescale(req) => crate::elastic::serve_request(&node, &coordinator, req.clone()),
+                    ControlRequest::Rescale(req) => match coordinator.live(COORDINATOR_WAIT) {
+                        Ok(client) => crate::elastic::serve_request(&node, &client, req.clone()),
+                        Err(e) => unreachable_coordinator(&coordinator, e),
+                    },
                     ControlRequest::Hello { .. } => ControlReply::Error { message: "already authenticated".into() },
                 });
                 match result {
@@ -58,11 +65,21 @@ pub(crate) fn start(
     Ok(bound)
 }
 
-fn status(node: &NodeShared, coordinator: &Client, started: Instant) -> ControlReply {
+fn unreachable_coordinator(link: &CoordinatorLink, e: impl std::fmt::Display) -> ControlReply {
+    ControlReply::Error {
+        message: format!("the coordinator at {} cannot be reached: {e}", link.addr()),
+    }
+}
+
+fn status(node: &NodeShared, coordinator: &CoordinatorLink, started: Instant) -> ControlReply {
     let Some(view) = node.view() else {
         return ControlReply::Error { message: "the job has no view yet".into() };
     };
-    let pending = match coordinator.query_view(Duration::from_secs(5)) {
+    let client = match coordinator.live(COORDINATOR_WAIT) {
+        Ok(client) => client,
+        Err(e) => return unreachable_coordinator(coordinator, e),
+    };
+    let pending = match client.query_view(Duration::from_secs(5)) {
         Ok((_, pending)) => pending,
         Err(e) => return ControlReply::Error { message: format!("the coordinator did not answer: {e}") },
     };

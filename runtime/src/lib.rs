@@ -25,6 +25,7 @@ mod control;
 pub mod ctx;
 pub mod elastic;
 pub mod lb;
+mod link;
 mod msg;
 pub mod node;
 pub mod options;

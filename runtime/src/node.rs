@@ -7,19 +7,25 @@
 //! could not start (bad environment, refused by the coordinator, registry
 //! errors); 3 when it stopped because a peer or the coordinator was lost;
 //! 101 when a PE panicked.
+//!
+//! A coordinator connection that drops while the job runs does not end the
+//! job at once: the node rejoins the coordinator at the same address (a
+//! restarted one, see [`crate::link`]) within `DUCTILE_COORDINATOR_RECONNECT`
+//! seconds, and only then gives up.
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use ductile_coordinator::client::{Admission, Client};
+use ductile_coordinator::client::{Admission, Client, ClientError};
 use ductile_coordinator::contract;
 use ductile_coordinator::proto::{NodeId, Registration, Role, ServerMsg, View};
 use tracing::{error, info, warn};
 
+use crate::link::{rejoin_as, CoordinatorLink, Rejoined};
 use crate::msg::{decode_frame, CollId};
 use crate::options::Options;
 use crate::pe::{Inbox, LoopExit, Pe, PeCommand};
@@ -413,6 +419,7 @@ fn run_member(
     } else {
         contract::role_from_env().unwrap_or_else(|e| fail_startup(e))
     };
+    let reconnect = contract::reconnect_from_env().unwrap_or_else(|e| fail_startup(e));
     let bind: IpAddr = env_var(contract::ENV_BIND)
         .map(|b| {
             b.parse()
@@ -467,18 +474,23 @@ fn run_member(
         fingerprint: node.registry.fingerprint(),
     };
     let admission = client
-        .register(registration, LAUNCH_TIMEOUT)
+        .register(registration.clone(), LAUNCH_TIMEOUT)
         .unwrap_or_else(|e| fail_startup(format!("the coordinator refused this node: {e}")));
-    let set_uid = |uid: u64| {
-        if let Some(t) = &tcp {
-            t.set_uid(uid);
-        }
-        node.uid.store(uid, Ordering::Relaxed);
+    let rejoiner = Arc::new(Rejoiner {
+        link: Arc::new(CoordinatorLink::new(coordinator, secret.clone(), client)),
+        node: node.clone(),
+        registration,
+        bound: reconnect,
+        tcp,
+    });
+    let set_uid = |uid: u64| rejoiner.set_uid(uid);
+    let admitted = match &admission {
+        Admission::Member { view, .. } => Some(view.clone()),
+        Admission::Waiting { .. } => None,
     };
-    let client = Arc::new(client);
     let watching = Arc::new(AtomicBool::new(true));
-    let watcher = watch_coordinator(client.clone(), node.clone(), watching.clone());
-    let mut driver = Driver::new(node.clone(), events, client.clone());
+    let watcher = watch_coordinator(rejoiner.clone(), watching.clone(), admitted);
+    let mut driver = Driver::new(node.clone(), events, rejoiner.link.clone());
     let (me, newcomer) = match admission {
         Admission::Member { node: me, view } => {
             set_uid(view.members[me as usize].uid);
@@ -551,14 +563,7 @@ fn run_member(
     match outcome {
         LoopExit::Exit(code) => {
             node.finished.store(true, Ordering::SeqCst);
-            let epoch = node.current_topology().epoch();
-            let code = match client.shutdown_barrier(epoch, code, SHUTDOWN_TIMEOUT) {
-                Ok(job_code) => job_code,
-                Err(e) => {
-                    error!("shutdown barrier failed: {e}");
-                    EXIT_ABORTED
-                }
-            };
+            let code = shutdown_barrier(&rejoiner, code);
             transport.shutdown();
             code
         }
@@ -571,20 +576,101 @@ fn run_member(
     }
 }
 
-/// Forwards the coordinator's notices to the node's driver; a lost
-/// coordinator ends the job. Stops after Die (the coordinator then closes
-/// the departed node's connection).
-fn watch_coordinator(
-    client: Arc<Client>,
+/// What a node needs to rejoin its coordinator after the connection
+/// dropped (see [`crate::link`]).
+struct Rejoiner {
+    link: Arc<CoordinatorLink>,
     node: Arc<NodeShared>,
+    /// This node's registration: a newcomer not admitted yet sends it again.
+    registration: Registration,
+    /// How long to keep trying (`DUCTILE_COORDINATOR_RECONNECT`); zero: not at all.
+    bound: Duration,
+    /// The TCP transport announces this node's uid when it dials.
+    tcp: Option<Arc<TcpTransport>>,
+}
+
+impl Rejoiner {
+    fn set_uid(&self, uid: u64) {
+        if let Some(t) = &self.tcp {
+            t.set_uid(uid);
+        }
+        self.node.uid.store(uid, Ordering::Relaxed);
+    }
+
+    /// Rejoins the coordinator as this node's role says, within the bound;
+    /// `admitted` is the view the node was admitted to (launch or
+    /// `Integrate`) in case it has not installed it yet, and `needed` says
+    /// whether the node still needs the coordinator.
+    fn rejoin(&self, admitted: Option<&View>, needed: impl Fn() -> bool) -> Result<Rejoined, String> {
+        let addr = self.link.addr();
+        if self.bound.is_zero() {
+            return Err(format!(
+                "{}=0: not trying to rejoin it",
+                contract::ENV_COORDINATOR_RECONNECT
+            ));
+        }
+        warn!(
+            "lost the coordinator connection; trying to rejoin the coordinator at {addr} for up to {:.1}s",
+            self.bound.as_secs_f64()
+        );
+        let started = Instant::now();
+        let node = &self.node;
+        let fingerprint = node.registry.fingerprint();
+        let rejoined = self.link.rejoin(started + self.bound, || {
+            if !needed() {
+                return None;
+            }
+            let uid = node.uid.load(Ordering::Relaxed);
+            rejoin_as(node.view(), admitted, uid, fingerprint, &self.registration)
+        })?;
+        match &rejoined {
+            Rejoined::Member { node: me, view } => warn!(
+                "rejoined the coordinator at {addr} as node {me} of epoch {} after {:.2}s",
+                view.epoch,
+                started.elapsed().as_secs_f64()
+            ),
+            Rejoined::Waiting { uid, .. } => {
+                // Endpoints dialled from now on announce the new uid. The
+                // speculative ones are kept as they are (admission reconciles
+                // them with the view it brings); to their peers they name the
+                // old uid, which a peer only uses to report a lost connection,
+                // and the coordinator's MemberLost reports that too.
+                self.set_uid(*uid);
+                warn!(
+                    "registered again with the coordinator at {addr} as a newcomer (uid {uid}) after {:.2}s; waiting for admission",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            Rejoined::Removed { epoch } => warn!(
+                "the coordinator at {addr} says this node was removed at epoch {epoch} while it was away"
+            ),
+        }
+        Ok(rejoined)
+    }
+}
+
+/// Forwards the coordinator's notices to the node's driver. When the
+/// connection drops while the job runs, rejoins the coordinator (a restarted
+/// one) and goes on with the new connection; the job ends only if that fails
+/// within the bound. Stops after Die (the coordinator then closes the
+/// departed node's connection).
+fn watch_coordinator(
+    rejoiner: Arc<Rejoiner>,
     watching: Arc<AtomicBool>,
+    mut admitted: Option<View>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("ductile-coord".into())
         .spawn(move || {
+            let node = rejoiner.node.clone();
+            let needed = || watching.load(Ordering::SeqCst) && !node.aborting();
             while watching.load(Ordering::SeqCst) {
+                let client = rejoiner.link.current();
                 match client.events().recv_timeout(Duration::from_millis(50)) {
                     Ok(msg) => {
+                        if let ServerMsg::Integrate { view, .. } = &msg {
+                            admitted = Some(view.clone());
+                        }
                         let die = matches!(msg, ServerMsg::Die { .. });
                         let _ = node.events.send(NodeEvent::Coordinator(msg));
                         if die {
@@ -593,15 +679,62 @@ fn watch_coordinator(
                     }
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                        if watching.load(Ordering::SeqCst) {
-                            node.abort("lost the coordinator connection; ending the job".into());
+                        if !needed() {
+                            return;
                         }
-                        return;
+                        match rejoiner.rejoin(admitted.as_ref(), needed) {
+                            Ok(Rejoined::Removed { epoch }) => {
+                                // The Die this departing node waits for.
+                                let die = ServerMsg::Die { epoch };
+                                let _ = node.events.send(NodeEvent::Coordinator(die));
+                                return;
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                if needed() {
+                                    node.abort(format!(
+                                        "lost the coordinator connection and could not rejoin it: {e}; ending the job"
+                                    ));
+                                }
+                                return;
+                            }
+                        }
                     }
                 }
             }
         })
         .expect("spawning the coordinator watcher")
+}
+
+/// Passes the shutdown barrier with this node's `code`; returns the job's.
+/// If the coordinator connection drops meanwhile (a restart), rejoins and
+/// enters the barrier again: a restarted coordinator knows nothing of it.
+fn shutdown_barrier(rejoiner: &Rejoiner, code: i32) -> i32 {
+    let deadline = Instant::now() + SHUTDOWN_TIMEOUT;
+    loop {
+        let epoch = rejoiner.node.current_topology().epoch();
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rejoiner.link.current().shutdown_barrier(epoch, code, left) {
+            Ok(job_code) => return job_code,
+            Err(ClientError::Disconnected | ClientError::Io(_)) if !left.is_zero() => {
+                match rejoiner.rejoin(None, || true) {
+                    Ok(Rejoined::Member { .. }) => {}
+                    Ok(other) => {
+                        error!("shutdown barrier failed: the restarted coordinator answered {other:?}");
+                        return EXIT_ABORTED;
+                    }
+                    Err(e) => {
+                        error!("shutdown barrier failed: lost the coordinator and could not rejoin it: {e}");
+                        return EXIT_ABORTED;
+                    }
+                }
+            }
+            Err(e) => {
+                error!("shutdown barrier failed: {e}");
+                return EXIT_ABORTED;
+            }
+        }
+    }
 }
 
 /// Starts one scheduler thread per local PE; the job's main chare starts on

@@ -24,12 +24,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use ductile_coordinator::client::{Client, ClientError};
+use ductile_coordinator::client::ClientError;
 use ductile_coordinator::control::{RescaleReport, StageTime};
 use ductile_coordinator::proto::{ErrorCode, NodeId, ServerMsg, View};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
+use crate::link::CoordinatorLink;
 use crate::node::NodeShared;
 use crate::msg::Envelope;
 use crate::pe::{LoopExit, PeCommand, Reentry};
@@ -219,7 +220,7 @@ pub(crate) struct Driver {
     node: Arc<NodeShared>,
     events: Receiver<NodeEvent>,
     commands: Vec<Sender<PeCommand>>,
-    client: Arc<Client>,
+    client: Arc<CoordinatorLink>,
     /// Control frames and PE events that arrived before they were awaited.
     early: VecDeque<NodeEvent>,
     exits: Vec<Option<LoopExit>>,
@@ -227,7 +228,7 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    pub(crate) fn new(node: Arc<NodeShared>, events: Receiver<NodeEvent>, client: Arc<Client>) -> Self {
+    pub(crate) fn new(node: Arc<NodeShared>, events: Receiver<NodeEvent>, client: Arc<CoordinatorLink>) -> Self {
         Driver {
             node,
             events,
@@ -538,6 +539,7 @@ impl Driver {
             let admit = if order.admit > 0 {
                 let pending = self
                     .client
+                    .settled(STEP_TIMEOUT)
                     .query_pending(order.epoch, STEP_TIMEOUT)
                     .map_err(|e| format!("asking the coordinator for newcomers: {e}"))?;
                 order.admit.min(pending.len() as u32)
@@ -546,6 +548,7 @@ impl Driver {
             };
             match self
                 .client
+                .settled(STEP_TIMEOUT)
                 .commit(order.epoch, order.remove.clone(), admit, STEP_TIMEOUT)
             {
                 Ok(view) => return Ok(view),
