@@ -200,6 +200,10 @@ pub struct RunArgs {
     /// with a nonzero code) exited.
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
     pub exit_grace: Duration,
+    /// How many times the coordinator may be restarted (on the same address,
+    /// in recovery mode) if it is lost while the job runs; 0: never.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub coordinator_restarts: u32,
     /// The program every node runs, and its arguments (after `--`).
     #[arg(
         required = true,
@@ -766,6 +770,7 @@ pub fn run(args: RunArgs) -> i32 {
     spec.launch_timeout = args.launch_timeout;
     spec.timeout = args.timeout;
     spec.exit_grace = args.exit_grace;
+    spec.coordinator_restarts = args.coordinator_restarts;
     match std::env::current_exe() {
         Ok(exe) => spec.coordinator_exe = exe,
         Err(err) => {
@@ -825,7 +830,23 @@ mod tests {
         assert_eq!(args.pes_per_node, 2);
         assert_eq!(args.timeout, Some(Duration::from_millis(1500)));
         assert_eq!(args.launch_timeout, Duration::from_secs(60));
+        assert_eq!(args.coordinator_restarts, 3, "the default");
         assert_eq!(args.command, ["prog", "--x", "-y"].map(OsString::from));
+        let cli = Cli::try_parse_from([
+            "ductile",
+            "run",
+            "-n",
+            "1",
+            "--coordinator-restarts",
+            "0",
+            "--",
+            "prog",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.coordinator_restarts, 0);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `launcher.pid` | `ductile run` | while the launcher runs; also the lock that keeps two launchers out |
 //! | `launcher.sock` | `ductile run` | while the job runs: its request channel ([`crate::local::channel`]) |
-//! | `coordinator.addr` | the coordinator | while the job runs |
+//! | `coordinator.addr` | the coordinator (again by each restarted one) | while the job runs |
 //! | `coordinator.log` | the coordinator's stdout and stderr | kept |
 //! | `control.addr` | node 0: its control endpoint's address | while the job runs |
 //! | `secret` | `ductile run`: the job secret (0600) | while the job runs |
@@ -348,6 +348,11 @@ pub struct JobState {
     /// "newcomer k" in the launcher's messages. Absent in older records.
     #[serde(default)]
     pub newcomers: Vec<NewcomerRecord>,
+    /// Attempts at restarting the coordinator after it was lost while the
+    /// job ran, in order; `coordinator` names the one running now. Absent
+    /// in older records.
+    #[serde(default)]
+    pub coordinator_restarts: Vec<CoordinatorRestartRecord>,
     /// The shape the job was launched with.
     pub shape: Shape,
     /// Transport name handed to the nodes.
@@ -371,6 +376,22 @@ pub struct CoordinatorRecord {
     pub pid: u32,
     /// The address it listens on, `host:port`.
     pub addr: String,
+}
+
+/// One attempt at restarting a job's coordinator (in recovery mode, on the
+/// same address).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorRestartRecord {
+    /// When the attempt was made, ms since the Unix epoch.
+    pub at_unix_ms: u64,
+    /// The pid of the coordinator that was lost.
+    pub previous_pid: u32,
+    /// How it ended (`was killed by signal 9 (SIGKILL)`).
+    pub previous_exit: String,
+    /// The new coordinator's pid, when the attempt succeeded.
+    pub pid: Option<u32>,
+    /// Why the attempt failed, when it did.
+    pub error: Option<String>,
 }
 
 /// One node process.
@@ -580,6 +601,13 @@ mod tests {
                 dropped: false,
                 exit: Some("exited with code 0".into()),
             }],
+            coordinator_restarts: vec![CoordinatorRestartRecord {
+                at_unix_ms: 8,
+                previous_pid: 2,
+                previous_exit: "was killed by signal 9 (SIGKILL)".into(),
+                pid: Some(9),
+                error: None,
+            }],
             shape: Shape {
                 nodes: 1,
                 pes_per_node: 2,
@@ -604,8 +632,11 @@ mod tests {
         // A record written before newcomers existed still reads, with none.
         let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
         old.as_object_mut().unwrap().remove("newcomers");
+        old.as_object_mut().unwrap().remove("coordinator_restarts");
         fs::write(tmp.path().join(JOB_FILE), old.to_string()).unwrap();
-        assert!(read_job_state(tmp.path()).unwrap().newcomers.is_empty());
+        let old = read_job_state(tmp.path()).unwrap();
+        assert!(old.newcomers.is_empty());
+        assert!(old.coordinator_restarts.is_empty());
     }
 
     #[test]

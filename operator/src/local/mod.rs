@@ -36,8 +36,8 @@ use nix::sys::signal::Signal;
 
 use crate::contract;
 use crate::state::{
-    unix_ms, CoordinatorRecord, JobResult, JobState, NewcomerRecord, NodeRecord, Outcome, Shape,
-    StateDir, StateError, JOB_STATE_FORMAT,
+    unix_ms, CoordinatorRecord, CoordinatorRestartRecord, JobResult, JobState, NewcomerRecord,
+    NodeRecord, Outcome, Shape, StateDir, StateError, JOB_STATE_FORMAT,
 };
 use channel::{Channel, Reply, Request};
 use process::{signal_group, signal_name, stop_all, Exit, Supervised, POLL_INTERVAL};
@@ -69,6 +69,13 @@ pub struct JobSpec {
     pub kill_grace: Duration,
     /// How long the coordinator may take to bind and write its address.
     pub coordinator_start_timeout: Duration,
+    /// How many times the coordinator may be restarted while the job runs
+    /// (attempts, successful or not); 0: a lost coordinator fails the job.
+    pub coordinator_restarts: u32,
+    /// How long a coordinator that exited with a code while the job ran
+    /// waits for a member to exit too (the shutdown barrier) before it is
+    /// restarted.
+    pub coordinator_settle: Duration,
     /// The program each node runs.
     pub program: OsString,
     /// Its arguments.
@@ -81,7 +88,8 @@ pub struct JobSpec {
 impl JobSpec {
     /// A spec with the documented defaults: job `default`, tcp on 127.0.0.1,
     /// 60 s launch timeout, no wall-clock limit, 10 s exit grace, 3 s kill
-    /// grace, and this executable as the coordinator.
+    /// grace, this executable as the coordinator, restarted at most 3 times
+    /// (2 s settle period).
     pub fn new(
         program: impl Into<OsString>,
         args: Vec<OsString>,
@@ -101,6 +109,8 @@ impl JobSpec {
             exit_grace: Duration::from_secs(10),
             kill_grace: Duration::from_secs(3),
             coordinator_start_timeout: Duration::from_secs(10),
+            coordinator_restarts: 3,
+            coordinator_settle: Duration::from_secs(2),
             program: program.into(),
             args,
             coordinator_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("ductile")),
@@ -211,6 +221,11 @@ impl StopRequest {
     pub fn request(&self, signal: i32) {
         self.0
             .store(usize::try_from(signal).unwrap_or(15), Ordering::SeqCst);
+    }
+
+    /// Whether a stop was requested and not taken yet.
+    fn pending(&self) -> bool {
+        self.0.load(Ordering::SeqCst) != 0
     }
 
     /// Takes the pending request, if any.
@@ -458,6 +473,7 @@ pub fn launch(
         coordinator: None,
         nodes: Vec::new(),
         newcomers: Vec::new(),
+        coordinator_restarts: Vec::new(),
         shape: Shape {
             nodes: spec.nodes,
             pes_per_node: spec.pes_per_node,
@@ -618,46 +634,9 @@ fn start_processes(
     let secret_hex = secret.to_hex();
     dir.write_secret(&secret_hex)?;
 
-    // The coordinator: this binary's `coordinator` subcommand, its output in
-    // the state directory, the secret in its environment only.
     let log_path = dir.coordinator_log();
-    let log = File::create(&log_path).map_err(|source| StateError::Io {
-        what: "cannot create",
-        path: log_path.clone(),
-        source,
-    })?;
-    let log_err = log.try_clone().map_err(|source| StateError::Io {
-        what: "cannot open",
-        path: log_path.clone(),
-        source,
-    })?;
     let addr_file = dir.addr_file();
-    let launch_timeout_s = spec.launch_timeout.as_secs_f64().ceil().max(1.0) as u64;
-    let child = Command::new(&spec.coordinator_exe)
-        .arg("coordinator")
-        .arg("--listen")
-        .arg(SocketAddr::new(spec.bind, 0).to_string())
-        .arg("--expect")
-        .arg(spec.nodes.to_string())
-        .arg("--addr-file")
-        .arg(&addr_file)
-        .arg("--secret-env")
-        .arg(contract::ENV_SECRET)
-        .arg("--launch-timeout")
-        .arg(launch_timeout_s.to_string())
-        .env(contract::ENV_SECRET, &secret_hex)
-        .env_remove(contract::ENV_SECRET_FILE)
-        // Its log is a file: no terminal colour codes in it.
-        .env("NO_COLOR", "1")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        .process_group(0)
-        .spawn()
-        .map_err(|source| LaunchError::CoordinatorSpawn {
-            exe: spec.coordinator_exe.clone(),
-            source,
-        })?;
+    let child = spawn_coordinator(spec, dir, &secret_hex, CoordinatorMode::Launch)?;
     let coordinator_pid = child.id();
     fleet.coordinator = Some(Supervised::new("the coordinator", child));
     tracing::info!(pid = coordinator_pid, "coordinator started");
@@ -703,6 +682,188 @@ fn start_processes(
     dir.write_job(state)?;
     tracing::debug!(elapsed = ?t0.elapsed(), "all processes started");
     Ok((secret, env))
+}
+
+/// How a coordinator starts.
+#[derive(Debug, Clone, Copy)]
+enum CoordinatorMode {
+    /// For the launch: on a port of its choosing, waiting for the nodes.
+    Launch,
+    /// After the job's coordinator was lost: on the address the nodes know,
+    /// waiting for node 0 to restore it (`--recover`).
+    Recover(SocketAddr),
+}
+
+/// Starts the coordinator: this binary's `coordinator` subcommand, its output
+/// in the state directory's log (appended to by a restarted one), the secret
+/// in its environment only, in its own process group.
+fn spawn_coordinator(
+    spec: &JobSpec,
+    dir: &StateDir,
+    secret_hex: &str,
+    mode: CoordinatorMode,
+) -> Result<std::process::Child, LaunchError> {
+    let log_path = dir.coordinator_log();
+    let log = match mode {
+        CoordinatorMode::Launch => File::create(&log_path),
+        CoordinatorMode::Recover(_) => File::options().append(true).create(true).open(&log_path),
+    }
+    .map_err(|source| StateError::Io {
+        what: "cannot create",
+        path: log_path.clone(),
+        source,
+    })?;
+    let log_err = log.try_clone().map_err(|source| StateError::Io {
+        what: "cannot open",
+        path: log_path.clone(),
+        source,
+    })?;
+    let launch_timeout_s = spec.launch_timeout.as_secs_f64().ceil().max(1.0) as u64;
+    let mut cmd = Command::new(&spec.coordinator_exe);
+    cmd.arg("coordinator");
+    match mode {
+        CoordinatorMode::Launch => cmd
+            .arg("--listen")
+            .arg(SocketAddr::new(spec.bind, 0).to_string())
+            .arg("--expect")
+            .arg(spec.nodes.to_string()),
+        CoordinatorMode::Recover(addr) => {
+            cmd.arg("--listen").arg(addr.to_string()).arg("--recover")
+        }
+    };
+    cmd.arg("--addr-file")
+        .arg(dir.addr_file())
+        .arg("--secret-env")
+        .arg(contract::ENV_SECRET)
+        // For a restarted one: how long it waits for node 0's Restore.
+        .arg("--launch-timeout")
+        .arg(launch_timeout_s.to_string())
+        .env(contract::ENV_SECRET, secret_hex)
+        .env_remove(contract::ENV_SECRET_FILE)
+        // Its log is a file: no terminal colour codes in it.
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .process_group(0)
+        .spawn()
+        .map_err(|source| LaunchError::CoordinatorSpawn {
+            exe: spec.coordinator_exe.clone(),
+            source,
+        })
+}
+
+/// Starts a new coordinator for the running job after the last one was
+/// lost: in recovery mode, on the address the nodes know (bound explicitly),
+/// with the job's secret, and waits (bounded by the coordinator start
+/// timeout) until it listens. On failure nothing of it is left running.
+fn restart_coordinator(
+    job: &RunningJob<'_>,
+    addr: &str,
+    stop: &StopRequest,
+) -> Result<Supervised, String> {
+    let listen: SocketAddr = addr.parse().map_err(|err| {
+        format!("the job's coordinator address {addr:?} is not an address: {err}")
+    })?;
+    let addr_file = job.dir.addr_file();
+    // A fresh address file says the new coordinator listens.
+    let _ = std::fs::remove_file(&addr_file);
+    let child = spawn_coordinator(
+        job.spec,
+        job.dir,
+        &job.env.secret_hex,
+        CoordinatorMode::Recover(listen),
+    )
+    .map_err(|err| err.to_string())?;
+    let mut coordinator = Supervised::new("the coordinator", child);
+    let deadline = Instant::now() + job.spec.coordinator_start_timeout;
+    let failure = loop {
+        let listening = std::fs::read_to_string(&addr_file)
+            .ok()
+            .and_then(|text| text.trim().parse::<SocketAddr>().ok());
+        if listening.is_some() {
+            return Ok(coordinator);
+        }
+        if let Some(exit) = coordinator.poll() {
+            let last = tail_of(&job.dir.coordinator_log(), 1);
+            break format!("it {exit} before listening on {addr} ({})", last.trim());
+        }
+        if stop.pending() {
+            break "the launcher was told to stop".to_owned();
+        }
+        if Instant::now() >= deadline {
+            break format!(
+                "it did not listen on {addr} within {:.1}s",
+                job.spec.coordinator_start_timeout.as_secs_f64()
+            );
+        }
+        thread::sleep(POLL_INTERVAL);
+    };
+    stop_all(
+        &mut [&mut coordinator],
+        Signal::SIGKILL,
+        Duration::ZERO,
+        || true,
+    );
+    Err(failure)
+}
+
+/// Restarts the lost coordinator (attempt `attempt` of the job), tells the
+/// user, records the attempt in the job record, and reports it to the
+/// supervisor.
+fn restart_lost_coordinator(
+    job: &RunningJob<'_>,
+    attempt: u32,
+    fleet: &mut Fleet,
+    sup: &mut Supervisor,
+    state: &mut JobState,
+    stop: &StopRequest,
+    say: &mut dyn FnMut(&str),
+) {
+    let addr = state
+        .coordinator
+        .as_ref()
+        .map(|c| c.addr.clone())
+        .unwrap_or_default();
+    let (previous_pid, previous_exit) = fleet
+        .coordinator
+        .as_ref()
+        .map(|c| (c.pid(), c.exit.map(|e| e.to_string()).unwrap_or_default()))
+        .unwrap_or_default();
+    say(&format!(
+        "the coordinator (pid {previous_pid}) {previous_exit} while the job was running; restarting it on {addr} (attempt {attempt} of at most {})",
+        job.spec.coordinator_restarts
+    ));
+    let at_unix_ms = unix_ms(SystemTime::now());
+    let mut record = CoordinatorRestartRecord {
+        at_unix_ms,
+        previous_pid,
+        previous_exit,
+        pid: None,
+        error: None,
+    };
+    let reported = match restart_coordinator(job, &addr, stop) {
+        Ok(coordinator) => {
+            let pid = coordinator.pid();
+            tracing::info!(pid, %addr, "coordinator restarted");
+            say(&format!(
+                "the coordinator is back (pid {pid}) on {addr}; the nodes rejoin it and the job goes on"
+            ));
+            fleet.coordinator = Some(coordinator);
+            if let Some(c) = state.coordinator.as_mut() {
+                c.pid = pid;
+            }
+            record.pid = Some(pid);
+            Ok(pid)
+        }
+        Err(why) => {
+            say(&format!("the coordinator could not be restarted: {why}"));
+            record.error = Some(why.clone());
+            Err(why)
+        }
+    };
+    state.coordinator_restarts.push(record);
+    sup.coordinator_restart(reported, job.t0.elapsed());
 }
 
 /// Waits (bounded) for the coordinator to write its address.
@@ -773,6 +934,8 @@ fn supervise(
         exit_grace: spec.exit_grace,
         timeout: spec.timeout,
         launch_timeout: Some(spec.launch_timeout),
+        coordinator_restarts: spec.coordinator_restarts,
+        coordinator_settle: spec.coordinator_settle,
     };
     let mut sup = Supervisor::new(&node_pids, coordinator_pid, limits);
     let probe_done = Arc::new(AtomicBool::new(false));
@@ -801,6 +964,13 @@ fn supervise(
     let end = loop {
         let now = t0.elapsed();
         let mut record_changed = false;
+        // Node 0 publishes its control endpoint only once the launch is
+        // complete: proof that the job started, even if the coordinator is
+        // lost before the probe has seen a view (it would not be restarted).
+        if !sup.started() && dir.control_file().exists() {
+            tracing::info!(elapsed = ?t0.elapsed(), "job started (node 0's control endpoint is up)");
+            sup.job_started();
+        }
         // The coordinator first: when it and the nodes end together, its exit
         // explains theirs.
         if let Some(exit) = fleet.coordinator.as_mut().and_then(Supervised::poll) {
@@ -862,6 +1032,10 @@ fn supervise(
             };
             request.answer(reply);
         }
+        if let Some(attempt) = sup.coordinator_restart_due(t0.elapsed()) {
+            restart_lost_coordinator(job, attempt, fleet, &mut sup, state, stop, say);
+            record_changed = true;
+        }
         if record_changed {
             if let Err(err) = dir.write_job(state) {
                 tracing::warn!(%err, "cannot update the job record");
@@ -886,7 +1060,9 @@ fn supervise(
     if matches!(
         end,
         JobEnd::Failed(
-            supervise::Failure::Coordinator { .. } | supervise::Failure::NotStarted { .. }
+            supervise::Failure::Coordinator { .. }
+                | supervise::Failure::CoordinatorNotRestarted { .. }
+                | supervise::Failure::NotStarted { .. }
         )
     ) {
         let tail = tail_of(&dir.coordinator_log(), 20);

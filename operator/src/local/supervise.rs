@@ -20,9 +20,20 @@
 //!   departing in a rescale. Node 0's exit, any nonzero exit and the
 //!   coordinator's exit begin the *finish*: the remaining members must exit
 //!   within the grace period, or the job is failed naming the first to go.
-//! - The coordinator ending by a signal, or after its launch timeout without
-//!   the job having started, is a failure. Before the launch timeout it only
-//!   exits after the shutdown barrier, so its exit shows the job did start.
+//! - The coordinator ending after its launch timeout without the job having
+//!   started, or by a signal before the start, is a failure. Before the
+//!   launch timeout it only exits after the shutdown barrier, so its exit
+//!   shows the job did start.
+//! - Once the job started, the coordinator can be restarted: its nodes rejoin
+//!   a new one on the same address (node 0 restores it with its view). While
+//!   the job runs (its finish has not begun) a coordinator killed by a signal
+//!   is restarted at once; one that exits with a code is restarted unless a
+//!   member exits within the settle period (then it was the shutdown barrier
+//!   ending, and its exit begins the finish as before). At most
+//!   [`Limits::coordinator_restarts`] attempts per job, successful or not,
+//!   [`RESTART_BACKOFF`] apart; a coordinator that is down with none left
+//!   fails the job. Once the finish has begun it is not restarted: a killed
+//!   one fails the job, an exit is part of the finish.
 //! - A newcomer (a node started while the job runs, waiting for a rescale to
 //!   admit it) that ends before it was admitted is dropped, whatever its exit:
 //!   the job never counted on it. Once the coordinator's view shows it as a
@@ -54,7 +65,17 @@ pub struct Limits {
     /// The coordinator's launch timeout; the launcher's own backstop fires
     /// this long plus `exit_grace` after launch if the job has not started.
     pub launch_timeout: Option<Duration>,
+    /// How many times the coordinator may be restarted while the job runs
+    /// (every attempt counts, successful or not); 0: never.
+    pub coordinator_restarts: u32,
+    /// How long a coordinator that exited with a code while the job ran
+    /// waits for a member to exit too (the shutdown barrier ended) before
+    /// it is taken for lost and restarted.
+    pub coordinator_settle: Duration,
 }
+
+/// Pause between two attempts at restarting the coordinator.
+pub const RESTART_BACKOFF: Duration = Duration::from_millis(500);
 
 /// Which process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +173,15 @@ pub enum Failure {
         /// Nodes that had already exited before it (index, exit), as a hint.
         exited_nodes: Vec<(usize, Exit)>,
     },
+    /// The coordinator went away while the job ran and was not restarted.
+    CoordinatorNotRestarted {
+        /// How it ended.
+        exit: Exit,
+        /// When, since launch.
+        at: Duration,
+        /// Why not.
+        why: NotRestarted,
+    },
     /// The job did not start within the launch timeout (the launcher's backstop).
     NotStarted {
         /// The launch timeout.
@@ -161,6 +191,23 @@ pub enum Failure {
     Disagreement {
         /// Members that disagree (who, code).
         disagreeing: Vec<(Who, i32)>,
+    },
+}
+
+/// Why a lost coordinator was not restarted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotRestarted {
+    /// The job used up its restarts before this loss.
+    NoneLeft {
+        /// Restarts the job had (all allowed).
+        restarts: u32,
+    },
+    /// Every attempt left failed.
+    Failed {
+        /// Attempts made for this loss.
+        attempts: u32,
+        /// Why the last one failed.
+        last: String,
     },
 }
 
@@ -271,6 +318,23 @@ impl fmt::Display for Failure {
                 }
                 Ok(())
             }
+            Failure::CoordinatorNotRestarted { exit, at, why } => {
+                write!(
+                    f,
+                    "the coordinator {exit} at {} while the job was running and was not restarted: ",
+                    secs(*at)
+                )?;
+                match why {
+                    NotRestarted::NoneLeft { restarts } => {
+                        let s = if *restarts == 1 { "" } else { "s" };
+                        write!(f, "it had been restarted {restarts} time{s} already, the most allowed")
+                    }
+                    NotRestarted::Failed { attempts, last } => {
+                        let s = if *attempts == 1 { "" } else { "s" };
+                        write!(f, "{attempts} attempt{s} failed, the last: {last}")
+                    }
+                }
+            }
             Failure::NotStarted { launch_timeout } => write!(
                 f,
                 "the job did not start within the launch timeout ({}): not every node registered",
@@ -335,6 +399,19 @@ struct NewcomerSlot {
     missed_commit: bool,
 }
 
+/// A coordinator lost while the job runs, to be restarted.
+#[derive(Debug, Clone)]
+struct Down {
+    /// How it ended, and when.
+    exit: Exit,
+    at: Duration,
+    /// When the next attempt is due.
+    due: Duration,
+    /// Attempts made for this loss (all failed so far), and the last error.
+    attempts: u32,
+    last_error: Option<String>,
+}
+
 /// The state machine. See the module docs for the rules.
 #[derive(Debug, Clone)]
 pub struct Supervisor {
@@ -351,6 +428,10 @@ pub struct Supervisor {
     dropped: Vec<Dropped>,
     /// The epoch of the latest view seen.
     epoch: Option<Epoch>,
+    /// The coordinator, lost while the job runs, waiting to be restarted.
+    down: Option<Down>,
+    /// Restart attempts so far in the job.
+    restart_attempts: u32,
 }
 
 impl Supervisor {
@@ -374,6 +455,8 @@ impl Supervisor {
             end: None,
             dropped: Vec::new(),
             epoch: None,
+            down: None,
+            restart_attempts: 0,
         }
     }
 
@@ -383,7 +466,8 @@ impl Supervisor {
     }
 
     /// The job passed the coordinator's start barrier (the coordinator showed
-    /// a view). Node exits seen before this are judged now, in time order.
+    /// a view, or node 0, which waits for it, published its control
+    /// endpoint). Node exits seen before this are judged now, in time order.
     pub fn job_started(&mut self) {
         if self.started {
             return;
@@ -555,6 +639,7 @@ impl Supervisor {
         if self.end.is_some() {
             return;
         }
+        self.settle_coordinator();
         if let Exit::Signal { .. } = exit {
             self.end = Some(JobEnd::Failed(Failure::NodeKilled { who, pid, exit, at }));
             return;
@@ -563,6 +648,7 @@ impl Supervisor {
     }
 
     fn judge_exit_after_start(&mut self, who: Who, exit: Exit, at: Duration) {
+        self.settle_coordinator();
         let departing = who != Who::Node(0) && exit == Exit::Code(0);
         if !departing && self.finish.is_none() {
             self.finish = Some((who, at));
@@ -579,6 +665,17 @@ impl Supervisor {
             .filter_map(|(i, s)| s.exit.map(|(e, at)| (i, s.pid, e, at)))
             .filter(|&(_, _, _, at)| when(at))
             .min_by_key(|&(i, _, _, at)| (at, i))
+    }
+
+    /// A member exited while the coordinator, gone with an exit code, has
+    /// not been restarted yet: it was the shutdown barrier ending, and the
+    /// coordinator's exit begins the finish.
+    fn settle_coordinator(&mut self) {
+        let Some(down) = &self.down else { return };
+        if down.attempts == 0 && down.exit.code().is_some() && self.finish.is_none() {
+            self.finish = Some((Who::Coordinator, down.at));
+            self.down = None;
+        }
     }
 
     /// The coordinator ended at `now`.
@@ -598,6 +695,35 @@ impl Supervisor {
         if !self.started && !killed && !launch_over {
             self.job_started();
         }
+        let running = self.started && self.finish.is_none();
+        if running && self.limits.coordinator_restarts > 0 {
+            if self.restart_attempts < self.limits.coordinator_restarts {
+                let due = if killed {
+                    now
+                } else {
+                    now + self.limits.coordinator_settle
+                };
+                self.down = Some(Down {
+                    exit,
+                    at: now,
+                    due,
+                    attempts: 0,
+                    last_error: None,
+                });
+                return;
+            }
+            if killed {
+                let why = NotRestarted::NoneLeft {
+                    restarts: self.restart_attempts,
+                };
+                self.end = Some(JobEnd::Failed(Failure::CoordinatorNotRestarted {
+                    exit,
+                    at: now,
+                    why,
+                }));
+                return;
+            }
+        }
         if killed || !self.started {
             let exited_nodes = self
                 .nodes
@@ -616,6 +742,44 @@ impl Supervisor {
         if self.finish.is_none() {
             self.finish = Some((Who::Coordinator, now));
         }
+    }
+
+    /// Whether the driver should start a new coordinator now (in recovery
+    /// mode, on the same address, with the same secret): the attempt's
+    /// number in the job, from 1.
+    pub fn coordinator_restart_due(&self, now: Duration) -> Option<u32> {
+        let down = self.down.as_ref()?;
+        let due = self.end.is_none()
+            && self.interrupted.is_none()
+            && self.finish.is_none()
+            && now >= down.due
+            && self.restart_attempts < self.limits.coordinator_restarts;
+        due.then_some(self.restart_attempts + 1)
+    }
+
+    /// The driver tried to restart the coordinator at `now`: `Ok(pid)` of
+    /// the new one, listening; or why it failed.
+    pub fn coordinator_restart(&mut self, outcome: Result<u32, String>, now: Duration) {
+        let Some(down) = self.down.as_mut() else {
+            return;
+        };
+        self.restart_attempts += 1;
+        match outcome {
+            Ok(pid) => {
+                self.coordinator = Slot { pid, exit: None };
+                self.down = None;
+            }
+            Err(error) => {
+                down.attempts += 1;
+                down.last_error = Some(error);
+                down.due = now + RESTART_BACKOFF;
+            }
+        }
+    }
+
+    /// Restart attempts so far in the job.
+    pub fn coordinator_restarts(&self) -> u32 {
+        self.restart_attempts
     }
 
     /// The launcher received `signal`.
@@ -674,6 +838,19 @@ impl Supervisor {
     fn judge(&self, now: Duration) -> Option<JobEnd> {
         if let Some(signal) = self.interrupted {
             return Some(JobEnd::Interrupted { signal });
+        }
+        if let Some(down) = &self.down {
+            let none_left = self.restart_attempts >= self.limits.coordinator_restarts;
+            if self.finish.is_none() && none_left && down.attempts > 0 {
+                return Some(JobEnd::Failed(Failure::CoordinatorNotRestarted {
+                    exit: down.exit,
+                    at: down.at,
+                    why: NotRestarted::Failed {
+                        attempts: down.attempts,
+                        last: down.last_error.clone().unwrap_or_default(),
+                    },
+                }));
+            }
         }
         if let Some((first, since)) = self.finish {
             let running = self.running();
@@ -763,6 +940,9 @@ mod tests {
         Duration::from_secs_f64(secs)
     }
 
+    /// A supervisor of `n` nodes (pids 100, 101, ...) and a coordinator
+    /// (pid 99) that is never restarted: the rules other than the
+    /// coordinator's restarts.
     fn sup(n: usize) -> Supervisor {
         let pids: Vec<u32> = (0..n as u32).map(|i| 100 + i).collect();
         Supervisor::new(
@@ -772,9 +952,13 @@ mod tests {
                 exit_grace: GRACE,
                 timeout: None,
                 launch_timeout: None,
+                coordinator_restarts: 0,
+                coordinator_settle: SETTLE,
             },
         )
     }
+
+    const SETTLE: Duration = Duration::from_secs(2);
 
     const KILL: Exit = Exit::Signal {
         signal: 9,
@@ -854,6 +1038,8 @@ mod tests {
                 exit_grace: GRACE,
                 timeout: None,
                 launch_timeout: Some(s(launch_timeout)),
+                coordinator_restarts: 0,
+                coordinator_settle: SETTLE,
             },
         )
     }
@@ -1001,7 +1187,7 @@ mod tests {
     }
 
     #[test]
-    fn the_coordinator_exiting_after_the_start_begins_the_finish() {
+    fn without_restarts_the_coordinator_exiting_after_the_start_begins_the_finish() {
         let mut sup = sup(2);
         sup.job_started();
         sup.coordinator_exited(Exit::Code(0), s(1.0));
@@ -1054,7 +1240,7 @@ mod tests {
     }
 
     #[test]
-    fn a_killed_coordinator_fails_the_job() {
+    fn without_restarts_a_killed_coordinator_fails_the_job() {
         let mut sup = sup(2);
         sup.job_started();
         sup.coordinator_exited(KILL, s(2.0));
@@ -1084,6 +1270,8 @@ mod tests {
                 exit_grace: GRACE,
                 timeout: Some(s(5.0)),
                 launch_timeout: None,
+                coordinator_restarts: 0,
+                coordinator_settle: SETTLE,
             },
         );
         sup.job_started();
@@ -1134,6 +1322,7 @@ mod tests {
     enum Want {
         Running,
         Completed(i32),
+        Interrupted(i32),
         /// A failure whose message starts like this.
         Failed(&'static str),
     }
@@ -1399,6 +1588,227 @@ mod tests {
         assert_eq!(
             sup.accepts_newcomers(),
             Err("the launcher received SIGTERM and is stopping the job".to_owned())
+        );
+    }
+
+    /// What happens to a job of two launch nodes (pids 100, 101) whose
+    /// coordinator (pid 99) may be restarted twice, with a 2 s settle period.
+    #[derive(Clone, Copy, Debug)]
+    enum Coord {
+        /// The coordinator shows the launch view, asked at 0.5 s.
+        Start,
+        /// The coordinator ends.
+        Gone(Exit, f64),
+        /// The driver's restart attempt: the new pid, or why it failed.
+        Restart(Result<u32, &'static str>, f64),
+        /// Launch node i ends.
+        Node(usize, Exit, f64),
+        /// The launcher gets this signal.
+        Interrupt(i32),
+    }
+
+    /// A scenario: its name, its steps, when to look, the verdict wanted
+    /// then, and the restart attempt due then (its number), if any.
+    type CoordCase = (&'static str, &'static [Coord], f64, Want, Option<u32>);
+
+    #[test]
+    fn coordinator_rules() {
+        use Coord::*;
+        const OK: Exit = Exit::Code(0);
+        let table: &[CoordCase] = &[
+            (
+                "a coordinator killed while the job runs is restarted at once",
+                &[Start, Gone(KILL, 2.0)],
+                2.0,
+                Want::Running,
+                Some(1),
+            ),
+            (
+                "restarted, the job goes on and completes",
+                &[Start, Gone(KILL, 2.0), Restart(Ok(98), 2.1), Node(0, OK, 5.0), Node(1, OK, 5.0)],
+                5.0,
+                Want::Completed(0),
+                None,
+            ),
+            (
+                "one exiting with a code waits the settle period...",
+                &[Start, Gone(Exit::Code(101), 2.0)],
+                3.9,
+                Want::Running,
+                None,
+            ),
+            (
+                "...then it is restarted",
+                &[Start, Gone(Exit::Code(101), 2.0)],
+                4.0,
+                Want::Running,
+                Some(1),
+            ),
+            (
+                "members exiting within the settle period: the shutdown barrier ended",
+                &[Start, Gone(Exit::Code(7), 2.0), Node(0, Exit::Code(7), 2.1), Node(1, Exit::Code(7), 2.1)],
+                2.1,
+                Want::Completed(7),
+                None,
+            ),
+            (
+                "that finish still waits for every member",
+                &[Start, Gone(OK, 2.0), Node(0, OK, 2.1)],
+                12.0,
+                Want::Failed("the coordinator (pid 99) exited with code 0 at 2.0s, but node 1 kept running for 10.0s more"),
+                None,
+            ),
+            (
+                "a failed attempt is tried again after the backoff...",
+                &[Start, Gone(KILL, 2.0), Restart(Err("address in use"), 2.0)],
+                2.4,
+                Want::Running,
+                None,
+            ),
+            (
+                "...as the second attempt",
+                &[Start, Gone(KILL, 2.0), Restart(Err("address in use"), 2.0)],
+                2.5,
+                Want::Running,
+                Some(2),
+            ),
+            (
+                "every attempt failed: the job fails with the last error",
+                &[Start, Gone(KILL, 2.0), Restart(Err("no address"), 2.0), Restart(Err("address in use"), 2.5)],
+                2.5,
+                Want::Failed("the coordinator was killed by signal 9 (SIGKILL) at 2.0s while the job was running and was not restarted: 2 attempts failed, the last: address in use; stopping the job"),
+                None,
+            ),
+            (
+                "a restarted coordinator killed again is restarted again",
+                &[Start, Gone(KILL, 2.0), Restart(Ok(98), 2.1), Gone(KILL, 3.0)],
+                3.0,
+                Want::Running,
+                Some(2),
+            ),
+            (
+                "restarts used up: the next kill fails the job",
+                &[Start, Gone(KILL, 2.0), Restart(Ok(98), 2.1), Gone(KILL, 3.0), Restart(Ok(97), 3.1), Gone(KILL, 4.0)],
+                4.0,
+                Want::Failed("the coordinator was killed by signal 9 (SIGKILL) at 4.0s while the job was running and was not restarted: it had been restarted 2 times already, the most allowed"),
+                None,
+            ),
+            (
+                "restarts used up: an exit begins the finish, naming the latest coordinator",
+                &[Start, Gone(KILL, 2.0), Restart(Ok(98), 2.1), Gone(KILL, 3.0), Restart(Ok(97), 3.1), Gone(OK, 4.0)],
+                14.0,
+                Want::Failed("the coordinator (pid 97) exited with code 0 at 4.0s, but nodes 0, 1 kept running"),
+                None,
+            ),
+            (
+                "never restarted before the start",
+                &[Gone(KILL, 2.0)],
+                2.0,
+                Want::Failed("the coordinator was killed by signal 9 (SIGKILL) at 2.0s before the job started"),
+                None,
+            ),
+            (
+                "never restarted once the finish has begun",
+                &[Start, Node(0, OK, 2.0), Gone(KILL, 2.1)],
+                2.1,
+                Want::Failed("the coordinator was killed by signal 9 (SIGKILL) at 2.1s while the job was running"),
+                None,
+            ),
+            (
+                "a finish that begins while it is down stops the restarts",
+                &[Start, Gone(KILL, 2.0), Restart(Err("address in use"), 2.0), Node(1, Exit::Code(3), 2.2)],
+                2.5,
+                Want::Running,
+                None,
+            ),
+            (
+                "an interrupt stops the restarts",
+                &[Start, Gone(KILL, 2.0), Interrupt(15)],
+                2.0,
+                Want::Interrupted(15),
+                None,
+            ),
+        ];
+        for (name, steps, at, want, due) in table {
+            let mut sup = Supervisor::new(
+                &[100, 101],
+                99,
+                Limits {
+                    exit_grace: GRACE,
+                    timeout: None,
+                    launch_timeout: Some(s(60.0)),
+                    coordinator_restarts: 2,
+                    coordinator_settle: SETTLE,
+                },
+            );
+            for step in *steps {
+                match *step {
+                    Start => sup.members_seen(s(0.5), 1, LAUNCH),
+                    Gone(exit, at) => sup.coordinator_exited(exit, s(at)),
+                    Restart(outcome, at) => {
+                        assert!(
+                            sup.coordinator_restart_due(s(at)).is_some(),
+                            "{name}: restarting at {at} when none is due"
+                        );
+                        sup.coordinator_restart(outcome.map_err(str::to_owned), s(at));
+                    }
+                    Node(i, exit, at) => sup.node_exited(i, exit, s(at)),
+                    Interrupt(signal) => sup.interrupt(signal),
+                }
+            }
+            assert_eq!(
+                sup.coordinator_restart_due(s(*at)),
+                *due,
+                "{name}: restart due"
+            );
+            let end = sup.poll(s(*at));
+            match (want, &end) {
+                (Want::Running, None) => {}
+                (Want::Completed(code), Some(JobEnd::Completed { code: c, .. })) if c == code => {}
+                (Want::Interrupted(signal), Some(JobEnd::Interrupted { signal: got }))
+                    if got == signal => {}
+                (Want::Failed(start), Some(end @ JobEnd::Failed(_))) => {
+                    let msg = end.message().unwrap();
+                    assert!(msg.starts_with(start), "{name}: {msg}");
+                }
+                _ => panic!("{name}: wanted {want:?}, got {end:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn restarts_are_counted_whatever_their_outcome() {
+        let mut sup = Supervisor::new(
+            &[100],
+            99,
+            Limits {
+                exit_grace: GRACE,
+                timeout: None,
+                launch_timeout: None,
+                coordinator_restarts: 3,
+                coordinator_settle: SETTLE,
+            },
+        );
+        sup.job_started();
+        assert_eq!(sup.coordinator_restarts(), 0);
+        sup.coordinator_exited(KILL, s(1.0));
+        sup.coordinator_restart(Err("no address".into()), s(1.0));
+        assert_eq!(sup.coordinator_restarts(), 1);
+        sup.coordinator_restart(Ok(98), s(1.5));
+        assert_eq!(sup.coordinator_restarts(), 2);
+        assert_eq!(sup.coordinator_restart_due(s(100.0)), None, "back up");
+        // A report with nothing down changes nothing.
+        sup.coordinator_restart(Ok(97), s(2.0));
+        assert_eq!(sup.coordinator_restarts(), 2);
+        // The new coordinator is the one judged: its exit ends the job normally.
+        sup.node_exited(0, Exit::Code(0), s(3.0));
+        sup.coordinator_exited(Exit::Code(0), s(3.0));
+        assert_eq!(
+            sup.poll(s(3.0)),
+            Some(JobEnd::Completed {
+                code: 0,
+                disagreeing: vec![]
+            })
         );
     }
 
