@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `+lb NAME` | load-balancing strategy for `at_sync` steps (`Greedy`, `GreedyRefine`, `Refine`, `Rotate`, `Null`, and the `...RateAware` variants); default `Null` |
 //! | `+lb-params K=V,...` | strategy parameters, e.g. `tolerance=1.1` |
-//! | `+lb-rescale NAME` | strategy of the steps a rescale runs (evacuation, populating newcomers); default `GreedyRefine` |
+//! | `+lb-rescale NAME` | strategy of the steps a rescale runs (evacuation, populating newcomers); default `Refine` (moves the fewest elements) |
 //! | `--newcomer`, `--coordinator ADDR` | join a running job as a newcomer (same as `DUCTILE_ROLE=newcomer`, `DUCTILE_COORDINATOR`); the secret still comes from `DUCTILE_SECRET`/`DUCTILE_SECRET_FILE` |
 //! | `+lb-dump DIR` | write each step's statistics to `DIR/lb-<coll>-<step>.json` (and the plan the strategy made to `...plan.json`) for offline replay |
 //! | `+lb-report` | print one `lb step=...` line per step on PE 0's stdout |
@@ -53,7 +53,7 @@ impl Default for Options {
             lb_period: None,
             pe_speed: HashMap::new(),
             rescale_strategy: Arc::from(
-                lb::by_name("GreedyRefine", Params::default()).expect("GreedyRefine exists"),
+                lb::by_name("Refine", Params::default()).expect("Refine exists"),
             ),
             newcomer: false,
             coordinator: None,
