@@ -10,7 +10,7 @@
 //!
 //! A coordinator connection that drops while the job runs does not end the
 //! job at once: the node rejoins the coordinator at the same address (a
-//! restarted one, see [`crate::link`]) within `DUCTILE_COORDINATOR_RECONNECT`
+//! restarted one, see `link.rs`) within `DUCTILE_COORDINATOR_RECONNECT`
 //! seconds, and only then gives up.
 
 use std::any::Any;
