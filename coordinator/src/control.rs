@@ -15,7 +15,10 @@ use std::time::Duration;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-use crate::proto::{decode_payload, encode, parse_header, Epoch, FrameError, Member, NodeId, PendingNewcomer, HEADER_LEN};
+use crate::proto::{
+    decode_payload, encode, parse_header, Epoch, FrameError, Member, NodeId, PendingNewcomer,
+    HEADER_LEN,
+};
 use crate::secret::Secret;
 
 /// HMAC context of control-endpoint proofs (distinct from the coordinator's).
@@ -178,21 +181,39 @@ pub fn serve_connection(
             send(&mut stream, &ControlReply::Welcome)?;
         }
         Ok(_) => {
-            let message = "unauthenticated: the first message must prove the job secret".to_string();
-            send(&mut stream, &ControlReply::Error { message: message.clone() })?;
+            let message =
+                "unauthenticated: the first message must prove the job secret".to_string();
+            send(
+                &mut stream,
+                &ControlReply::Error {
+                    message: message.clone(),
+                },
+            )?;
             return Err(ControlError::Refused(message));
         }
         Err(e) => {
-            let _ = send(&mut stream, &ControlReply::Error { message: e.to_string() });
+            let _ = send(
+                &mut stream,
+                &ControlReply::Error {
+                    message: e.to_string(),
+                },
+            );
             return Err(e);
         }
     }
     loop {
         let req = match recv::<ControlRequest>(&mut stream) {
             Ok(r) => r,
-            Err(ControlError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(ControlError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Ok(())
+            }
             Err(e) => {
-                let _ = send(&mut stream, &ControlReply::Error { message: e.to_string() });
+                let _ = send(
+                    &mut stream,
+                    &ControlReply::Error {
+                        message: e.to_string(),
+                    },
+                );
                 return Err(e);
             }
         };
@@ -219,7 +240,12 @@ impl ControlClient {
             ControlReply::Challenge { nonce } => nonce,
             other => return Err(ControlError::Unexpected(format!("{other:?}"))),
         };
-        send(&mut stream, &ControlRequest::Hello { proof: secret.proof(CONTROL_CONTEXT, &nonce) })?;
+        send(
+            &mut stream,
+            &ControlRequest::Hello {
+                proof: secret.proof(CONTROL_CONTEXT, &nonce),
+            },
+        )?;
         match recv::<ControlReply>(&mut stream)? {
             ControlReply::Welcome => Ok(ControlClient { stream }),
             ControlReply::Error { message } => Err(ControlError::Refused(message)),
@@ -239,7 +265,11 @@ impl ControlClient {
 
     /// Asks for a rescale and waits up to `timeout` for the job to run at
     /// its new size.
-    pub fn rescale(&mut self, req: RescaleRequest, timeout: Duration) -> Result<RescaleReport, ControlError> {
+    pub fn rescale(
+        &mut self,
+        req: RescaleRequest,
+        timeout: Duration,
+    ) -> Result<RescaleReport, ControlError> {
         self.stream.set_read_timeout(Some(timeout))?;
         send(&mut self.stream, &ControlRequest::Rescale(req))?;
         match recv::<ControlReply>(&mut self.stream)? {
@@ -268,7 +298,9 @@ mod tests {
                     pending: vec![],
                     uptime_ms: 1,
                 }),
-                ControlRequest::Hello { .. } | ControlRequest::Rescale(_) => ControlReply::Error { message: "not served here".into() },
+                ControlRequest::Hello { .. } | ControlRequest::Rescale(_) => ControlReply::Error {
+                    message: "not served here".into(),
+                },
             })
         });
         (addr, h)
@@ -288,8 +320,13 @@ mod tests {
     #[test]
     fn a_wrong_secret_is_refused_and_served_nothing() {
         let (addr, h) = server(Secret::generate());
-        let err = ControlClient::connect(&addr, &Secret::generate(), Duration::from_secs(5)).err().unwrap();
-        assert!(matches!(err, ControlError::Refused(ref m) if m.contains("unauthenticated")), "{err}");
+        let err = ControlClient::connect(&addr, &Secret::generate(), Duration::from_secs(5))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, ControlError::Refused(ref m) if m.contains("unauthenticated")),
+            "{err}"
+        );
         assert!(h.join().unwrap().is_err());
     }
 

@@ -32,7 +32,12 @@ impl Running {
         let state = tempfile::tempdir().expect("temp dir");
         let child = Command::new(bin("ductile"))
             .arg("run")
-            .args(["--nodes", &nodes.to_string(), "--pes-per-node", &pes.to_string()])
+            .args([
+                "--nodes",
+                &nodes.to_string(),
+                "--pes-per-node",
+                &pes.to_string(),
+            ])
             .arg("--state-dir")
             .arg(state.path())
             .args(["--timeout", "300"])
@@ -120,7 +125,12 @@ impl Running {
             self.strays.push(child);
         }
         assert!(
-            eventually(WAIT, || self.control().status().expect("status").pending.len()
+            eventually(WAIT, || self
+                .control()
+                .status()
+                .expect("status")
+                .pending
+                .len()
                 >= before + k),
             "newcomers never registered"
         );
@@ -161,7 +171,10 @@ impl Drop for Running {
 fn checksum(stdout: &str) -> String {
     stdout
         .lines()
-        .filter_map(|l| l.split_whitespace().find_map(|t| t.strip_prefix("checksum=")))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find_map(|t| t.strip_prefix("checksum="))
+        })
         .last()
         .unwrap_or_else(|| panic!("no checksum in\n{stdout}"))
         .to_string()
@@ -179,10 +192,18 @@ fn num(report: &Value, key: &str) -> u64 {
 
 /// A Jacobi2D long enough to outlive the rescales of any test here.
 fn jacobi(iters: u32) -> Vec<String> {
-    ["--grid", "192", "--block", "24", "--iters", &iters.to_string(), "--quiet"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "--grid",
+        "192",
+        "--block",
+        "24",
+        "--iters",
+        &iters.to_string(),
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 fn reference(args: &[String]) -> String {
@@ -214,8 +235,14 @@ fn shrink_four_to_three_keeps_survivors_and_the_checksum() {
     assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (4, 3));
     assert_eq!(num(&report, "epoch"), num(&report, "epoch_before") + 1);
     let after = job.members();
-    assert_eq!(pids(&after), vec![before[0].pid, before[1].pid, before[3].pid]);
-    assert!(eventually(WAIT, || !alive(before[2].pid)), "the removed node did not exit");
+    assert_eq!(
+        pids(&after),
+        vec![before[0].pid, before[1].pid, before[3].pid]
+    );
+    assert!(
+        eventually(WAIT, || !alive(before[2].pid)),
+        "the removed node did not exit"
+    );
     assert!(pids(&after).into_iter().all(alive), "a survivor is gone");
     completes_with(job, &want);
 }
@@ -233,7 +260,10 @@ fn expand_three_to_four_admits_a_newcomer_that_adopts_the_job() {
     assert!(num(&report, "migrations") > 0, "{report}");
     let after = job.members();
     assert_eq!(pids(&after[..3]), pids(&before));
-    assert_eq!(report["spawned_pids"][0].as_u64(), Some(after[3].pid as u64));
+    assert_eq!(
+        report["spawned_pids"][0].as_u64(),
+        Some(after[3].pid as u64)
+    );
     completes_with(job, &want);
 }
 
@@ -250,7 +280,10 @@ fn one_rescale_removes_two_nodes_and_admits_two() {
     let after = job.members();
     assert_eq!(pids(&after[..2]), vec![before[0].pid, before[3].pid]);
     for gone in [before[1].pid, before[2].pid] {
-        assert!(eventually(WAIT, || !alive(gone)), "removed node {gone} did not exit");
+        assert!(
+            eventually(WAIT, || !alive(gone)),
+            "removed node {gone} did not exit"
+        );
     }
     completes_with(job, &want);
 }
@@ -286,7 +319,13 @@ fn a_newcomer_that_dies_before_admission_is_dropped_not_fatal() {
     job.strays[0].kill().expect("killing a waiting newcomer");
     let _ = job.strays[0].wait();
     assert!(
-        eventually(WAIT, || job.control().status().expect("status").pending.len() == 1),
+        eventually(WAIT, || job
+            .control()
+            .status()
+            .expect("status")
+            .pending
+            .len()
+            == 1),
         "the dead newcomer stayed pending"
     );
     let mut c = job.control();
@@ -322,13 +361,19 @@ fn strangers_are_refused_and_change_nothing() {
     // job left behind, is refused.
     let tool = Client::connect(&job.read("coordinator.addr"), &job.secret(), WAIT)
         .expect("the secret opens the coordinator");
-    let refused = tool.commit(1, vec![1], 0, WAIT).expect_err("a stale commit from a non-member");
+    let refused = tool
+        .commit(1, vec![1], 0, WAIT)
+        .expect_err("a stale commit from a non-member");
     assert!(
         refused.to_string().contains("epoch") || refused.to_string().contains("member"),
         "{refused}"
     );
     let status = job.control().status().expect("status");
-    assert_eq!((status.epoch, status.members.len()), (2, 2), "nothing changed");
+    assert_eq!(
+        (status.epoch, status.members.len()),
+        (2, 2),
+        "nothing changed"
+    );
     completes_with(job, &want);
 }
 
@@ -357,9 +402,16 @@ fn groups_nodegroups_and_readonly_follow_every_rescale() {
         .and_then(|v| v.parse().ok())
         .expect("unchecked=N");
     assert!(unchecked <= 3, "{ok}");
-    let rescaled: Vec<&str> = stdout.lines().filter(|l| l.starts_with("rescaled")).collect();
+    let rescaled: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("rescaled"))
+        .collect();
     assert_eq!(
         rescaled,
-        ["rescaled pes=8 nodes=4", "rescaled pes=6 nodes=3", "rescaled pes=8 nodes=4"]
+        [
+            "rescaled pes=8 nodes=4",
+            "rescaled pes=6 nodes=3",
+            "rescaled pes=8 nodes=4"
+        ]
     );
 }

@@ -41,27 +41,41 @@ pub(crate) fn start(
         std::fs::rename(&tmp, &path)?;
     }
     let started = Instant::now();
-    std::thread::Builder::new().name("ductile-control".into()).spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(stream) = conn else { continue };
-            let (secret, node, coordinator) = (secret.clone(), node.clone(), coordinator.clone());
-            let _ = std::thread::Builder::new().name("ductile-control-conn".into()).spawn(move || {
-                let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                let result = serve_connection(stream, &secret, |req| match req {
-                    ControlRequest::Status => status(&node, &coordinator, started),
-                    ControlRequest::Rescale(req) => match coordinator.live(COORDINATOR_WAIT) {
-                        Ok(client) => crate::elastic::serve_request(&node, &client, req.clone()),
-                        Err(e) => unreachable_coordinator(&coordinator, e),
-                    },
-                    ControlRequest::Hello { .. } => ControlReply::Error { message: "already authenticated".into() },
-                });
-                match result {
-                    Ok(()) => debug!(peer, "control connection closed"),
-                    Err(e) => warn!(peer, "control connection refused or broken: {e}"),
-                }
-            });
-        }
-    })?;
+    std::thread::Builder::new()
+        .name("ductile-control".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(stream) = conn else { continue };
+                let (secret, node, coordinator) =
+                    (secret.clone(), node.clone(), coordinator.clone());
+                let _ = std::thread::Builder::new()
+                    .name("ductile-control-conn".into())
+                    .spawn(move || {
+                        let peer = stream
+                            .peer_addr()
+                            .map(|a| a.to_string())
+                            .unwrap_or_default();
+                        let result = serve_connection(stream, &secret, |req| match req {
+                            ControlRequest::Status => status(&node, &coordinator, started),
+                            ControlRequest::Rescale(req) => {
+                                match coordinator.live(COORDINATOR_WAIT) {
+                                    Ok(client) => {
+                                        crate::elastic::serve_request(&node, &client, req.clone())
+                                    }
+                                    Err(e) => unreachable_coordinator(&coordinator, e),
+                                }
+                            }
+                            ControlRequest::Hello { .. } => ControlReply::Error {
+                                message: "already authenticated".into(),
+                            },
+                        });
+                        match result {
+                            Ok(()) => debug!(peer, "control connection closed"),
+                            Err(e) => warn!(peer, "control connection refused or broken: {e}"),
+                        }
+                    });
+            }
+        })?;
     Ok(bound)
 }
 
@@ -73,7 +87,9 @@ fn unreachable_coordinator(link: &CoordinatorLink, e: impl std::fmt::Display) ->
 
 fn status(node: &NodeShared, coordinator: &CoordinatorLink, started: Instant) -> ControlReply {
     let Some(view) = node.view() else {
-        return ControlReply::Error { message: "the job has no view yet".into() };
+        return ControlReply::Error {
+            message: "the job has no view yet".into(),
+        };
     };
     let client = match coordinator.live(COORDINATOR_WAIT) {
         Ok(client) => client,
@@ -81,7 +97,11 @@ fn status(node: &NodeShared, coordinator: &CoordinatorLink, started: Instant) ->
     };
     let pending = match client.query_view(Duration::from_secs(5)) {
         Ok((_, pending)) => pending,
-        Err(e) => return ControlReply::Error { message: format!("the coordinator did not answer: {e}") },
+        Err(e) => {
+            return ControlReply::Error {
+                message: format!("the coordinator did not answer: {e}"),
+            }
+        }
     };
     ControlReply::Status(JobStatus {
         epoch: view.epoch,

@@ -119,7 +119,11 @@ const RESCALE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Serves a rescale request on node 0's control endpoint: checks it, admits
 /// at most the newcomers that wait, hands it to PE 0 and waits for the job
 /// to run at its new size. One rescale at a time.
-pub(crate) fn serve_request(node: &Arc<NodeShared>, coordinator: &Client, req: RescaleRequest) -> ControlReply {
+pub(crate) fn serve_request(
+    node: &Arc<NodeShared>,
+    coordinator: &Client,
+    req: RescaleRequest,
+) -> ControlReply {
     let refuse = |message: String| ControlReply::Error { message };
     let Some(view) = node.view() else {
         return refuse("the job has no view yet".into());
@@ -164,7 +168,9 @@ pub(crate) fn serve_request(node: &Arc<NodeShared>, coordinator: &Client, req: R
     match rx.recv_timeout(RESCALE_TIMEOUT) {
         Ok(Ok(report)) => ControlReply::Rescaled(report),
         Ok(Err(e)) => refuse(format!("the rescale failed: {e}")),
-        Err(_) => refuse(format!("the rescale did not complete within {RESCALE_TIMEOUT:?}")),
+        Err(_) => refuse(format!(
+            "the rescale did not complete within {RESCALE_TIMEOUT:?}"
+        )),
     }
 }
 

@@ -119,7 +119,10 @@ impl NodeShared {
     }
 
     pub(crate) fn transport(&self) -> Arc<dyn Transport> {
-        self.transport.get().expect("members have a transport").clone()
+        self.transport
+            .get()
+            .expect("members have a transport")
+            .clone()
     }
 
     /// Sends a rescale-protocol frame to `node`, tagged with `epoch`.
@@ -151,7 +154,11 @@ impl NodeShared {
 
     /// Runs `f` on the desk of the rescale being served, if any.
     pub(crate) fn with_desk<R>(&self, f: impl FnOnce(&mut Desk) -> R) -> Option<R> {
-        self.desk.lock().expect("rescale desk poisoned").as_mut().map(f)
+        self.desk
+            .lock()
+            .expect("rescale desk poisoned")
+            .as_mut()
+            .map(f)
     }
 
     /// Answers the rescale being served (no-op when none is).
@@ -248,7 +255,10 @@ impl Sink for NodeSink {
                         frame,
                     });
                 }
-                Err(e) => error!("dropping a malformed control frame from node {}: {e}", tag.src()),
+                Err(e) => error!(
+                    "dropping a malformed control frame from node {}: {e}",
+                    tag.src()
+                ),
             }
             return;
         }
@@ -277,9 +287,7 @@ impl Sink for NodeSink {
 
     fn lost(&self, peer_uid: u64, reason: String) {
         if let Some(node) = self.0.upgrade() {
-            let member = node
-                .view()
-                .is_some_and(|v| v.by_uid(peer_uid).is_some());
+            let member = node.view().is_some_and(|v| v.by_uid(peer_uid).is_some());
             if !member {
                 // A newcomer that dialled speculatively and died before it
                 // was admitted, or a node already removed: not the job's loss.
@@ -381,7 +389,13 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
         .unwrap_or_else(|e| fail_startup(e));
     let options_coordinator = options.coordinator.clone();
     let (events, events_rx) = crossbeam_channel::unbounded();
-    let node = Arc::new(NodeShared::new(registry.clone(), pes, args, options, events));
+    let node = Arc::new(NodeShared::new(
+        registry.clone(),
+        pes,
+        args,
+        options,
+        events,
+    ));
     let coordinator = options_coordinator.or_else(|| env_var(contract::ENV_COORDINATOR));
     let code = match coordinator {
         None => {
@@ -508,7 +522,11 @@ fn run_member(
             if let Err(e) = transport.reconcile(&view, NodeId::MAX) {
                 warn!("speculative endpoints to epoch {} failed: {e}", view.epoch);
             }
-            info!(uid, epoch = view.epoch, "newcomer registered; waiting for admission");
+            info!(
+                uid,
+                epoch = view.epoch,
+                "newcomer registered; waiting for admission"
+            );
             let admitted = driver.wait_for("admission", ADMISSION_WAIT, |e| match e {
                 Some(NodeEvent::Coordinator(ServerMsg::Integrate { node, view })) => {
                     Pick::Done((*node, view.clone()))
@@ -601,7 +619,11 @@ impl Rejoiner {
     /// `admitted` is the view the node was admitted to (launch or
     /// `Integrate`) in case it has not installed it yet, and `needed` says
     /// whether the node still needs the coordinator.
-    fn rejoin(&self, admitted: Option<&View>, needed: impl Fn() -> bool) -> Result<Rejoined, String> {
+    fn rejoin(
+        &self,
+        admitted: Option<&View>,
+        needed: impl Fn() -> bool,
+    ) -> Result<Rejoined, String> {
         let addr = self.link.addr();
         if self.bound.is_zero() {
             return Err(format!(
@@ -720,7 +742,9 @@ fn shutdown_barrier(rejoiner: &Rejoiner, code: i32) -> i32 {
                 match rejoiner.rejoin(None, || true) {
                     Ok(Rejoined::Member { .. }) => {}
                     Ok(other) => {
-                        error!("shutdown barrier failed: the restarted coordinator answered {other:?}");
+                        error!(
+                            "shutdown barrier failed: the restarted coordinator answered {other:?}"
+                        );
                         return EXIT_ABORTED;
                     }
                     Err(e) => {
@@ -770,12 +794,10 @@ fn start_pes(
                     let inbox = &node.inboxes[rank];
                     let exit = loop {
                         match pe.run(inbox, spin) {
-                            LoopExit::Stopped => {
-                                match pe.rescale(inbox, &rx, &node.events) {
-                                    Some(exit) => break exit,
-                                    None => continue,
-                                }
-                            }
+                            LoopExit::Stopped => match pe.rescale(inbox, &rx, &node.events) {
+                                Some(exit) => break exit,
+                                None => continue,
+                            },
                             exit => break exit,
                         }
                     };

@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use crate::link::CoordinatorLink;
-use crate::node::NodeShared;
 use crate::msg::Envelope;
+use crate::node::NodeShared;
 use crate::pe::{LoopExit, PeCommand, Reentry};
 use crate::system::StopOrder;
 use crate::topo::Topology;
@@ -228,7 +228,11 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    pub(crate) fn new(node: Arc<NodeShared>, events: Receiver<NodeEvent>, client: Arc<CoordinatorLink>) -> Self {
+    pub(crate) fn new(
+        node: Arc<NodeShared>,
+        events: Receiver<NodeEvent>,
+        client: Arc<CoordinatorLink>,
+    ) -> Self {
         Driver {
             node,
             events,
@@ -266,7 +270,8 @@ impl Driver {
                     if self.stopped == self.commands.len() {
                         self.stopped = 0;
                         if let Err(e) = self.rescale(&order) {
-                            self.node.abort(format!("rescale failed: {e}; ending the job"));
+                            self.node
+                                .abort(format!("rescale failed: {e}; ending the job"));
                             self.node.finish_rescale(Err(e));
                             self.command_all(|| PeCommand::Depart);
                         }
@@ -334,13 +339,15 @@ impl Driver {
                 Pick::Took => {}
                 Pick::Keep => match e {
                     NodeEvent::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => {
-                        return Err(format!("node {node} (uid {uid}) was lost during the rescale"))
+                        return Err(format!(
+                            "node {node} (uid {uid}) was lost during the rescale"
+                        ))
                     }
                     // A later step of this rescale waits for these (Die can
                     // come while a departing node still drains).
-                    e @ NodeEvent::Coordinator(ServerMsg::Die { .. } | ServerMsg::Integrate { .. }) => {
-                        self.early.push_back(e)
-                    }
+                    e @ NodeEvent::Coordinator(
+                        ServerMsg::Die { .. } | ServerMsg::Integrate { .. },
+                    ) => self.early.push_back(e),
                     NodeEvent::Counted | NodeEvent::Coordinator(_) => {}
                     e => self.early.push_back(e),
                 },
@@ -377,7 +384,9 @@ impl Driver {
         node.set_draining(false);
         // Everything sent in the old view has arrived: take it out of the
         // inboxes now, before the first message of the new view can land there.
-        let late: Vec<Vec<Envelope>> = (0..local).map(|rank| node.inboxes[rank].take_all()).collect();
+        let late: Vec<Vec<Envelope>> = (0..local)
+            .map(|rank| node.inboxes[rank].take_all())
+            .collect();
         if me == 0 {
             node.with_desk(|d| {
                 if let Some(t) = d.stop_sent {
@@ -443,7 +452,12 @@ impl Driver {
             .transport()
             .reconcile(&view, me)
             .map_err(|e| format!("reconciling endpoints with epoch {}: {e}", view.epoch))?;
-        debug!(kept = r.kept, opened = r.opened, closed = r.closed, "endpoints reconciled");
+        debug!(
+            kept = r.kept,
+            opened = r.opened,
+            closed = r.closed,
+            "endpoints reconciled"
+        );
         let topo = node.install_view(view, me);
         self.barrier(&topo)?;
         Ok(topo)
@@ -546,11 +560,12 @@ impl Driver {
             } else {
                 0
             };
-            match self
-                .client
-                .settled(STEP_TIMEOUT)
-                .commit(order.epoch, order.remove.clone(), admit, STEP_TIMEOUT)
-            {
+            match self.client.settled(STEP_TIMEOUT).commit(
+                order.epoch,
+                order.remove.clone(),
+                admit,
+                STEP_TIMEOUT,
+            ) {
                 Ok(view) => return Ok(view),
                 // A newcomer vanished between the query and the commit: ask again.
                 Err(ClientError::Server {

@@ -131,7 +131,10 @@ impl Chare for Main {
         match msg {
             MainMsg::Rescaled(pes) => {
                 if pes != ctx.num_pes() {
-                    fail(format!("the rescale callback says {pes} PEs, the job has {}", ctx.num_pes()));
+                    fail(format!(
+                        "the rescale callback says {pes} PEs, the job has {}",
+                        ctx.num_pes()
+                    ));
                 }
                 println!("rescaled pes={pes} nodes={}", ctx.num_nodes());
                 self.rescales += 1;

@@ -28,8 +28,8 @@ use super::{Envelope, Inbox, LoopExit, Pe, PeCtx};
 use crate::callback::CallbackSpec;
 use crate::elastic::Renumbering;
 use crate::msg::{CollId, Dest, Payload, MAIN_COLL};
-use crate::rescale::{Desk, NodeEvent, Stage};
 use crate::reduce::Value;
+use crate::rescale::{Desk, NodeEvent, Stage};
 use crate::system::{AdoptedColl, Adoption, Partial, Shape, StopOrder, SysMsg};
 use crate::topo::{Pe as PeId, Topology};
 
@@ -96,7 +96,12 @@ impl RootRescale {
 
 impl PeCtx {
     fn desk<R>(&self, f: impl FnOnce(&mut Desk) -> R) -> Option<R> {
-        self.node.desk.lock().expect("rescale desk poisoned").as_mut().map(f)
+        self.node
+            .desk
+            .lock()
+            .expect("rescale desk poisoned")
+            .as_mut()
+            .map(f)
     }
 
     /// Root: the arrays a rescale's steps balance.
@@ -533,11 +538,7 @@ impl Pe {
         for (coll, no) in open {
             if new_me == 0 {
                 self.complete_if_done(coll, no);
-            } else if self
-                .stores
-                .get(&coll)
-                .is_none_or(|s| s.all_contributed(no))
-            {
+            } else if self.stores.get(&coll).is_none_or(|s| s.all_contributed(no)) {
                 self.flush_partial(coll, no);
             }
         }
