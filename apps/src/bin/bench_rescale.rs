@@ -94,6 +94,8 @@ const SETTLE_LINES: u64 = 2;
 /// The measured job is stalled when it prints no residual line for this long
 /// while it should compute.
 const STALL: Duration = Duration::from_secs(60);
+/// `--timeout` of each restart lower-bound run.
+const RESTART_TIMEOUT_S: u64 = 60;
 /// `--timeout` of each `ductile shrink/expand`.
 const RESCALE_TIMEOUT_S: u64 = 120;
 
@@ -609,8 +611,11 @@ struct NodeRun {
     reference_checksum: String,
     launch_pids: Vec<u64>,
     final_pids: Vec<u64>,
-    /// Per operation: restart lower bound samples, ms.
+    /// Per operation: restart lower bound samples, ms (fewer than `--reps`
+    /// when one failed).
     restart_ms: [Vec<f64>; 2],
+    /// Why the restart lower-bound runs stopped early, if they did.
+    restart_failure: Option<String>,
 }
 
 fn measure(env: &mut Env, o: &Opts, n: u32, jacobi: &Path, logs: &Path) -> Result<NodeRun> {
@@ -758,20 +763,34 @@ fn measure(env: &mut Env, o: &Opts, n: u32, jacobi: &Path, logs: &Path) -> Resul
     let mut restart_args = o.problem();
     restart_args.extend(strs(&["--iters", "1", "--residual-every", "0", "--quiet"]));
     let mut restart_ms: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    for rep in 0..o.reps {
-        for (oi, op) in OPS.iter().enumerate() {
-            let to = op.change(n, o.step).1;
-            eprintln!(
-                "bench_rescale: {n} nodes: restart lower bound for {} ({to} nodes) rep {}/{}",
-                op.name(),
-                rep + 1,
-                o.reps
-            );
-            let run = env.run_timed(&format!("restart-{to}"), to, 1, jacobi, &restart_args)?;
-            checksum(&run.stdout)?;
-            restart_ms[oi].push(run.wall.as_secs_f64() * 1e3);
+    // A relaunch takes well under a second here: a hang should not cost the
+    // whole --child-timeout.
+    let job_timeout = env.timeout_s;
+    env.timeout_s = job_timeout.min(RESTART_TIMEOUT_S);
+    let relaunches = (|| -> Result<()> {
+        for rep in 0..o.reps {
+            for (oi, op) in OPS.iter().enumerate() {
+                let to = op.change(n, o.step).1;
+                eprintln!(
+                    "bench_rescale: {n} nodes: restart lower bound for {} ({to} nodes) rep {}/{}",
+                    op.name(),
+                    rep + 1,
+                    o.reps
+                );
+                let run = env.run_timed(&format!("restart-{to}"), to, 1, jacobi, &restart_args)?;
+                checksum(&run.stdout)?;
+                restart_ms[oi].push(run.wall.as_secs_f64() * 1e3);
+            }
         }
-    }
+        Ok(())
+    })();
+    env.timeout_s = job_timeout;
+    // The rescales were measured; a failed relaunch is reported (and fails
+    // the bench) without discarding them.
+    let restart_failure = relaunches.err().map(|e| {
+        eprintln!("bench_rescale: error: {n} nodes: a restart lower-bound run FAILED: {e:#}");
+        format!("restart lower bound: {e:#}")
+    });
 
     Ok(NodeRun {
         nodes: n,
@@ -784,6 +803,7 @@ fn measure(env: &mut Env, o: &Opts, n: u32, jacobi: &Path, logs: &Path) -> Resul
         launch_pids,
         final_pids,
         restart_ms,
+        restart_failure,
     })
 }
 
@@ -809,6 +829,8 @@ struct Row {
     total_ms: f64,
     command_ms: f64,
     restart: Stats,
+    /// Restart lower-bound runs that completed (fewer than `--reps` when one failed).
+    restarts: usize,
     ratio: f64,
 }
 
@@ -880,7 +902,12 @@ fn real_main() -> Result<ExitCode> {
     let mut failures: Vec<(u32, String)> = Vec::new();
     for &n in &o.nodes {
         match measure(&mut env, &o, n, &jacobi, &logs) {
-            Ok(r) => runs.push(r),
+            Ok(r) => {
+                if let Some(e) = &r.restart_failure {
+                    failures.push((n, e.clone()));
+                }
+                runs.push(r);
+            }
             Err(e) => {
                 eprintln!("bench_rescale: error: {n} nodes FAILED: {e:#}");
                 failures.push((n, format!("{e:#}")));
@@ -921,6 +948,7 @@ fn real_main() -> Result<ExitCode> {
                 command_ms: med_of(&|x: &OpSample| Some(x.command_ms)),
                 ratio: restart.median / mechanism.median,
                 restart,
+                restarts: r.restart_ms[oi].len(),
             });
         }
     }
@@ -1022,7 +1050,7 @@ fn real_main() -> Result<ExitCode> {
     for r in &rows {
         writeln!(
             w,
-            "  {:>5} | {:<6} | {:>28} | {:>28}",
+            "  {:>5} | {:<6} | {:>28} | {:>28}{}",
             r.nodes,
             r.op.name(),
             format!(
@@ -1032,7 +1060,15 @@ fn real_main() -> Result<ExitCode> {
             format!(
                 "{:.1} [{:.1}..{:.1}]",
                 r.restart.median, r.restart.min, r.restart.max
-            )
+            ),
+            if r.restarts < o.reps {
+                format!(
+                    "  (only {} of {} restarts completed: see FAILED below)",
+                    r.restarts, o.reps
+                )
+            } else {
+                String::new()
+            }
         )?;
     }
 
@@ -1178,6 +1214,7 @@ fn real_main() -> Result<ExitCode> {
                 "nodes": r.nodes,
                 "pes_per_node": 1,
                 "calibration_ms_per_iter": r.calibration_ms_per_iter,
+                "restart_lower_bound_failure": r.restart_failure,
                 "job": {
                     "program": "jacobi2d", "args": r.job_args, "seconds": r.job_seconds,
                     "checksum": r.job_checksum, "reference_1_node_checksum": r.reference_checksum,
