@@ -862,10 +862,13 @@ fn real_main() -> Result<ExitCode> {
     let date = utc_date(now.as_secs());
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
     let model = cpu_model();
+    // Short: a job's `launcher.sock` lives in its state directory, and a
+    // Unix socket path must fit in 108 bytes, or the launcher runs without
+    // its request channel and `ductile expand` cannot work.
     let state_base = std::env::temp_dir().join(format!(
-        "ductile-bench-rescale-{}-{}",
+        "ductile-rescale-{}-{}",
         std::process::id(),
-        now.as_nanos()
+        now.as_secs()
     ));
     let logs = state_base.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
