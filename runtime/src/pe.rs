@@ -1438,7 +1438,7 @@ impl Pe {
     }
 
     /// After elements left, partial results that waited only for them can go up.
-    fn recheck_partials(&mut self, coll: CollId) {
+    pub(super) fn recheck_partials(&mut self, coll: CollId) {
         if self.ctx.pe == 0 {
             return;
         }

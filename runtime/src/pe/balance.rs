@@ -207,10 +207,15 @@ impl Pe {
                 }
             }
         }
+        let moved_out = !outgoing.is_empty();
         for (key, to, state, meta) in outgoing {
             sent += state.len() as u64;
             self.ctx
                 .send_migrant(coll, key, to, state, meta, Some(step));
+        }
+        if moved_out {
+            // Partial results that waited only for the elements that left can go up.
+            self.recheck_partials(coll);
         }
         let expected = moves.iter().filter(|(_, _, to)| *to == me).count();
         let s = self.ctx.lb.entry(coll).or_default();

@@ -19,7 +19,7 @@
 //! continues as direct copies to every PE of its old subtree.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use tracing::{debug, error, info, warn};
@@ -549,6 +549,12 @@ impl Pe {
             self.ctx.qd.next_wave_at = Some(Instant::now());
         }
         self.ctx.lb.clear();
+        // The time stopped was neither work nor idleness: the next load
+        // statistics start now (else survivors look loaded and newcomers
+        // empty to the balancing step that follows).
+        self.ctx.busy = Duration::ZERO;
+        self.ctx.idle = Duration::ZERO;
+        self.ctx.measured_since = Instant::now();
         debug!(old = old_me, new = new_me, "PE re-entered");
         if new_me == 0 {
             self.rescale_resumed(&r.plan);
