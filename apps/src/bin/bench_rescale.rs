@@ -1159,13 +1159,13 @@ fn real_main() -> Result<ExitCode> {
     writeln!(w, "\nTargets")?;
     writeln!(
         w,
-        "  {:<44} | {:>10} | {:>8} | result",
+        "  {:<48} | {:>10} | {:>8} | result",
         "target", "value", "limit"
     )?;
     for (name, v, unit, limit, pass) in &targets {
         writeln!(
             w,
-            "  {name:<44} | {:>10} | {:>8} | {}",
+            "  {name:<48} | {:>10} | {:>8} | {}",
             format!("{v:.3} {unit}"),
             if pass.is_some() {
                 format!("{limit} {unit}")
