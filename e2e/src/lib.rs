@@ -44,13 +44,7 @@ pub struct Job {
 impl Job {
     /// The value of the last `key=value` token named `key` in stdout.
     pub fn value(&self, key: &str) -> Option<String> {
-        let prefix = format!("{key}=");
-        self.stdout
-            .lines()
-            .flat_map(|l| l.split_whitespace())
-            .filter_map(|tok| tok.strip_prefix(&prefix))
-            .next_back()
-            .map(str::to_string)
+        last_value(&self.stdout, key)
     }
 
     /// Panics with the job's output unless it exited with `code`.
@@ -105,6 +99,26 @@ pub fn run_with(nodes: u32, pes: u32, program: &str, args: &[&str], flags: &[&st
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         state,
     }
+}
+
+/// The value of the last `key=value` token named `key` in `text`.
+pub fn last_value(text: &str, key: &str) -> Option<String> {
+    let prefix = format!("{key}=");
+    text.lines()
+        .flat_map(|l| l.split_whitespace())
+        .filter_map(|tok| tok.strip_prefix(&prefix))
+        .next_back()
+        .map(str::to_string)
+}
+
+/// Jacobi2D's arguments for the end-to-end jobs: a 192x192 grid of 24x24
+/// blocks, `iters` iterations, quiet.
+pub fn jacobi_args(iters: u32) -> Vec<String> {
+    let iters = iters.to_string();
+    ["--grid", "192", "--block", "24", "--iters", &iters, "--quiet"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 /// Whether a process with this pid still exists.

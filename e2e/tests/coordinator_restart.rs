@@ -193,31 +193,10 @@ fn restarts(record: &Value) -> Vec<Value> {
 }
 
 fn checksum(stdout: &str) -> String {
-    stdout
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find_map(|t| t.strip_prefix("checksum="))
-        })
-        .next_back()
+    ductile_e2e::last_value(stdout, "checksum")
         .unwrap_or_else(|| panic!("no checksum in\n{stdout}"))
-        .to_string()
 }
 
-fn jacobi(iters: u32) -> Vec<String> {
-    [
-        "--grid",
-        "192",
-        "--block",
-        "24",
-        "--iters",
-        &iters.to_string(),
-        "--quiet",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
 
 /// The checksum of a 1-node run of the same spec (computed once per spec:
 /// the tests of this file run in one process).
@@ -267,7 +246,7 @@ fn assert_one_restart(record: &Value, old: u32, new: u32) {
 
 #[test]
 fn a_job_goes_on_after_its_coordinator_is_killed() {
-    let spec = jacobi(20_000);
+    let spec = ductile_e2e::jacobi_args(20_000);
     let want = reference(&spec);
     let mut job = Running::start(3, &spec);
     let old = job.kill_coordinator();
@@ -288,7 +267,7 @@ fn a_job_goes_on_after_its_coordinator_is_killed() {
 
 #[test]
 fn status_and_a_shrink_work_after_a_coordinator_restart() {
-    let spec = jacobi(LONG);
+    let spec = ductile_e2e::jacobi_args(LONG);
     let want = reference(&spec);
     let mut job = Running::start(3, &spec);
     let before = job.ductile(&["status"]);
@@ -321,7 +300,7 @@ fn status_and_a_shrink_work_after_a_coordinator_restart() {
 
 #[test]
 fn a_coordinator_lost_once_too_often_fails_the_job_and_stops_it() {
-    let spec = jacobi(LONG);
+    let spec = ductile_e2e::jacobi_args(LONG);
     let mut job = Running::start_with(3, &["--coordinator-restarts", "1"], &spec);
     let first = job.kill_coordinator();
     let second = job.wait_for_restart(first);
@@ -392,7 +371,7 @@ fn pending_pids(status: &Value) -> Vec<u64> {
 /// again with the restarted one, and a later rescale admits it.
 #[test]
 fn a_waiting_newcomer_registers_again_and_is_admitted_after_a_restart() {
-    let spec = jacobi(LONG);
+    let spec = ductile_e2e::jacobi_args(LONG);
     let want = reference(&spec);
     let mut job = Running::start(3, &spec);
     let newcomer = spawn_newcomer(&job) as u64;

@@ -169,15 +169,8 @@ impl Drop for Running {
 }
 
 fn checksum(stdout: &str) -> String {
-    stdout
-        .lines()
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find_map(|t| t.strip_prefix("checksum="))
-        })
-        .last()
+    ductile_e2e::last_value(stdout, "checksum")
         .unwrap_or_else(|| panic!("no checksum in\n{stdout}"))
-        .to_string()
 }
 
 fn pids(members: &[Member]) -> Vec<u32> {
@@ -190,21 +183,6 @@ fn num(report: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("{key} missing in {report}"))
 }
 
-/// A Jacobi2D long enough to outlive the rescales of any test here.
-fn jacobi(iters: u32) -> Vec<String> {
-    [
-        "--grid",
-        "192",
-        "--block",
-        "24",
-        "--iters",
-        &iters.to_string(),
-        "--quiet",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
 
 fn reference(args: &[String]) -> String {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -227,7 +205,7 @@ fn completes_with(job: Running, want: &str) {
 
 #[test]
 fn shrink_four_to_three_keeps_survivors_and_the_checksum() {
-    let spec = jacobi(12_000);
+    let spec = ductile_e2e::jacobi_args(12_000);
     let want = reference(&spec);
     let job = start_jacobi(4, 1, &spec);
     let before = job.members();
@@ -249,7 +227,7 @@ fn shrink_four_to_three_keeps_survivors_and_the_checksum() {
 
 #[test]
 fn expand_three_to_four_admits_a_newcomer_that_adopts_the_job() {
-    let spec = jacobi(12_000);
+    let spec = ductile_e2e::jacobi_args(12_000);
     let want = reference(&spec);
     let job = start_jacobi(3, 1, &spec);
     let before = job.members();
@@ -269,7 +247,7 @@ fn expand_three_to_four_admits_a_newcomer_that_adopts_the_job() {
 
 #[test]
 fn one_rescale_removes_two_nodes_and_admits_two() {
-    let spec = jacobi(12_000);
+    let spec = ductile_e2e::jacobi_args(12_000);
     let want = reference(&spec);
     let job = start_jacobi(4, 2, &spec);
     let before = job.members();
@@ -290,7 +268,7 @@ fn one_rescale_removes_two_nodes_and_admits_two() {
 
 #[test]
 fn twenty_shrinks_and_expands_in_one_run() {
-    let spec = jacobi(60_000);
+    let spec = ductile_e2e::jacobi_args(60_000);
     let want = reference(&spec);
     let job = start_jacobi(3, 1, &spec);
     let first = job.members();
@@ -311,7 +289,7 @@ fn twenty_shrinks_and_expands_in_one_run() {
 
 #[test]
 fn a_newcomer_that_dies_before_admission_is_dropped_not_fatal() {
-    let spec = jacobi(12_000);
+    let spec = ductile_e2e::jacobi_args(12_000);
     let want = reference(&spec);
     let mut job = start_jacobi(2, 1, &spec);
     job.start_strays(2);
@@ -345,7 +323,7 @@ fn a_newcomer_that_dies_before_admission_is_dropped_not_fatal() {
 
 #[test]
 fn strangers_are_refused_and_change_nothing() {
-    let spec = jacobi(8_000);
+    let spec = ductile_e2e::jacobi_args(8_000);
     let want = reference(&spec);
     let job = start_jacobi(3, 1, &spec);
     job.ductile(&["shrink", "--nodes", "1"]);
