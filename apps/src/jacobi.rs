@@ -214,6 +214,11 @@ pub struct Block {
     need: u32,
     /// Waiting in `at_sync` for the load balancer.
     synced: bool,
+    /// `Start` arrived. Ghosts can overtake it (a neighbour's `Start` and
+    /// its ghost may travel a shorter path than this block's `Start` down
+    /// the broadcast tree): they wait in `pending`, or this block would
+    /// sweep without having sent its own first ghosts.
+    started: bool,
     pending: Pending<(Side, Bulk<f64>)>,
 }
 
@@ -340,6 +345,7 @@ impl Chare for Block {
             got: 0,
             need: 0,
             synced: false,
+            started: false,
             pending: Pending::new(),
         };
         b.need = b.neighbours((r, c), spec.blocks()).len() as u32;
@@ -350,11 +356,12 @@ impl Chare for Block {
     fn handle(&mut self, msg: BlockMsg, ctx: &mut Ctx<'_, Self>) {
         match msg {
             BlockMsg::Start => {
-                self.send_ghosts(ctx);
+                self.started = true;
+                self.start_iteration(ctx);
                 self.advance(ctx);
             }
             BlockMsg::Ghost { iter, side, data } => {
-                if iter == self.iter && !self.synced {
+                if iter == self.iter && self.started && !self.synced {
                     self.fill(side, &data);
                     self.got += 1;
                     self.advance(ctx);

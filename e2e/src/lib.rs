@@ -72,7 +72,8 @@ pub fn run(nodes: u32, pes: u32, program: &str, args: &[&str]) -> Job {
     run_with(nodes, pes, program, args, &[])
 }
 
-/// As [`run`], with extra `ductile run` flags.
+/// As [`run`], with extra `ductile run` flags (a `--timeout` among them
+/// replaces the default of 120 s).
 pub fn run_with(nodes: u32, pes: u32, program: &str, args: &[&str], flags: &[&str]) -> Job {
     let state = tempfile::tempdir().expect("temp dir");
     let out: Output = Command::new(bin("ductile"))
@@ -85,7 +86,11 @@ pub fn run_with(nodes: u32, pes: u32, program: &str, args: &[&str], flags: &[&st
         ])
         .arg("--state-dir")
         .arg(state.path())
-        .args(["--timeout", "120"])
+        .args(if flags.contains(&"--timeout") {
+            &[][..]
+        } else {
+            &["--timeout", "120"][..]
+        })
         .args(flags)
         .arg("--")
         .arg(bin(program))

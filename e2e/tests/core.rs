@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ductile_apps::jacobi::{reference, Spec};
 use ductile_apps::megatest::{chain_len, readonly_digest, readonly_table, reduce_expectations};
-use ductile_e2e::{alive, bin, eventually, run, SHAPES};
+use ductile_e2e::{alive, bin, eventually, run, run_with, SHAPES};
 
 fn megatest(nodes: u32, pes: u32, module: &str, extra: &[&str]) -> ductile_e2e::Job {
     let mut args = vec![module];
@@ -244,6 +244,47 @@ fn jacobi_checksum_is_identical_across_shapes_and_decompositions() {
                 "the checksum is the last line"
             );
         }
+    }
+}
+
+/// Messages on different paths overtake each other: with one block per
+/// node and random link delays, a block's ghosts often arrive before its
+/// `Start` (which travels down the broadcast tree). Jacobi2D and lbbench
+/// once swept on those early ghosts without sending their own first, and
+/// hung (3 runs in 10 at this shape). Each run must finish, with the
+/// checksum of the sequential reference.
+#[test]
+fn messages_that_overtake_the_start_broadcast_are_held_not_lost() {
+    let spec = Spec {
+        nx: 48,
+        ny: 48,
+        bx: 16,
+        by: 16,
+        iters: 2,
+        residual_every: 0,
+        lb_every: 0,
+    };
+    let want = format!("{:016x}", reference(&spec));
+    for run_no in 0..6 {
+        let job = run_with(
+            9,
+            1,
+            "jacobi2d",
+            &["--grid", "48", "--block", "16", "--iters", "2", "--residual-every", "0", "--quiet", "+link-delay-us", "5000"],
+            &["--timeout", "30"],
+        );
+        job.expect_code(0, &format!("jacobi2d with link delays, run {run_no}"));
+        assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()), "run {run_no}");
+    }
+    let lbbench = ["--per-pe", "1", "--iters", "3", "--work-us", "10"];
+    let calm = run(8, 1, "lbbench", &lbbench);
+    calm.expect_code(0, "lbbench without link delays");
+    let want = calm.value("checksum").expect("lbbench prints its checksum");
+    for run_no in 0..3 {
+        let args: Vec<&str> = lbbench.iter().copied().chain(["+link-delay-us", "5000"]).collect();
+        let job = run_with(8, 1, "lbbench", &args, &["--timeout", "30"]);
+        job.expect_code(0, &format!("lbbench with link delays, run {run_no}"));
+        assert_eq!(job.value("checksum"), Some(want.clone()), "lbbench run {run_no}");
     }
 }
 

@@ -262,6 +262,12 @@ impl Sink for NodeSink {
             }
             return;
         }
+        let max = node.options.link_delay;
+        if !max.is_zero() {
+            // +link-delay-us: this thread delivers one link's frames in
+            // order, so sleeping here delays the link, not the order.
+            std::thread::sleep(max.mul_f64(rand::random::<f64>()));
+        }
         let Some(topo) = node.topology(TOPOLOGY_WAIT) else {
             error!(
                 "dropping a frame from node {}: this node never received its view",

@@ -12,6 +12,7 @@
 //! | `+lb-report` | print one `lb step=...` line per step on PE 0's stdout |
 //! | `+lb-period SECS` | periodic balancing: an `at_sync` step only balances when SECS have passed since the last one that did (others resume at once) |
 //! | `+pe-speed PE:F,...` | emulate slower PEs: PE `PE` does `F` times the work per second (0 < F <= 1) |
+//! | `+link-delay-us MAX` | emulate an uneven network: each frame from another node waits a random 0..MAX µs before delivery (order per link kept), so messages on different paths overtake each other; for tests |
 //!
 //! Values may follow as the next argument or after `=`.
 
@@ -42,6 +43,9 @@ pub struct Options {
     pub newcomer: bool,
     /// `--coordinator ADDR`: the job's coordinator (same as `DUCTILE_COORDINATOR`).
     pub coordinator: Option<String>,
+    /// `+link-delay-us MAX`: the longest emulated delay of a frame from
+    /// another node (zero: none).
+    pub link_delay: std::time::Duration,
 }
 
 impl Default for Options {
@@ -57,6 +61,7 @@ impl Default for Options {
             ),
             newcomer: false,
             coordinator: None,
+            link_delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -108,6 +113,11 @@ pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
                 opts.lb_period = Some(std::time::Duration::from_secs_f64(secs));
             }
             "pe-speed" => opts.pe_speed = parse_speeds(&value("PE:FACTOR[,PE:FACTOR]")?)?,
+            "link-delay-us" => {
+                let v = value("microseconds")?;
+                let us: u64 = v.parse().map_err(|_| format!("+link-delay-us: `{v}` is not a whole number of microseconds"))?;
+                opts.link_delay = std::time::Duration::from_micros(us);
+            }
             "lb-rescale" => {
                 let name = value("a strategy name")?;
                 if name == "Null" {
@@ -116,7 +126,7 @@ pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
                 opts.rescale_strategy = Arc::from(lb::by_name(&name, Params::default()).map_err(|e| e.to_string())?);
             }
             other => {
-                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +lb-rescale, +pe-speed)"))
+                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +lb-rescale, +pe-speed, +link-delay-us)"))
             }
         }
     }
@@ -190,6 +200,9 @@ mod tests {
         let (o, _) = parse(args(&["+lb-period", "2.5"])).unwrap();
         assert_eq!(o.lb_period, Some(std::time::Duration::from_millis(2500)));
         assert!(parse(args(&["+lb-period", "soon"])).is_err());
+        let (o, _) = parse(args(&["+link-delay-us=1500"])).unwrap();
+        assert_eq!(o.link_delay, std::time::Duration::from_micros(1500));
+        assert!(parse(args(&["+link-delay-us", "-3"])).is_err());
     }
 
     #[test]

@@ -851,6 +851,7 @@ impl Pe {
                 continue;
             }
             if self.ctx.node.aborting() {
+                self.log_stuck_state();
                 return LoopExit::Aborted;
             }
             let now = Instant::now();
@@ -895,6 +896,35 @@ impl Pe {
             inbox.sleeping.store(false, AtOrd::SeqCst);
             self.ctx.idle += idle_from.elapsed();
         }
+    }
+
+    /// What this PE still holds when the job is being ended from outside
+    /// (a lost peer, the launcher's timeout): the first place to look when
+    /// a job hangs.
+    fn log_stuck_state(&self) {
+        let c = &self.ctx;
+        let unknown: usize = c.unknown.values().map(Vec::len).sum();
+        let waiting: usize = c.waiting.values().map(Vec::len).sum();
+        let partials: Vec<String> = c
+            .gathered
+            .iter()
+            .map(|((coll, no), g)| format!("{coll:#x}#{no}:{}", g.count))
+            .collect();
+        warn!(
+            pe = c.pe,
+            ready = c.ready,
+            queued = c.fifo.len() + c.heap.len(),
+            held_until_ready = c.held_in.len(),
+            held_for_collection = unknown,
+            held_collections = ?c.unknown.keys().collect::<Vec<_>>(),
+            waiting_for_insertion = waiting,
+            collections = c.colls.len(),
+            elements = self.stores.values().map(|s| s.locals().len()).sum::<usize>(),
+            partial_reductions = ?partials,
+            created = c.created,
+            processed = c.processed,
+            "PE state when the job was ended"
+        );
     }
 
     fn dispatch(&mut self, env: Envelope) {

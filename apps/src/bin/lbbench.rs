@@ -62,6 +62,9 @@ struct Elem {
     iter: u64,
     have_left: bool,
     synced: bool,
+    /// `Start` arrived; a `Pass` that overtook it waits in `early`, or this
+    /// element would skip sending its own first `Pass`.
+    started: bool,
     acc: u64,
     early: Pending<Bulk<u8>>,
 }
@@ -131,6 +134,7 @@ impl Chare for Elem {
             iter: 0,
             have_left: false,
             synced: false,
+            started: false,
             acc: 0,
             early: Pending::new(),
         }
@@ -139,11 +143,12 @@ impl Chare for Elem {
     fn handle(&mut self, msg: ElemMsg, ctx: &mut Ctx<'_, Self>) {
         match msg {
             ElemMsg::Start => {
+                self.started = true;
                 self.pass(ctx);
                 self.step(ctx);
             }
             ElemMsg::Pass { iter, data } => {
-                if iter == self.iter && !self.have_left {
+                if iter == self.iter && self.started && !self.have_left {
                     self.have_left = true;
                     self.step(ctx);
                 } else {
