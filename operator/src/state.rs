@@ -78,6 +78,16 @@ pub enum StateError {
         /// The cause.
         source: io::Error,
     },
+    /// The launcher's socket would not fit a Unix socket address.
+    #[error("state directory {dir} is too long: its launcher socket needs a path of at most {max} bytes, {len} here; choose a shorter --state-dir (or ${ENV_STATE_DIR})", dir = dir.display())]
+    PathTooLong {
+        /// The directory.
+        dir: PathBuf,
+        /// Bytes the socket's path would take.
+        len: usize,
+        /// The most a Unix socket path can take.
+        max: usize,
+    },
     /// `job.json` does not parse.
     #[error("cannot read {path}: {source}", path = path.display())]
     Corrupt {
@@ -144,6 +154,17 @@ impl StateDir {
     /// by a launcher that is gone is taken over; one of a live launcher is
     /// refused with [`StateError::Busy`].
     pub fn lock(dir: &Path) -> Result<Self, StateError> {
+        // sun_path holds 108 bytes with the terminating NUL; `expand`,
+        // `shrink` and `rescale` reach the launcher only through this socket.
+        const MAX_SOCKET_PATH: usize = 107;
+        let len = dir.join(LAUNCHER_SOCKET_FILE).as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(StateError::PathTooLong {
+                dir: dir.to_path_buf(),
+                len,
+                max: MAX_SOCKET_PATH,
+            });
+        }
         fs::create_dir_all(dir).map_err(|source| StateError::Io {
             what: "cannot create state directory",
             path: dir.to_path_buf(),
@@ -535,6 +556,21 @@ mod tests {
             assert!(validate_job_name(bad).is_err(), "{bad:?} accepted");
         }
         assert!(resolve_state_dir(Some(Path::new("/x")), "../etc", env(&[])).is_err());
+    }
+
+    #[test]
+    fn a_state_directory_too_long_for_the_launcher_socket_is_refused_before_anything_is_created() {
+        let tmp = tempfile::tempdir().unwrap();
+        let long = tmp.path().join("d".repeat(120));
+        match StateDir::lock(&long) {
+            Err(err @ StateError::PathTooLong { .. }) => {
+                assert!(err.to_string().contains("shorter --state-dir"), "{err}")
+            }
+            other => panic!("expected PathTooLong, got {other:?}"),
+        }
+        assert!(!long.exists(), "nothing is created for a refused directory");
+        let fits = tmp.path().join("job");
+        assert!(StateDir::lock(&fits).is_ok());
     }
 
     #[test]

@@ -167,7 +167,9 @@ impl Channel {
     /// Creates the socket at `path` (mode 0600 before it appears there) and
     /// starts serving it.
     pub fn open(path: &Path) -> io::Result<Self> {
-        let tmp = path.with_file_name(format!(".launcher.sock.{}.tmp", std::process::id()));
+        // No longer than `launcher.sock` (pids have at most 7 digits), so
+        // the length check of the state directory covers it too.
+        let tmp = path.with_file_name(format!(".sock.{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
         let listener = UnixListener::bind(&tmp)?;
         let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
