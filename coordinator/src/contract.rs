@@ -29,6 +29,13 @@ pub const ENV_CONTROL: &str = "DUCTILE_CONTROL";
 pub const ENV_CONTROL_FILE: &str = "DUCTILE_CONTROL_FILE";
 /// Transport the nodes use: `tcp` or `ucx`.
 pub const ENV_TRANSPORT: &str = "DUCTILE_TRANSPORT";
+/// A launch member restores the job from this checkpoint directory instead
+/// of running main (the kill-and-restart baseline; every launch member gets
+/// the same value).
+pub const ENV_RESTORE: &str = "DUCTILE_RESTORE";
+/// Exit code of every process of a job that ended after writing a
+/// checkpoint it was asked to end with (`EX_TEMPFAIL`: to be continued).
+pub const EXIT_CHECKPOINTED: i32 = 75;
 /// Local fleet only: pid of the launcher; the node exits when that process goes away.
 pub const ENV_LAUNCHER_PID: &str = "DUCTILE_LAUNCHER_PID";
 /// `tracing` filter directive for the process's logs (e.g. `info,ductile=debug`).

@@ -37,6 +37,39 @@ pub enum ControlRequest {
     /// Reconfigure the running job: remove nodes and admit waiting newcomers
     /// in one commit. The reply comes once the job runs at its new size.
     Rescale(RescaleRequest),
+    /// Write every chare, readonly value and collection to a directory at
+    /// the next load-balancing sync point (the kill-and-restart baseline;
+    /// see docs/elasticity.md). The reply comes once it is written.
+    Checkpoint(CheckpointRequest),
+}
+
+/// A checkpoint as a tool asks for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRequest {
+    /// Directory (on node 0's machine, shared by every node) to write to.
+    pub dir: String,
+    /// End the job afterwards (every process exits with the
+    /// checkpointed code) instead of going on.
+    pub exit: bool,
+}
+
+/// What a checkpoint wrote, as PE 0 reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointReport {
+    /// The epoch it was taken in.
+    pub epoch: Epoch,
+    /// PEs of the job that wrote it.
+    pub pes: u32,
+    /// Chares written (array elements, group and nodegroup members, main).
+    pub chares: u64,
+    /// Bytes written, all files together.
+    pub bytes: u64,
+    /// From the request to the sync point and quiescence, in milliseconds.
+    pub wait_ms: f64,
+    /// Writing every file, in milliseconds.
+    pub write_ms: f64,
+    /// From the request's arrival to the reply, in milliseconds.
+    pub total_ms: f64,
 }
 
 /// A rescale as a tool asks for it.
@@ -111,6 +144,8 @@ pub enum ControlReply {
     Status(JobStatus),
     /// The answer to [`ControlRequest::Rescale`].
     Rescaled(RescaleReport),
+    /// The answer to [`ControlRequest::Checkpoint`].
+    Checkpointed(CheckpointReport),
     /// A refusal, with its reason; the connection closes after it.
     Error {
         /// Why.
@@ -274,6 +309,21 @@ impl ControlClient {
         send(&mut self.stream, &ControlRequest::Rescale(req))?;
         match recv::<ControlReply>(&mut self.stream)? {
             ControlReply::Rescaled(r) => Ok(r),
+            ControlReply::Error { message } => Err(ControlError::Refused(message)),
+            other => Err(ControlError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Asks for a checkpoint; waits up to `timeout` for it to be written.
+    pub fn checkpoint(
+        &mut self,
+        req: CheckpointRequest,
+        timeout: Duration,
+    ) -> Result<CheckpointReport, ControlError> {
+        self.stream.set_read_timeout(Some(timeout))?;
+        send(&mut self.stream, &ControlRequest::Checkpoint(req))?;
+        match recv::<ControlReply>(&mut self.stream)? {
+            ControlReply::Checkpointed(r) => Ok(r),
             ControlReply::Error { message } => Err(ControlError::Refused(message)),
             other => Err(ControlError::Unexpected(format!("{other:?}"))),
         }

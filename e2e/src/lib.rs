@@ -120,10 +120,12 @@ pub fn last_value(text: &str, key: &str) -> Option<String> {
 /// blocks, `iters` iterations, quiet.
 pub fn jacobi_args(iters: u32) -> Vec<String> {
     let iters = iters.to_string();
-    ["--grid", "192", "--block", "24", "--iters", &iters, "--quiet"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "--grid", "192", "--block", "24", "--iters", &iters, "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 /// Whether a process with this pid still exists.

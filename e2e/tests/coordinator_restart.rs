@@ -197,7 +197,6 @@ fn checksum(stdout: &str) -> String {
         .unwrap_or_else(|| panic!("no checksum in\n{stdout}"))
 }
 
-
 /// The checksum of a 1-node run of the same spec (computed once per spec:
 /// the tests of this file run in one process).
 fn reference(args: &[String]) -> String {

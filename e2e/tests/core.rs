@@ -270,21 +270,45 @@ fn messages_that_overtake_the_start_broadcast_are_held_not_lost() {
             9,
             1,
             "jacobi2d",
-            &["--grid", "48", "--block", "16", "--iters", "2", "--residual-every", "0", "--quiet", "+link-delay-us", "5000"],
+            &[
+                "--grid",
+                "48",
+                "--block",
+                "16",
+                "--iters",
+                "2",
+                "--residual-every",
+                "0",
+                "--quiet",
+                "+link-delay-us",
+                "5000",
+            ],
             &["--timeout", "30"],
         );
         job.expect_code(0, &format!("jacobi2d with link delays, run {run_no}"));
-        assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()), "run {run_no}");
+        assert_eq!(
+            job.value("checksum").as_deref(),
+            Some(want.as_str()),
+            "run {run_no}"
+        );
     }
     let lbbench = ["--per-pe", "1", "--iters", "3", "--work-us", "10"];
     let calm = run(8, 1, "lbbench", &lbbench);
     calm.expect_code(0, "lbbench without link delays");
     let want = calm.value("checksum").expect("lbbench prints its checksum");
     for run_no in 0..3 {
-        let args: Vec<&str> = lbbench.iter().copied().chain(["+link-delay-us", "5000"]).collect();
+        let args: Vec<&str> = lbbench
+            .iter()
+            .copied()
+            .chain(["+link-delay-us", "5000"])
+            .collect();
         let job = run_with(8, 1, "lbbench", &args, &["--timeout", "30"]);
         job.expect_code(0, &format!("lbbench with link delays, run {run_no}"));
-        assert_eq!(job.value("checksum"), Some(want.clone()), "lbbench run {run_no}");
+        assert_eq!(
+            job.value("checksum"),
+            Some(want.clone()),
+            "lbbench run {run_no}"
+        );
     }
 }
 
@@ -458,11 +482,28 @@ fn a_killed_node_ends_the_job_with_its_name() {
 fn status_reports_the_running_jobs_membership() {
     let state = tempfile::tempdir().expect("temp dir");
     let mut job = Command::new(bin("ductile"))
-        .args(["run", "--nodes", "3", "--pes-per-node", "2", "--timeout", "120", "--state-dir"])
+        .args([
+            "run",
+            "--nodes",
+            "3",
+            "--pes-per-node",
+            "2",
+            "--timeout",
+            "120",
+            "--state-dir",
+        ])
         .arg(state.path())
         .arg("--")
         .arg(bin("jacobi2d"))
-        .args(["--grid", "256", "--block", "32", "--iters", "100000000", "--quiet"])
+        .args([
+            "--grid",
+            "256",
+            "--block",
+            "32",
+            "--iters",
+            "100000000",
+            "--quiet",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -490,7 +531,10 @@ fn status_reports_the_running_jobs_membership() {
     assert_eq!(s["pes"], 6);
     let members = s["members"].as_array().expect("members");
     assert_eq!(members.len(), 3);
-    assert!(members.iter().enumerate().all(|(i, m)| m["node"] == i && m["pes"] == 2));
+    assert!(members
+        .iter()
+        .enumerate()
+        .all(|(i, m)| m["node"] == i && m["pes"] == 2));
     let _ = Command::new("kill").arg(job.id().to_string()).status();
     let _ = job.wait();
     let out = status();

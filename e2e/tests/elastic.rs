@@ -183,7 +183,6 @@ fn num(report: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("{key} missing in {report}"))
 }
 
-
 fn reference(args: &[String]) -> String {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let job = run(1, 1, "jacobi2d", &args);
@@ -392,4 +391,43 @@ fn groups_nodegroups_and_readonly_follow_every_rescale() {
             "rescaled pes=8 nodes=4"
         ]
     );
+}
+
+/// The kill-and-restart baseline (`--mode restart`): the job is
+/// checkpointed at a sync point, every process ends, and the job is
+/// relaunched at its new size from the checkpoint; the result is the same.
+/// The opposite of a live rescale: no process survives.
+#[test]
+fn restart_mode_replaces_every_process_and_keeps_the_checksum() {
+    let mut spec = ductile_e2e::jacobi_args(12_000);
+    spec.extend(["--lb-every", "10"].map(String::from));
+    let want = reference(&spec);
+    let job = start_jacobi(3, 1, &spec);
+    let first = pids(&job.members());
+    let report = job.ductile(&["shrink", "--nodes", "1", "--mode", "restart"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (3, 2));
+    let stages: Vec<&str> = report["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .map(|s| s["stage"].as_str().expect("stage name"))
+        .collect();
+    assert_eq!(
+        stages,
+        ["sync", "checkpoint", "relaunch", "restore", "balance"]
+    );
+    let second = pids(&job.members());
+    assert_eq!(second.len(), 2);
+    assert!(
+        second.iter().all(|p| !first.contains(p)),
+        "a process survived a restart: {first:?} -> {second:?}"
+    );
+    assert!(
+        eventually(WAIT, || first.iter().all(|&p| !alive(p))),
+        "a process of the first incarnation is still running"
+    );
+    let report = job.ductile(&["rescale", "--add", "2", "--mode", "restart"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (2, 4));
+    assert_eq!(job.members().len(), 4);
+    completes_with(job, &want);
 }

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use ductile_coordinator::control::{
-    ControlClient, ControlError, JobStatus, RescaleReport, RescaleRequest,
+    CheckpointRequest, ControlClient, ControlError, JobStatus, RescaleReport, RescaleRequest,
+    StageTime,
 };
 use ductile_coordinator::proto::NodeId;
 use ductile_coordinator::secret::Secret;
@@ -125,6 +126,22 @@ pub struct RescaleOptions {
     /// rescale itself.
     #[arg(long, value_name = "SECS", default_value = "120", value_parser = parse_secs)]
     pub timeout: Duration,
+    /// `live`: reconfigure the running processes (the product). `restart`:
+    /// checkpoint at the next load-balancing sync point, end every process
+    /// and relaunch the job at its new size from the checkpoint (the
+    /// baseline to measure live rescaling against).
+    #[arg(long, value_enum, default_value = "live")]
+    pub mode: Mode,
+}
+
+/// How a rescale is carried out.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Reconfigure the running processes.
+    #[default]
+    Live,
+    /// Checkpoint, end every process, relaunch at the new size, restore.
+    Restart,
 }
 
 /// Arguments of `ductile expand`.
@@ -615,6 +632,10 @@ pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
         }
     };
 
+    if options.mode == Mode::Restart {
+        return rescale_by_restart(job, &status, &request, options, deadline);
+    }
+
     let mut spawned: Vec<u32> = Vec::new();
     if add > 0 {
         let socket = job.dir.join(LAUNCHER_SOCKET_FILE);
@@ -682,10 +703,15 @@ pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
             return EXIT_FAILED;
         }
     };
-    if options.json {
+    print_report(&report, &spawned, options.json)
+}
+
+/// Prints a rescale's report as a table or JSON; returns the exit code.
+fn print_report(report: &RescaleReport, spawned: &[u32], json: bool) -> i32 {
+    if json {
         let output = RescaleOutput {
-            report: &report,
-            spawned_pids: &spawned,
+            report,
+            spawned_pids: spawned,
         };
         match serde_json::to_string_pretty(&output) {
             Ok(text) => println!("{text}"),
@@ -695,9 +721,123 @@ pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
             }
         }
     } else {
-        print!("{}", render_report(&report, &spawned));
+        print!("{}", render_report(report, spawned));
     }
     0
+}
+
+/// `--mode restart`: the kill-and-restart baseline. Arranges with the
+/// launcher to relaunch the job at its new size, asks node 0 for a
+/// checkpoint that ends the job, and waits until the relaunched job has
+/// restored it and run its first load-balancing step (`restored.json` in
+/// the checkpoint directory). Stages: `sync` (until the next sync point and
+/// quiescence), `checkpoint` (writing), `relaunch` (processes ending and
+/// starting, launch barrier), `restore` (reading and placing every chare),
+/// `balance`; the mechanism is checkpoint + relaunch + restore.
+fn rescale_by_restart(
+    mut job: JobConnection,
+    status: &JobStatus,
+    request: &RescaleRequest,
+    options: &RescaleOptions,
+    deadline: Instant,
+) -> i32 {
+    let t0 = Instant::now();
+    let nodes = status.members.len() as u32 - request.remove.len() as u32 + request.admit;
+    let ckpt = job.dir.join("ckpt");
+    let _ = std::fs::remove_dir_all(&ckpt);
+    if let Err(e) = std::fs::create_dir_all(&ckpt) {
+        say(&format!("cannot create {}: {e}", ckpt.display()));
+        return EXIT_FAILED;
+    }
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    let socket = job.dir.join(LAUNCHER_SOCKET_FILE);
+    let arranged = Request::Restart {
+        nodes,
+        dir: ckpt.clone(),
+    };
+    match channel::request(&socket, &arranged, left()) {
+        Ok(Reply::Ok(_)) => {}
+        Ok(Reply::Error(message)) => {
+            say(&format!("the launcher cannot restart the job: {message}"));
+            return EXIT_FAILED;
+        }
+        Err(err @ ChannelError::NoLauncher { .. }) => {
+            say(&err.to_string());
+            return EXIT_USAGE;
+        }
+        Err(err) => {
+            say(&err.to_string());
+            return EXIT_FAILED;
+        }
+    }
+    let checkpoint = CheckpointRequest {
+        dir: ckpt.to_string_lossy().into_owned(),
+        exit: true,
+    };
+    let written = match job.client.checkpoint(checkpoint, left()) {
+        Ok(written) => written,
+        Err(e) => {
+            say(&format!("the checkpoint failed: {e}"));
+            return EXIT_FAILED;
+        }
+    };
+    let checkpointed = Instant::now();
+    let marker = ckpt.join("restored.json");
+    let restored: serde_json::Value = loop {
+        if let Ok(text) = std::fs::read_to_string(&marker) {
+            match serde_json::from_str(&text) {
+                Ok(v) => break v,
+                Err(e) => {
+                    say(&format!("{} is unreadable: {e}", marker.display()));
+                    return EXIT_FAILED;
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            say(&format!(
+                "the relaunched job did not restore within --timeout ({:.1}s); see the launcher's output and `ductile status`",
+                options.timeout.as_secs_f64()
+            ));
+            return EXIT_FAILED;
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    };
+    let restored_at = Instant::now();
+    let field = |k: &str| restored[k].as_f64().unwrap_or(0.0);
+    let (place_ms, balance_ms, restore_total) =
+        (field("place_ms"), field("balance_ms"), field("total_ms"));
+    let relaunch_ms = ((restored_at - checkpointed).as_secs_f64() * 1e3 - restore_total).max(0.0);
+    let epoch = connect_job(&options.target)
+        .ok()
+        .and_then(|mut j| j.client.status().ok())
+        .map_or(0, |s| s.epoch);
+    let stage = |stage: &str, ms: f64| StageTime {
+        stage: stage.to_owned(),
+        ms,
+    };
+    let report = RescaleReport {
+        epoch_before: status.epoch,
+        epoch,
+        removed: request.remove.clone(),
+        admitted: Vec::new(),
+        pes_before: status.pes,
+        pes: restored["pes"].as_u64().unwrap_or(0) as u32,
+        migrations: 0,
+        stages: vec![
+            stage("sync", written.wait_ms),
+            stage("checkpoint", written.write_ms),
+            stage("relaunch", relaunch_ms),
+            stage("restore", place_ms),
+            stage("balance", balance_ms),
+        ],
+        mechanism_ms: written.write_ms + relaunch_ms + place_ms,
+        total_ms: t0.elapsed().as_secs_f64() * 1e3,
+    };
+    print_report(&report, &[], options.json)
 }
 
 /// Polls the job's status until at least `count` newcomers wait for

@@ -188,11 +188,7 @@ impl StateDir {
                         dir: dir.to_path_buf(),
                         locked: true,
                     };
-                    // Files of an earlier run would mislead: the launcher waits
-                    // for a fresh coordinator.addr.
-                    held.remove_file(COORDINATOR_ADDR_FILE);
-                    held.remove_file(CONTROL_ADDR_FILE);
-                    held.remove_file(SECRET_FILE);
+                    held.forget_processes();
                     held.remove_file(LAUNCHER_SOCKET_FILE);
                     return Ok(held);
                 }
@@ -294,6 +290,15 @@ impl StateDir {
             self.remove_file(LAUNCHER_PID_FILE);
             self.locked = false;
         }
+    }
+
+    /// Removes what the job's processes wrote (addresses, the secret):
+    /// files of an earlier run, or of the incarnation a restart replaces,
+    /// would mislead; the launcher waits for a fresh coordinator.addr.
+    pub fn forget_processes(&self) {
+        self.remove_file(COORDINATOR_ADDR_FILE);
+        self.remove_file(CONTROL_ADDR_FILE);
+        self.remove_file(SECRET_FILE);
     }
 
     fn remove_file(&self, name: &str) {

@@ -48,6 +48,11 @@ pub(crate) enum Target {
     LbSync {
         coll: CollId,
     },
+    /// The runtime: the job is quiescent at `coll`'s sync point; write the
+    /// checkpoint that is waiting.
+    Checkpoint {
+        coll: CollId,
+    },
 }
 
 /// Where a value of type `T` is delivered.

@@ -119,6 +119,9 @@ pub(crate) trait Store: Send {
     fn all_contributed(&self, no: u32) -> bool;
     /// Removes element `key` and encodes it for another PE.
     fn pack(&mut self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)>;
+    /// Serialises a local element (and its bookkeeping) without moving it:
+    /// a checkpoint.
+    fn snapshot(&self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)>;
     /// Re-creates a migrated element here and replays broadcasts it missed.
     fn unpack(
         &mut self,
@@ -331,6 +334,12 @@ impl<C: Chare> Store for ArrayStore<C> {
         slot.meta.hops += 1;
         let state = postcard::to_allocvec(&slot.chare).expect("encoding into a Vec cannot fail");
         Some((state, slot.meta))
+    }
+
+    fn snapshot(&self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)> {
+        let slot = self.elems.get(&key)?;
+        let state = postcard::to_allocvec(&slot.chare).expect("encoding into a Vec cannot fail");
+        Some((state, slot.meta.clone()))
     }
 
     fn unpack(

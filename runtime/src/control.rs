@@ -65,6 +65,9 @@ pub(crate) fn start(
                                     Err(e) => unreachable_coordinator(&coordinator, e),
                                 }
                             }
+                            ControlRequest::Checkpoint(req) => {
+                                crate::checkpoint::serve_request(&node, req.clone())
+                            }
                             ControlRequest::Hello { .. } => ControlReply::Error {
                                 message: "already authenticated".into(),
                             },

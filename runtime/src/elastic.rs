@@ -156,6 +156,14 @@ pub(crate) fn serve_request(
         if desk.is_some() {
             return refuse("a rescale is already in progress".into());
         }
+        if node
+            .checkpoint
+            .lock()
+            .expect("checkpoint desk poisoned")
+            .is_some()
+        {
+            return refuse("rescale refused: a checkpoint is in progress".into());
+        }
         *desk = Some(Desk::new(order, &view, tx));
     }
     // PE 0 is local rank 0 of node 0, where the control endpoint runs.

@@ -20,6 +20,7 @@ pub mod buffer;
 pub mod bulk;
 pub mod callback;
 pub mod chare;
+pub mod checkpoint;
 mod collection;
 mod control;
 pub mod ctx;

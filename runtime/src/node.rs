@@ -67,6 +67,8 @@ pub(crate) struct NodeShared {
     finished: AtomicBool,
     /// Node 0: the rescale being served.
     pub(crate) desk: Mutex<Option<Desk>>,
+    /// Node 0: the checkpoint being taken.
+    pub(crate) checkpoint: Mutex<Option<crate::checkpoint::CheckpointDesk>>,
     /// Envelope frames per peer in this epoch (the rescale's drain counts them).
     frames: Mutex<FrameCounts>,
     draining: AtomicBool,
@@ -97,6 +99,7 @@ impl NodeShared {
             abort_reason: Mutex::new(None),
             finished: AtomicBool::new(false),
             desk: Mutex::new(None),
+            checkpoint: Mutex::new(None),
             frames: Mutex::new(FrameCounts::default()),
             draining: AtomicBool::new(false),
             events,
@@ -795,7 +798,10 @@ fn start_pes(
                 .spawn(move || {
                     let mut pe = Pe::new(node.clone(), topo, pe_id);
                     if pe_id == 0 && main_here {
-                        pe.start_main();
+                        match env_var(contract::ENV_RESTORE) {
+                            Some(dir) => pe.restore(dir.into()),
+                            None => pe.start_main(),
+                        }
                     }
                     let inbox = &node.inboxes[rank];
                     let exit = loop {

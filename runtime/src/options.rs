@@ -171,7 +171,14 @@ mod tests {
     #[test]
     fn newcomer_flags_are_taken_out_of_the_programs_arguments() {
         let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let (o, rest) = parse(args(&["--newcomer", "--iters", "5", "--coordinator", "10.0.0.1:7000"])).unwrap();
+        let (o, rest) = parse(args(&[
+            "--newcomer",
+            "--iters",
+            "5",
+            "--coordinator",
+            "10.0.0.1:7000",
+        ]))
+        .unwrap();
         assert!(o.newcomer);
         assert_eq!(o.coordinator.as_deref(), Some("10.0.0.1:7000"));
         assert_eq!(rest, args(&["--iters", "5"]));

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use crossbeam_queue::SegQueue;
 
 mod balance;
+mod checkpoint;
 mod rescale;
 pub(crate) use rescale::{PeCommand, Reentry, RootRescale};
 use tracing::{debug, error, warn};
@@ -231,6 +232,10 @@ pub struct PeCtx {
     rescale: Option<RootRescale>,
     /// Root: callbacks to call with the new PE count after every rescale.
     rescale_callbacks: Vec<CallbackSpec>,
+    /// Root: the checkpoint being taken.
+    checkpoint: Option<checkpoint::RootCheckpoint>,
+    /// Root: the restore in progress.
+    restoring: Option<checkpoint::RootRestore>,
 }
 
 impl PeCtx {
@@ -661,8 +666,12 @@ impl PeCtx {
             Target::Element { coll, key } => self.send_element(coll, key, 0, payload),
             Target::Broadcast { coll } => self.broadcast(coll, 0, payload),
             Target::Member { coll, pe } => self.send_member(coll, pe, 0, payload),
+            Target::Checkpoint { coll } => self.checkpoint_quiescent(coll),
             Target::LbSync { coll } => {
                 // Root: every element of `coll` is at sync.
+                if self.checkpoint_at_sync(coll) {
+                    return;
+                }
                 if let Some(r) = &mut self.rescale {
                     // The rescale runs its own steps; this one waits for it.
                     r.defer_sync(coll);
@@ -758,6 +767,8 @@ impl Pe {
             specs: Vec::new(),
             rescale: None,
             rescale_callbacks: Vec::new(),
+            checkpoint: None,
+            restoring: None,
         };
         if let Some(speed) = ctx.node.options.pe_speed.get(&pe) {
             ctx.slowdown = 1.0 / speed;
@@ -1317,7 +1328,19 @@ impl Pe {
             SysMsg::RescaleBegin => self.rescale_begin(),
             SysMsg::RescaleStop(order) => self.ctx.stop_order = Some(order),
             SysMsg::Adopt(adoption) => self.adopt(adoption),
+            SysMsg::Adopted if self.ctx.restoring.is_some() => {}
             SysMsg::Adopted => self.rescale_adopted(),
+            SysMsg::CheckpointBegin => self.ctx.checkpoint_begin(),
+            SysMsg::CheckpointWrite { dir } => self.checkpoint_write(&dir),
+            SysMsg::CheckpointWritten { pe, result } => self.checkpoint_written(pe, result),
+            SysMsg::Restore {
+                coll,
+                key,
+                state,
+                meta,
+            } => self.restore_chare(coll, key, &state, meta),
+            SysMsg::RestoreSent => self.ctx.send_sys(0, SysMsg::RestoreAck),
+            SysMsg::RestoreAck => self.restore_acked(),
             SysMsg::Leaf(_) => error!(pe = me, "dropping a doubly wrapped runtime message"),
         }
     }
@@ -1330,7 +1353,7 @@ impl Pe {
     /// collection created before it joined, with the job's last broadcast
     /// and the first reduction new members join; arrays are then not
     /// constructed again (their elements exist elsewhere).
-    fn create_as(&mut self, spec: CreateSpec, adopted: Option<(u64, u32)>) {
+    fn create_as(&mut self, spec: CreateSpec, adopted: Option<(u64, u32, bool)>) {
         if self.ctx.pe == 0 && adopted.is_none() {
             self.ctx.specs.push(spec.clone());
         }
@@ -1353,7 +1376,9 @@ impl Pe {
         let mut store = (entry.make)(coll);
         let topo = self.ctx.topo.clone();
         let me = self.ctx.pe;
-        let red_start = adopted.map_or(0, |(_, r)| r);
+        let red_start = adopted.map_or(0, |(_, r, _)| r);
+        // A restore brings this PE's saved member instead.
+        let skip_members = adopted.is_some_and(|(_, _, skip)| skip);
         let (result, base) = match spec.shape {
             Shape::Array { .. } if adopted.is_some() => (Ok(()), 0),
             Shape::Array {
@@ -1364,12 +1389,13 @@ impl Pe {
                 count,
             ),
             Shape::Array { dims: None, .. } => (Ok(()), 0),
+            Shape::Group if skip_members => (Ok(()), topo.num_pes() as u64),
             Shape::Group => (
                 store.construct(0, &spec.init, red_start, &mut self.ctx),
                 topo.num_pes() as u64,
             ),
             Shape::NodeGroup => {
-                let r = if topo.first_pe(topo.my_node()) == me {
+                let r = if topo.first_pe(topo.my_node()) == me && !skip_members {
                     store.construct(0, &spec.init, red_start, &mut self.ctx)
                 } else {
                     Ok(())
@@ -1380,7 +1406,7 @@ impl Pe {
         if let Err(e) = result {
             error!(pe = me, "creating {} failed: {e}", entry.name);
         }
-        if let Some((last_bcast, _)) = adopted {
+        if let Some((last_bcast, _, _)) = adopted {
             store.set_last_broadcast(last_bcast);
         }
         self.stores.insert(coll, store);
@@ -1403,7 +1429,12 @@ impl Pe {
     }
 
     fn adopt_readonly(&mut self, entries: Vec<(u64, Vec<u8>)>) {
-        if self.ctx.pe != 0 {
+        // PE 0 of a running job set them itself; a restoring one did not.
+        let entries: Vec<_> = entries
+            .into_iter()
+            .filter(|(id, _)| !self.ctx.readonly.contains_key(id))
+            .collect();
+        if !entries.is_empty() {
             let reg = self.ctx.node.registry.clone();
             let mut table = self
                 .ctx

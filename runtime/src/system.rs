@@ -149,6 +149,29 @@ pub(crate) enum SysMsg {
     Adopt(Adoption),
     /// To PE 0: a newcomer PE adopted the job's state.
     Adopted,
+    /// PE 0 to itself: the control endpoint queued a checkpoint (see
+    /// [`crate::checkpoint`]); take it at the next sync point.
+    CheckpointBegin,
+    /// From PE 0 to every PE (the job is quiescent): write your chares to
+    /// directory `dir`.
+    CheckpointWrite { dir: String },
+    /// To PE 0: what this PE wrote (chares, bytes), or why it could not.
+    CheckpointWritten {
+        pe: Pe,
+        result: Result<(u64, u64), String>,
+    },
+    /// A checkpointed chare, from the restoring PE 0 to its new PE: it
+    /// replaces any member constructed there.
+    Restore {
+        coll: CollId,
+        key: IndexKey,
+        state: Vec<u8>,
+        meta: ElemMeta,
+    },
+    /// From the restoring PE 0, after every `Restore` for this PE.
+    RestoreSent,
+    /// To PE 0: every `Restore` sent here arrived.
+    RestoreAck,
 }
 
 /// What every node needs to know to take part in a rescale.
@@ -180,6 +203,8 @@ pub(crate) struct AdoptedColl {
     pub last_bcast: u64,
     /// The first reduction a new group or nodegroup member joins.
     pub red_start: u32,
+    /// Construct no member here: a restored one arrives (`Restore`).
+    pub skip_members: bool,
 }
 
 impl SysMsg {
@@ -203,7 +228,8 @@ impl SysMsg {
         match self {
             SysMsg::InsertRequest { coll, .. }
             | SysMsg::Insert { coll, .. }
-            | SysMsg::Migrate { coll, .. } => Some(*coll),
+            | SysMsg::Migrate { coll, .. }
+            | SysMsg::Restore { coll, .. } => Some(*coll),
             _ => None,
         }
     }

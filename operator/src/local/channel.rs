@@ -52,6 +52,14 @@ pub enum Request {
         /// Their pids.
         pids: Vec<u32>,
     },
+    /// When the job ends with the checkpointed exit code, launch it again
+    /// with `nodes` nodes, restoring from `dir` (the restart baseline).
+    Restart {
+        /// Node count of the relaunched job.
+        nodes: u32,
+        /// The checkpoint directory.
+        dir: PathBuf,
+    },
 }
 
 /// The launcher's answer.
@@ -88,6 +96,7 @@ impl Request {
         match self {
             Request::Spawn { count } => format!("spawn {count}\n"),
             Request::Stop { pids } => format!("stop {}\n", join_pids(pids)),
+            Request::Restart { nodes, dir } => format!("restart {nodes} {}\n", dir.display()),
         }
     }
 }
@@ -120,8 +129,20 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
             }
             Ok(Request::Stop { pids })
         }
+        "restart" => {
+            let (nodes, dir) = rest.split_once(' ').unwrap_or((rest, ""));
+            match nodes.parse::<u32>() {
+                Ok(nodes) if nodes >= 1 && !dir.is_empty() => Ok(Request::Restart {
+                    nodes,
+                    dir: PathBuf::from(dir),
+                }),
+                _ => Err(format!(
+                    "restart takes a node count of at least 1 and a directory, not {rest:?}"
+                )),
+            }
+        }
         _ => Err(format!(
-            "unknown request {verb:?}: expected `spawn K` or `stop PID,...`"
+            "unknown request {verb:?}: expected `spawn K`, `stop PID,...` or `restart N DIR`"
         )),
     }
 }
@@ -350,11 +371,26 @@ mod tests {
             ("stop 1\n", Err("\"1\" is not a pid")),
             (
                 "SPAWN 1\n",
-                Err("unknown request \"SPAWN\": expected `spawn K` or `stop PID,...`"),
+                Err("unknown request \"SPAWN\": expected `spawn K`, `stop PID,...` or `restart N DIR`"),
             ),
             (
                 "",
-                Err("unknown request \"\": expected `spawn K` or `stop PID,...`"),
+                Err("unknown request \"\": expected `spawn K`, `stop PID,...` or `restart N DIR`"),
+            ),
+            (
+                "restart 3 /tmp/job/ckpt\n",
+                Ok(Request::Restart {
+                    nodes: 3,
+                    dir: PathBuf::from("/tmp/job/ckpt"),
+                }),
+            ),
+            (
+                "restart 0 /tmp/ckpt\n",
+                Err("restart takes a node count of at least 1 and a directory, not \"0 /tmp/ckpt\""),
+            ),
+            (
+                "restart 2\n",
+                Err("restart takes a node count of at least 1 and a directory, not \"2\""),
             ),
         ];
         for (line, want) in table {

@@ -83,6 +83,9 @@ pub struct JobSpec {
     /// The executable whose `coordinator` subcommand runs the coordinator
     /// (normally the `ductile` binary itself).
     pub coordinator_exe: PathBuf,
+    /// Start from this checkpoint directory instead of running main
+    /// (`DUCTILE_RESTORE`; see docs/elasticity.md, "The restart baseline").
+    pub restore: Option<PathBuf>,
 }
 
 impl JobSpec {
@@ -114,6 +117,7 @@ impl JobSpec {
             program: program.into(),
             args,
             coordinator_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("ductile")),
+            restore: None,
         }
     }
 
@@ -492,50 +496,78 @@ pub fn launch(
         kill_grace: spec.kill_grace,
     };
 
-    let started = start_processes(spec, &program, &dir, &mut fleet, &mut state, stop, t0);
-    let (secret, env) = match started {
-        Ok(started) => started,
-        Err(err) => {
-            // Stop whatever did start, then record why the launch failed.
-            fleet.stop(Signal::SIGTERM, stop);
-            let outcome = Outcome {
-                result: JobResult::LaunchFailed,
-                exit_code: err.exit_code(),
-                message: err.to_string(),
-                elapsed_s: t0.elapsed().as_secs_f64(),
-            };
-            finish_record(&dir, &mut state, outcome);
-            return Err(err);
-        }
-    };
+    // A `restart` request makes the job run again, at its new size, once it
+    // ended with the checkpointed code: same launcher, state directory and
+    // deadline; a new coordinator and new processes.
+    let mut relaunch: Option<JobSpec> = None;
+    loop {
+        let spec = relaunch.as_ref().unwrap_or(spec);
+        let started = start_processes(spec, &program, &dir, &mut fleet, &mut state, stop, t0);
+        let (secret, env) = match started {
+            Ok(started) => started,
+            Err(err) => {
+                // Stop whatever did start, then record why the launch failed.
+                fleet.stop(Signal::SIGTERM, stop);
+                let outcome = Outcome {
+                    result: JobResult::LaunchFailed,
+                    exit_code: err.exit_code(),
+                    message: err.to_string(),
+                    elapsed_s: t0.elapsed().as_secs_f64(),
+                };
+                finish_record(&dir, &mut state, outcome);
+                return Err(err);
+            }
+        };
 
-    let job = RunningJob {
-        spec,
-        program: &program,
-        dir: &dir,
-        env: &env,
-        secret,
-        t0,
-    };
-    let (end, all_stopped) = supervise(&job, &mut fleet, &mut state, stop, say);
-    let outcome = Outcome {
-        result: match &end {
-            JobEnd::Completed { .. } => JobResult::Completed,
-            JobEnd::Failed(_) => JobResult::Failed,
-            JobEnd::TimedOut { .. } => JobResult::TimedOut,
-            JobEnd::Interrupted { .. } => JobResult::Interrupted,
-        },
-        exit_code: end.exit_code(),
-        message: end.message().unwrap_or_default(),
-        elapsed_s: t0.elapsed().as_secs_f64(),
-    };
-    finish_record(&dir, &mut state, outcome);
-    dir.release();
-    Ok(JobReport {
-        end,
-        state,
-        all_stopped,
-    })
+        let job = RunningJob {
+            spec,
+            program: &program,
+            dir: &dir,
+            env: &env,
+            secret,
+            t0,
+        };
+        let (end, all_stopped, restart) = supervise(&job, &mut fleet, &mut state, stop, say);
+        if let (Some((nodes, ckpt)), JobEnd::Completed { code, .. }) = (restart, &end) {
+            if *code == contract::EXIT_CHECKPOINTED && all_stopped {
+                tracing::info!(nodes, dir = %ckpt.display(), "relaunching the job from its checkpoint");
+                let mut next = spec.clone();
+                next.nodes = nodes;
+                next.restore = Some(ckpt);
+                state.nodes.clear();
+                state.newcomers.clear();
+                state.coordinator_restarts.clear();
+                state.shape.nodes = nodes;
+                fleet = Fleet {
+                    coordinator: None,
+                    nodes: Vec::new(),
+                    newcomers: Vec::new(),
+                    kill_grace: spec.kill_grace,
+                };
+                dir.forget_processes();
+                relaunch = Some(next);
+                continue;
+            }
+        }
+        let outcome = Outcome {
+            result: match &end {
+                JobEnd::Completed { .. } => JobResult::Completed,
+                JobEnd::Failed(_) => JobResult::Failed,
+                JobEnd::TimedOut { .. } => JobResult::TimedOut,
+                JobEnd::Interrupted { .. } => JobResult::Interrupted,
+            },
+            exit_code: end.exit_code(),
+            message: end.message().unwrap_or_default(),
+            elapsed_s: t0.elapsed().as_secs_f64(),
+        };
+        finish_record(&dir, &mut state, outcome);
+        dir.release();
+        return Ok(JobReport {
+            end,
+            state,
+            all_stopped,
+        });
+    }
 }
 
 fn finish_record(dir: &StateDir, state: &mut JobState, outcome: Outcome) {
@@ -597,6 +629,10 @@ fn node_command(spec: &JobSpec, program: &Path, env: &NodeEnv, joining: &Joining
         } => {
             cmd.env(contract::ENV_ROLE, contract::ROLE_LAUNCH)
                 .env(contract::ENV_LAUNCH_INDEX, index.to_string());
+            match &spec.restore {
+                Some(dir) => cmd.env(contract::ENV_RESTORE, dir),
+                None => cmd.env_remove(contract::ENV_RESTORE),
+            };
             if *index == 0 {
                 // Node 0 serves the control endpoint (`ductile status`) on a port of its choosing.
                 cmd.env(
@@ -612,6 +648,7 @@ fn node_command(spec: &JobSpec, program: &Path, env: &NodeEnv, joining: &Joining
         Joining::Newcomer => {
             // Node 0 never leaves, so a newcomer never serves the control endpoint.
             cmd.env(contract::ENV_ROLE, contract::ROLE_NEWCOMER)
+                .env_remove(contract::ENV_RESTORE)
                 .env_remove(contract::ENV_LAUNCH_INDEX)
                 .env_remove(contract::ENV_CONTROL)
                 .env_remove(contract::ENV_CONTROL_FILE);
@@ -926,8 +963,9 @@ fn supervise(
     state: &mut JobState,
     stop: &StopRequest,
     say: &mut dyn FnMut(&str),
-) -> (JobEnd, bool) {
+) -> (JobEnd, bool, Option<(u32, PathBuf)>) {
     let (spec, dir, t0) = (job.spec, job.dir, job.t0);
+    let mut restart: Option<(u32, PathBuf)> = None;
     let node_pids: Vec<u32> = fleet.nodes.iter().map(Supervised::pid).collect();
     let coordinator_pid = fleet.coordinator.as_ref().map(Supervised::pid).unwrap_or(0);
     let limits = Limits {
@@ -1029,6 +1067,15 @@ fn supervise(
                     reply
                 }
                 Request::Stop { pids } => stop_newcomers(pids, fleet, &sup),
+                Request::Restart { nodes, dir } => {
+                    if restart.is_some() {
+                        Reply::Error("a restart is already arranged".to_owned())
+                    } else {
+                        tracing::info!(nodes, dir = %dir.display(), "restart arranged for when the job checkpoints");
+                        restart = Some((*nodes, dir.clone()));
+                        Reply::Ok(Vec::new())
+                    }
+                }
             };
             request.answer(reply);
         }
@@ -1122,7 +1169,7 @@ fn supervise(
             left.join(", ")
         ));
     }
-    (end, all_stopped)
+    (end, all_stopped, restart)
 }
 
 /// Starts `count` newcomers as children of this launcher, supervised and

@@ -274,6 +274,9 @@ impl Pe {
             self.rescale_lb_done(coll, root.migrations);
         } else {
             self.ctx.send_sys(0, SysMsg::LbResume { coll, step });
+            if self.ctx.restoring.is_some() {
+                self.restore_balanced(coll);
+            }
             if self.ctx.rescale.is_some() {
                 // A rescale was waiting for this step to end.
                 self.rescale_advance();

@@ -326,6 +326,7 @@ impl Pe {
                 spec,
                 last_bcast,
                 red_start,
+                skip_members: false,
             });
         }
         Adoption { readonly, colls }
@@ -626,7 +627,7 @@ impl Pe {
     pub(super) fn adopt(&mut self, adoption: Adoption) {
         self.adopt_readonly(adoption.readonly);
         for c in adoption.colls {
-            self.create_as(c.spec, Some((c.last_bcast, c.red_start)));
+            self.create_as(c.spec, Some((c.last_bcast, c.red_start, c.skip_members)));
         }
         debug!(pe = self.ctx.pe, "newcomer PE adopted the job's state");
         self.ctx.send_sys(0, SysMsg::Adopted);

@@ -1,0 +1,566 @@
+//! A PE's part in a checkpoint and in a restore (see [`crate::checkpoint`]).
+//!
+//! Checkpoint, driven by PE 0: the control endpoint's request waits for the
+//! next `at_sync` of any array ([`PeCtx::checkpoint_at_sync`]), then for
+//! quiescence; every PE checks that it holds no application message and
+//! writes a snapshot of its chares (they stay where they are); PE 0 writes
+//! the job's file and answers. The job then ends with
+//! [`EXIT_CHECKPOINTED`] or goes on with the load-balancing step it was
+//! about to run.
+//!
+//! Restore, on PE 0 of a job started with `DUCTILE_RESTORE`: instead of
+//! running main it re-creates main and every collection from the files,
+//! sends each chare to a PE of the new job (array elements round-robin by
+//! their old PE, group and nodegroup members to the same PE or node when it
+//! still exists), waits until every PE has them, and runs the interrupted
+//! step, which balances and resumes the elements.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use ductile_coordinator::contract::EXIT_CHECKPOINTED;
+use ductile_coordinator::control::CheckpointReport;
+use tracing::{error, info, warn};
+
+use super::{Pe, PeCtx, Population};
+use crate::callback::{CallbackSpec, Target};
+use crate::chare::IndexKey;
+use crate::checkpoint::{
+    job_path, pe_path, read, write, JobFile, PeFile, SavedChare, SavedPopulation,
+};
+use crate::collection::ElemMeta;
+use crate::msg::{CollId, Dest, MAIN_COLL};
+use crate::node::EXIT_STARTUP;
+use crate::system::{AdoptedColl, Adoption, Shape, SysMsg};
+
+/// PE 0's bookkeeping of the checkpoint being taken.
+#[derive(Default)]
+pub(crate) struct RootCheckpoint {
+    /// The array whose sync point it waits at (set once one arrived).
+    synced: Option<CollId>,
+    written: u32,
+    chares: u64,
+    bytes: u64,
+    failures: Vec<String>,
+}
+
+/// PE 0's bookkeeping of a restore.
+pub(crate) struct RootRestore {
+    dir: PathBuf,
+    synced: CollId,
+    acks: u32,
+    chares: u64,
+    started: Instant,
+    placed_ms: f64,
+}
+
+impl PeCtx {
+    /// Root: the control endpoint queued a checkpoint.
+    pub(super) fn checkpoint_begin(&mut self) {
+        if self.rescale.is_some() {
+            self.checkpoint_answer(Err("a rescale is in progress".into()));
+            return;
+        }
+        self.checkpoint = Some(RootCheckpoint::default());
+        info!("checkpoint requested: waiting for the next sync point");
+    }
+
+    /// Root: every element of `coll` is at sync. Returns whether a waiting
+    /// checkpoint took the sync point (its step runs after the checkpoint).
+    pub(super) fn checkpoint_at_sync(&mut self, coll: CollId) -> bool {
+        match &mut self.checkpoint {
+            Some(c) if c.synced.is_none() => c.synced = Some(coll),
+            _ => return false,
+        }
+        // Quiescence: nothing of the application queued or in flight.
+        self.send_sys(
+            0,
+            SysMsg::QdStart {
+                callback: CallbackSpec {
+                    target: Target::Checkpoint { coll },
+                    prefix: Vec::new(),
+                },
+            },
+        );
+        true
+    }
+
+    /// Root: the job is quiescent; every PE writes its chares.
+    pub(super) fn checkpoint_quiescent(&mut self, coll: CollId) {
+        let dir = self
+            .node
+            .checkpoint
+            .lock()
+            .expect("checkpoint desk poisoned")
+            .as_mut()
+            .map(|d| {
+                d.writing_from = Some(Instant::now());
+                d.dir.to_string_lossy().into_owned()
+            });
+        let Some(dir) = dir else {
+            error!("quiescence for a checkpoint nobody waits for; resuming {coll:#x}");
+            self.checkpoint = None;
+            self.lb_start(coll, false, Vec::new());
+            return;
+        };
+        for pe in 0..self.num_pes() {
+            self.send_sys(pe, SysMsg::CheckpointWrite { dir: dir.clone() });
+        }
+    }
+
+    fn checkpoint_answer(&mut self, result: Result<CheckpointReport, String>) {
+        let desk = self
+            .node
+            .checkpoint
+            .lock()
+            .expect("checkpoint desk poisoned")
+            .take();
+        if let Some(desk) = desk {
+            let _ = desk.reply.send(result);
+        }
+    }
+
+    /// What this PE holds that a checkpoint cannot capture: application
+    /// messages waiting anywhere, reductions under way.
+    fn unsettled(&self) -> Option<String> {
+        let queued = self
+            .fifo
+            .iter()
+            .chain(self.heap.iter().map(|q| &q.env))
+            .filter(|e| !matches!(e.dest, Dest::System))
+            .count();
+        let held = self.unknown.values().map(Vec::len).sum::<usize>()
+            + self.waiting.values().map(Vec::len).sum::<usize>()
+            + self.held_in.len();
+        if queued + held > 0 || !self.gathered.is_empty() {
+            Some(format!(
+                "PE {} is not settled: {queued} queued and {held} held messages, {} partial reductions",
+                self.pe,
+                self.gathered.len()
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+impl Pe {
+    /// Every PE: snapshot every chare here (main excepted: PE 0 writes it
+    /// with the job's file) to `dir/pe-<N>.ckpt`.
+    pub(super) fn checkpoint_write(&mut self, dir: &str) {
+        let me = self.ctx.pe;
+        let result = match self.ctx.unsettled() {
+            Some(why) => Err(why),
+            None => {
+                let mut colls: Vec<CollId> = self
+                    .stores
+                    .keys()
+                    .copied()
+                    .filter(|&c| c != MAIN_COLL)
+                    .collect();
+                colls.sort_unstable();
+                let mut chares = Vec::new();
+                for coll in colls {
+                    let store = &self.stores[&coll];
+                    let mut keys: Vec<IndexKey> =
+                        store.locals().into_iter().map(|(k, _)| k).collect();
+                    keys.sort_unstable();
+                    for key in keys {
+                        if let Some((state, meta)) = store.snapshot(key) {
+                            chares.push(SavedChare {
+                                coll,
+                                key,
+                                state,
+                                meta,
+                            });
+                        }
+                    }
+                }
+                let file = PeFile {
+                    pe: me,
+                    node: self.ctx.topo.my_node(),
+                    chares,
+                };
+                let n = file.chares.len() as u64;
+                write(&pe_path(Path::new(dir), me), &file)
+                    .map(|bytes| (n, bytes))
+                    .map_err(|e| e.to_string())
+            }
+        };
+        self.ctx
+            .send_sys(0, SysMsg::CheckpointWritten { pe: me, result });
+    }
+
+    /// Root: one PE's files are written (or not).
+    pub(super) fn checkpoint_written(&mut self, pe: u32, result: Result<(u64, u64), String>) {
+        let npes = self.ctx.num_pes();
+        let Some(c) = self.ctx.checkpoint.as_mut() else {
+            warn!("a checkpoint report from PE {pe} with no checkpoint under way");
+            return;
+        };
+        c.written += 1;
+        match result {
+            Ok((chares, bytes)) => {
+                c.chares += chares;
+                c.bytes += bytes;
+            }
+            Err(e) => c.failures.push(e),
+        }
+        if c.written < npes {
+            return;
+        }
+        let c = self.ctx.checkpoint.take().expect("checked");
+        let synced = c.synced.expect("a checkpoint writes at a sync point");
+        let outcome = if c.failures.is_empty() {
+            self.write_job_file(synced)
+                .map(|bytes| (c.chares + 1, c.bytes + bytes))
+        } else {
+            Err(c.failures.join("; "))
+        };
+        let (started, writing_from, dir, exit) = {
+            let desk = self
+                .ctx
+                .node
+                .checkpoint
+                .lock()
+                .expect("checkpoint desk poisoned");
+            match desk.as_ref() {
+                Some(d) => (
+                    d.started,
+                    d.writing_from.unwrap_or(d.started),
+                    d.dir.clone(),
+                    d.exit,
+                ),
+                None => return,
+            }
+        };
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let report = outcome.map(|(chares, bytes)| CheckpointReport {
+            epoch: self.ctx.topo.epoch(),
+            pes: npes,
+            chares,
+            bytes,
+            wait_ms: (writing_from - started).as_secs_f64() * 1e3,
+            write_ms: ms(writing_from),
+            total_ms: ms(started),
+        });
+        match &report {
+            Ok(r) => {
+                info!(dir = %dir.display(), chares = r.chares, bytes = r.bytes, "checkpoint written")
+            }
+            Err(e) => error!("checkpoint failed: {e}"),
+        }
+        let ok = report.is_ok();
+        self.ctx.checkpoint_answer(report);
+        if ok && exit {
+            self.ctx.exit(EXIT_CHECKPOINTED);
+        } else {
+            // Go on: run the step whose sync point the checkpoint took.
+            self.ctx.lb_start(synced, false, Vec::new());
+        }
+    }
+
+    fn write_job_file(&mut self, synced: CollId) -> Result<u64, String> {
+        let dir = match self
+            .ctx
+            .node
+            .checkpoint
+            .lock()
+            .expect("checkpoint desk poisoned")
+            .as_ref()
+        {
+            Some(d) => d.dir.clone(),
+            None => return Err("the checkpoint request went away".into()),
+        };
+        let (state, meta) = self
+            .stores
+            .get(&MAIN_COLL)
+            .and_then(|s| s.snapshot(0))
+            .ok_or("the main chare is not on PE 0")?;
+        let reg = self.ctx.node.registry.clone();
+        let mut readonly: Vec<(u64, Vec<u8>)> = self
+            .ctx
+            .readonly
+            .iter()
+            .map(|(id, v)| (*id, (reg.readonlies[id].encode)(&**v)))
+            .collect();
+        readonly.sort_unstable_by_key(|(id, _)| *id);
+        let mut populations = Vec::new();
+        for (&coll, p) in &self.ctx.populations {
+            if !p.done.is_empty() {
+                return Err(format!(
+                    "collection {coll:#x} has reduction results waiting"
+                ));
+            }
+            populations.push((
+                coll,
+                SavedPopulation {
+                    base: p.base,
+                    births: p.births.clone(),
+                    next_open: p.next_open,
+                },
+            ));
+        }
+        populations.sort_unstable_by_key(|(c, _)| *c);
+        let sorted = |m: &std::collections::HashMap<CollId, u64>| {
+            let mut v: Vec<(CollId, u64)> = m.iter().map(|(c, n)| (*c, *n)).collect();
+            v.sort_unstable();
+            v
+        };
+        let mut broadcasts = sorted(&self.ctx.next_bcast);
+        for (coll, store) in &self.stores {
+            if let Some(b) = broadcasts.iter_mut().find(|(c, _)| c == coll) {
+                b.1 = b.1.max(store.last_broadcast());
+            }
+        }
+        let job = JobFile {
+            pes: self.ctx.num_pes(),
+            nodes: self.ctx.topo.num_nodes(),
+            readonly,
+            specs: self.ctx.specs.clone(),
+            populations,
+            broadcasts,
+            lb_steps: sorted(&self.ctx.lb_steps),
+            synced,
+            main: SavedChare {
+                coll: MAIN_COLL,
+                key: 0,
+                state,
+                meta,
+            },
+        };
+        write(&job_path(&dir), &job).map_err(|e| e.to_string())
+    }
+
+    /// PE 0 of a restarted job: everything main would have done, from the files.
+    pub(crate) fn restore(&mut self, dir: PathBuf) {
+        match self.try_restore(&dir) {
+            Ok(()) => {}
+            Err(e) => {
+                error!("cannot restore from {}: {e}", dir.display());
+                self.ctx.exit(EXIT_STARTUP);
+            }
+        }
+    }
+
+    fn try_restore(&mut self, dir: &Path) -> Result<(), String> {
+        let started = Instant::now();
+        let job: JobFile = read(&job_path(dir)).map_err(|e| e.to_string())?;
+        let files: Vec<PeFile> = (0..job.pes)
+            .map(|pe| read::<PeFile>(&pe_path(dir, pe)).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?;
+        let reg = self.ctx.node.registry.clone();
+        let main_type = reg.main_type.ok_or("no main chare registered")?;
+        let entry = reg.chares.get(&main_type).expect("main type is registered");
+        let mut main = (entry.make)(MAIN_COLL);
+        main.unpack(0, &job.main.state, job.main.meta.clone(), &mut self.ctx)
+            .map_err(|e| format!("the main chare: {e}"))?;
+        self.stores.insert(MAIN_COLL, main);
+
+        let topo = self.ctx.topo.clone();
+        let (pes, nodes) = (topo.num_pes(), topo.num_nodes());
+        self.ctx.specs = job.specs.clone();
+        self.ctx.next_bcast = job.broadcasts.iter().copied().collect();
+        self.ctx.lb_steps = job.lb_steps.iter().copied().collect();
+        let mut populations: BTreeMap<CollId, Population> = job
+            .populations
+            .into_iter()
+            .map(|(c, p)| {
+                (
+                    c,
+                    Population {
+                        base: p.base,
+                        births: p.births,
+                        next_open: p.next_open,
+                        done: BTreeMap::new(),
+                    },
+                )
+            })
+            .collect();
+
+        // Where each chare goes, and the members that do not come back.
+        let shapes: BTreeMap<CollId, Shape> = job
+            .specs
+            .iter()
+            .map(|s| (s.coll, s.shape.clone()))
+            .collect();
+        let mut sends: Vec<(u32, SavedChare)> = Vec::new();
+        let mut restored_members: BTreeMap<CollId, Vec<u32>> = BTreeMap::new();
+        let mut pe0_next: BTreeMap<CollId, u32> = BTreeMap::new();
+        for file in files {
+            for c in file.chares {
+                let target = match shapes.get(&c.coll) {
+                    Some(Shape::Array { .. }) => Some(file.pe % pes),
+                    Some(Shape::Group) => (file.pe < pes).then_some(file.pe),
+                    Some(Shape::NodeGroup) => (file.node < nodes).then(|| topo.first_pe(file.node)),
+                    None => return Err(format!("chare of an unknown collection {:#x}", c.coll)),
+                };
+                if !matches!(shapes[&c.coll], Shape::Array { .. }) {
+                    if file.pe == 0 {
+                        pe0_next.insert(c.coll, c.meta.next_red);
+                    }
+                    match target {
+                        Some(pe) => restored_members.entry(c.coll).or_default().push(pe),
+                        // A member whose PE or node is gone: it owes nothing more.
+                        None => {
+                            if let Some(p) = populations.get_mut(&c.coll) {
+                                *p.births.entry(c.meta.next_red).or_insert(0) -= 1;
+                            }
+                        }
+                    }
+                }
+                if let Some(pe) = target {
+                    sends.push((pe, c));
+                }
+            }
+        }
+
+        // New members (more PEs or nodes than before) join like newcomers.
+        let mut red_start: BTreeMap<CollId, u32> = BTreeMap::new();
+        for spec in &job.specs {
+            let (now, before) = match spec.shape {
+                Shape::Group => (pes, job.pes),
+                Shape::NodeGroup => (nodes, job.nodes),
+                Shape::Array { .. } => continue,
+            };
+            if let Some(p) = populations.get_mut(&spec.coll) {
+                let start = pe0_next
+                    .get(&spec.coll)
+                    .copied()
+                    .unwrap_or(p.next_open)
+                    .max(p.next_open);
+                if now > before {
+                    *p.births.entry(start).or_insert(0) += (now - before) as i64;
+                }
+                red_start.insert(spec.coll, start);
+            }
+        }
+        self.ctx.populations = populations.into_iter().collect();
+
+        let broadcasts: BTreeMap<CollId, u64> = job.broadcasts.iter().copied().collect();
+        for pe in 0..pes {
+            let colls = job
+                .specs
+                .iter()
+                .map(|spec| AdoptedColl {
+                    spec: spec.clone(),
+                    last_bcast: broadcasts.get(&spec.coll).copied().unwrap_or(0),
+                    red_start: red_start.get(&spec.coll).copied().unwrap_or(0),
+                    skip_members: restored_members
+                        .get(&spec.coll)
+                        .is_some_and(|m| m.contains(&pe)),
+                })
+                .collect();
+            self.ctx.send_sys(
+                pe,
+                SysMsg::Adopt(Adoption {
+                    readonly: job.readonly.clone(),
+                    colls,
+                }),
+            );
+        }
+        let chares = sends.len() as u64 + 1;
+        for (pe, c) in sends {
+            self.ctx.send_sys(
+                pe,
+                SysMsg::Restore {
+                    coll: c.coll,
+                    key: c.key,
+                    state: c.state,
+                    meta: c.meta,
+                },
+            );
+        }
+        for pe in 0..pes {
+            self.ctx.send_sys(pe, SysMsg::RestoreSent);
+        }
+        info!(
+            from_pes = job.pes,
+            pes,
+            chares,
+            "restoring the job from {}",
+            dir.display()
+        );
+        self.ctx.restoring = Some(RootRestore {
+            dir: dir.to_path_buf(),
+            synced: job.synced,
+            acks: 0,
+            chares,
+            started,
+            placed_ms: 0.0,
+        });
+        Ok(())
+    }
+
+    /// Any PE: a checkpointed chare arrived; it replaces a member built here.
+    pub(super) fn restore_chare(
+        &mut self,
+        coll: CollId,
+        key: IndexKey,
+        state: &[u8],
+        meta: ElemMeta,
+    ) {
+        let Some(store) = self.stores.get_mut(&coll) else {
+            error!(
+                pe = self.ctx.pe,
+                "a restored chare of an unknown collection {coll:#x} was lost"
+            );
+            return;
+        };
+        if store.has(key) {
+            let _ = store.pack(key);
+        }
+        if let Err(e) = store.unpack(key, state, meta, &mut self.ctx) {
+            error!(
+                pe = self.ctx.pe,
+                "a restored chare of {} was lost: {e}",
+                self.coll_name(coll)
+            );
+        }
+    }
+
+    /// Root: one more PE holds everything sent to it.
+    pub(super) fn restore_acked(&mut self) {
+        let pes = self.ctx.num_pes();
+        let Some(r) = self.ctx.restoring.as_mut() else {
+            return;
+        };
+        r.acks += 1;
+        if r.acks < pes {
+            return;
+        }
+        r.placed_ms = r.started.elapsed().as_secs_f64() * 1e3;
+        let synced = r.synced;
+        // The step the checkpoint interrupted: spreads and resumes the elements.
+        self.ctx.lb_start(synced, false, Vec::new());
+    }
+
+    /// Root: the first step after a restore ended; the job runs again.
+    pub(super) fn restore_balanced(&mut self, coll: CollId) {
+        let Some(r) = self.ctx.restoring.take_if(|r| r.synced == coll) else {
+            return;
+        };
+        let total_ms = r.started.elapsed().as_secs_f64() * 1e3;
+        info!(
+            chares = r.chares,
+            placed_ms = r.placed_ms,
+            total_ms,
+            "job restored"
+        );
+        let record = serde_json::json!({
+            "pes": self.ctx.num_pes(),
+            "chares": r.chares,
+            "place_ms": r.placed_ms,
+            "balance_ms": total_ms - r.placed_ms,
+            "total_ms": total_ms,
+        });
+        let path = r.dir.join("restored.json");
+        let tmp = path.with_extension("tmp");
+        let written =
+            std::fs::write(&tmp, record.to_string()).and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            warn!("cannot write {}: {e}", path.display());
+        }
+    }
+}
