@@ -348,7 +348,9 @@ mod tests {
                     pending: vec![],
                     uptime_ms: 1,
                 }),
-                ControlRequest::Hello { .. } | ControlRequest::Rescale(_) => ControlReply::Error {
+                ControlRequest::Hello { .. }
+                | ControlRequest::Rescale(_)
+                | ControlRequest::Checkpoint(_) => ControlReply::Error {
                     message: "not served here".into(),
                 },
             })

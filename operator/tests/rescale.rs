@@ -602,6 +602,9 @@ mod fake {
                                 },
                             }
                         }
+                        ControlRequest::Checkpoint(_) => ControlReply::Error {
+                            message: "not served by this test".to_owned(),
+                        },
                         ControlRequest::Hello { .. } => ControlReply::Error {
                             message: "already authenticated".to_owned(),
                         },

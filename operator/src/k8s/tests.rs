@@ -518,6 +518,9 @@ fn fake_job(secret: &Secret, members: &[&str]) -> (u16, Arc<Mutex<FakeJob>>) {
                     match request {
                         ControlRequest::Status => ControlReply::Status(job.status()),
                         ControlRequest::Rescale(r) => job.rescale(r),
+                        ControlRequest::Checkpoint(_) => ControlReply::Error {
+                            message: "the operator never checkpoints".into(),
+                        },
                         ControlRequest::Hello { .. } => ControlReply::Error {
                             message: "hello twice".into(),
                         },
