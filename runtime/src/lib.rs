@@ -24,6 +24,7 @@ mod collection;
 mod control;
 pub mod ctx;
 pub mod elastic;
+pub mod gpu;
 pub mod lb;
 mod link;
 mod msg;
