@@ -867,9 +867,15 @@ fn record(
         added,
         stage_timings: report
             .map(|r| {
+                // GPU work inside the stages, marked apart: `gpu_staging`, `gpu_context`.
                 r.stages
                     .iter()
                     .map(|s| (s.stage.clone(), s.ms.round() as i64))
+                    .chain(
+                        r.gpu
+                            .iter()
+                            .map(|g| (format!("gpu_{}", g.stage), g.ms.round() as i64)),
+                    )
                     .collect()
             })
             .unwrap_or_default(),
