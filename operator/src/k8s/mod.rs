@@ -516,14 +516,14 @@ async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<A
         let replicas = u32::try_from(job.spec.replicas).unwrap_or(0);
         for index in 0..replicas {
             let pod_name = objects::pod_name(job, index);
-            if !view.by_name.contains_key(&pod_name) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = view.by_name.entry(pod_name) {
                 let pod = pods
                     .create(
                         &PostParams::default(),
                         &objects::launch_pod(job, index, &ctx.settings),
                     )
                     .await?;
-                view.by_name.insert(pod_name, pod);
+                slot.insert(pod);
             }
         }
     }
