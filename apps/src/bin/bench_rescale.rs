@@ -950,7 +950,10 @@ fn real_main() -> Result<ExitCode> {
     }
     if let Some(keep) = &o.keep_logs {
         if let Err(e) = copy_logs(&logs, keep) {
-            eprintln!("bench_rescale: could not keep the logs in {}: {e:#}", keep.display());
+            eprintln!(
+                "bench_rescale: could not keep the logs in {}: {e:#}",
+                keep.display()
+            );
         }
     }
     if failures.is_empty() {
