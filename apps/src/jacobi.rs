@@ -220,6 +220,10 @@ pub struct Block {
     /// sweep without having sent its own first ghosts.
     started: bool,
     pending: Pending<(Side, Bulk<f64>)>,
+    /// The grid on the PE's GPU (`jacobi2d --gpu`); `cur` and `next` are
+    /// then empty.
+    #[cfg(feature = "cuda")]
+    dev: Option<crate::jacobi_gpu::DeviceGrid>,
 }
 
 impl Block {
@@ -242,6 +246,10 @@ impl Block {
     }
 
     fn edge(&self, their_halo: Side) -> Vec<f64> {
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = &self.dev {
+            return dev.edge(their_halo).to_vec();
+        }
         let stride = self.w + 2;
         match their_halo {
             Side::South => self.cur[stride + 1..stride + 1 + self.w].to_vec(),
@@ -254,6 +262,11 @@ impl Block {
     }
 
     fn fill(&mut self, side: Side, data: &[f64]) {
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = &mut self.dev {
+            dev.stage_ghost(side, data);
+            return;
+        }
         let stride = self.w + 2;
         match side {
             Side::North => self.cur[1..1 + self.w].copy_from_slice(data),
@@ -268,10 +281,15 @@ impl Block {
         }
     }
 
-    fn send_ghosts(&self, ctx: &mut Ctx<'_, Self>) {
+    fn send_ghosts(&mut self, ctx: &mut Ctx<'_, Self>) {
         let dims = SPEC.get(ctx).blocks();
         let me = ctx.index();
         let array = ctx.this_array();
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = &mut self.dev {
+            dev.pack_edges(gpu(ctx, me))
+                .unwrap_or_else(|e| gpu_failed(me, e));
+        }
         for (to, side) in self.neighbours(me, dims) {
             let data = Bulk(self.edge(side));
             array.elem(to).send(
@@ -290,15 +308,14 @@ impl Block {
         let spec = *SPEC.get(ctx);
         while self.got == self.need && self.iter < spec.iters {
             let report = spec.residual_every > 0 && (self.iter + 1) % spec.residual_every == 0;
-            let res = sweep(&self.cur, &mut self.next, self.w, self.h, report);
-            std::mem::swap(&mut self.cur, &mut self.next);
+            let res = self.sweep(ctx, report);
             self.iter += 1;
             self.got = 0;
             if report {
                 ctx.contribute(res, Reducer::Max, Callback::main::<Main>(MainMsg::Residual));
             }
             if self.iter == spec.iters {
-                let sum = checksum_of(&self.cur, self.x0, self.y0, self.w, self.h);
+                let sum = self.checksum(ctx);
                 ctx.contribute(sum, Reducer::Sum, Callback::main::<Main>(MainMsg::Checksum));
                 return;
             }
@@ -310,6 +327,32 @@ impl Block {
             }
             self.start_iteration(ctx);
         }
+    }
+
+    /// One sweep: `cur` becomes the next iteration's values.
+    fn sweep(&mut self, ctx: &mut Ctx<'_, Self>, residual: bool) -> f64 {
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = &mut self.dev {
+            let me = ctx.index();
+            return dev
+                .sweep(gpu(ctx, me), residual)
+                .unwrap_or_else(|e| gpu_failed(me, e));
+        }
+        let _ = ctx;
+        let res = sweep(&self.cur, &mut self.next, self.w, self.h, residual);
+        std::mem::swap(&mut self.cur, &mut self.next);
+        res
+    }
+
+    fn checksum(&self, ctx: &mut Ctx<'_, Self>) -> u64 {
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = &self.dev {
+            let me = ctx.index();
+            let grid = dev.to_host().unwrap_or_else(|e| gpu_failed(me, e));
+            return checksum_of(&grid, self.x0, self.y0, self.w, self.h);
+        }
+        let _ = ctx;
+        checksum_of(&self.cur, self.x0, self.y0, self.w, self.h)
     }
 
     fn start_iteration(&mut self, ctx: &mut Ctx<'_, Self>) {
@@ -334,6 +377,18 @@ impl Chare for Block {
         let w = spec.bx.min(spec.nx - x0) as usize;
         let h = spec.by.min(spec.ny - y0) as usize;
         let cur = padded(&spec, x0, y0, w, h);
+        // On the GPU when the job was started with GPUs (`--gpu`).
+        #[cfg(feature = "cuda")]
+        let (dev, cur) = match ctx.gpu() {
+            Ok(g) => (
+                Some(
+                    crate::jacobi_gpu::DeviceGrid::new(g, &cur, w, h)
+                        .unwrap_or_else(|e| gpu_failed((r, c), e)),
+                ),
+                Vec::new(),
+            ),
+            Err(_) => (None, cur),
+        };
         let mut b = Block {
             x0,
             y0,
@@ -347,6 +402,8 @@ impl Chare for Block {
             synced: false,
             started: false,
             pending: Pending::new(),
+            #[cfg(feature = "cuda")]
+            dev,
         };
         b.need = b.neighbours((r, c), spec.blocks()).len() as u32;
         ctx.barrier(Callback::main::<Main>(MainMsg::Ready));
@@ -384,6 +441,19 @@ impl Chare for Block {
     }
 }
 
+/// The PE's GPU (the block is on it, so the job has GPUs).
+#[cfg(feature = "cuda")]
+fn gpu(ctx: &Ctx<'_, Block>, me: (i32, i32)) -> &'static ductile::gpu::PeGpu {
+    ctx.gpu().unwrap_or_else(|e| gpu_failed(me, e))
+}
+
+/// A GPU failure in the middle of a run cannot be recovered from here: the
+/// PE's panic ends the node (exit 101) with this message.
+#[cfg(feature = "cuda")]
+fn gpu_failed(me: (i32, i32), e: ductile::gpu::GpuError) -> ! {
+    panic!("jacobi2d block {me:?}: {e}")
+}
+
 /// The main chare's entry methods.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MainMsg {
@@ -404,6 +474,7 @@ pub struct Main {
     residuals: u64,
     last_residual: f64,
     quiet: bool,
+    device: String,
 }
 
 impl Chare for Main {
@@ -415,7 +486,7 @@ impl Chare for Main {
     fn new(args: Vec<String>, ctx: &mut Ctx<'_, Self>) -> Self {
         let spec = Spec::from_args(&args).unwrap_or_else(|e| {
             eprintln!("jacobi2d: {e}");
-            eprintln!("usage: jacobi2d [--grid NX[xNY]] [--block BX[xBY]] [--iters K] [--residual-every R] [--lb-every L] [--quiet] [+lb STRATEGY] [+pe-speed PE:F,...]");
+            eprintln!("usage: jacobi2d [--grid NX[xNY]] [--block BX[xBY]] [--iters K] [--residual-every R] [--lb-every L] [--gpu] [--quiet] [+lb STRATEGY] [+pe-speed PE:F,...]");
             std::process::exit(2)
         });
         SPEC.set(ctx, spec);
@@ -426,6 +497,12 @@ impl Chare for Main {
             residuals: 0,
             last_residual: f64::NAN,
             quiet: args::flag(&args, "quiet"),
+            device: if args::flag(&args, "gpu") {
+                "gpu"
+            } else {
+                "cpu"
+            }
+            .into(),
         }
     }
 
@@ -450,7 +527,7 @@ impl Chare for Main {
                 let secs = self.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
                 let (br, bc) = spec.blocks();
                 println!(
-                    "jacobi2d grid={}x{} blocks={}x{} pes={} nodes={} iterations={} seconds={secs:.6} time_per_iter_ms={:.4} residual={:.6e}",
+                    "jacobi2d grid={}x{} blocks={}x{} pes={} nodes={} iterations={} seconds={secs:.6} time_per_iter_ms={:.4} residual={:.6e} device={}",
                     spec.nx,
                     spec.ny,
                     br,
@@ -459,7 +536,8 @@ impl Chare for Main {
                     ctx.num_nodes(),
                     spec.iters,
                     secs * 1e3 / spec.iters.max(1) as f64,
-                    self.last_residual
+                    self.last_residual,
+                    self.device
                 );
                 println!("checksum={sum:016x} iterations={}", spec.iters);
                 ctx.exit(0);
@@ -471,6 +549,17 @@ impl Chare for Main {
 /// Registers Jacobi2D's types.
 pub fn register(reg: &mut Registry) {
     reg.main::<Main>().chare::<Block>().readonly(&SPEC);
+}
+
+/// Registers Jacobi2D with its blocks on GPUs (`jacobi2d --gpu`): every node
+/// then starts its GPUs and compiles the kernels at start, and fails there
+/// if it cannot (no driver, no device, or a build without the `cuda` feature).
+pub fn register_gpu(reg: &mut Registry) {
+    register(reg);
+    #[cfg(feature = "cuda")]
+    reg.gpu_module(crate::jacobi_gpu::module());
+    #[cfg(not(feature = "cuda"))]
+    reg.gpus();
 }
 
 #[cfg(test)]

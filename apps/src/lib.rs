@@ -6,4 +6,6 @@
 pub mod args;
 pub mod bench;
 pub mod jacobi;
+#[cfg(feature = "cuda")]
+pub mod jacobi_gpu;
 pub mod megatest;

@@ -128,6 +128,13 @@ pub struct RescaleReport {
     pub mechanism_ms: f64,
     /// From the request's arrival to the reply, in milliseconds.
     pub total_ms: f64,
+    /// GPU work inside the stages above (already counted in them):
+    /// `staging` (device buffers of migrated chares copied through host
+    /// memory, summed over PEs, in `evacuate`/`balance`) and `context` (CUDA
+    /// contexts created on the critical path, in `reentry`; only when
+    /// measuring with `DUCTILE_GPU_CONTEXT_ON_REENTRY=1`). Empty without GPU work.
+    #[serde(default)]
+    pub gpu: Vec<StageTime>,
 }
 
 /// What PE 0 answers.

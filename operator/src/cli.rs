@@ -537,10 +537,17 @@ pub fn render_report(report: &RescaleReport, spawned_pids: &[u32]) -> String {
         let _ = writeln!(out, "started     pids {}", pids.join(", "));
     }
     let _ = writeln!(out, "migrations  {}", report.migrations);
+    // GPU work is part of the stages above it; shown indented under them.
+    let gpu: Vec<(String, f64)> = report
+        .gpu
+        .iter()
+        .map(|g| (format!("  of which gpu {}", g.stage), g.ms))
+        .collect();
     let width = report
         .stages
         .iter()
         .map(|s| s.stage.len())
+        .chain(gpu.iter().map(|(name, _)| name.len()))
         .chain(["mechanism".len()])
         .max()
         .unwrap_or(0);
@@ -548,6 +555,9 @@ pub fn render_report(report: &RescaleReport, spawned_pids: &[u32]) -> String {
     let _ = writeln!(out, "{:<width$} {:>10}", "stage", "ms");
     for stage in &report.stages {
         let _ = writeln!(out, "{:<width$} {:>10.2}", stage.stage, stage.ms);
+    }
+    for (name, ms) in &gpu {
+        let _ = writeln!(out, "{name:<width$} {ms:>10.2}");
     }
     let _ = writeln!(out, "{:<width$} {:>10.2}", "mechanism", report.mechanism_ms);
     let _ = writeln!(out, "{:<width$} {:>10.2}", "total", report.total_ms);
@@ -1157,6 +1167,7 @@ mod tests {
                 .collect(),
             mechanism_ms: 13.9,
             total_ms: 17.114,
+            gpu: vec![],
         }
     }
 
@@ -1187,6 +1198,33 @@ total          17.11
         let text = render_report(&shrink, &[]);
         assert!(text.contains("admitted    -\n"), "{text}");
         assert!(!text.contains("started"), "{text}");
+        assert!(!text.contains("gpu"), "{text}");
+    }
+
+    #[test]
+    fn gpu_work_is_listed_under_the_stages() {
+        use ductile_coordinator::control::StageTime;
+        let gpu = RescaleReport {
+            gpu: vec![StageTime {
+                stage: "staging".into(),
+                ms: 2.5,
+            }],
+            ..report()
+        };
+        let text = render_report(&gpu, &[]);
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("  of which gpu staging"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(lines[at].ends_with("2.50"), "{text}");
+        assert!(lines[at - 1].starts_with("reconcile"), "{text}");
+        assert!(lines[at + 1].starts_with("mechanism"), "{text}");
+        // Older reports (no `gpu` field) still read.
+        let mut value = serde_json::to_value(report()).unwrap();
+        value.as_object_mut().unwrap().remove("gpu");
+        let back: RescaleReport = serde_json::from_value(value).unwrap();
+        assert!(back.gpu.is_empty());
     }
 
     #[test]

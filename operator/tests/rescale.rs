@@ -595,6 +595,7 @@ mod fake {
                                         }],
                                         mechanism_ms: ms,
                                         total_ms: ms,
+                                        gpu: vec![],
                                     })
                                 }
                                 Err(e) => ControlReply::Error {

@@ -396,6 +396,13 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
     };
     let (options, args) = crate::options::parse(std::env::args().skip(1).collect())
         .unwrap_or_else(|e| fail_startup(e));
+    // GPUs before anything else: a newcomer has its contexts before it
+    // registers, so admitting it never waits for CUDA (docs/gpu.md).
+    if let Some(spec) = &registry.gpu {
+        if let Err(e) = crate::gpu::start(spec, pes) {
+            fail_startup(e);
+        }
+    }
     let options_coordinator = options.coordinator.clone();
     let (events, events_rx) = crossbeam_channel::unbounded();
     let node = Arc::new(NodeShared::new(
@@ -427,6 +434,7 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
         }
         Some(addr) => run_member(&node, events_rx, &addr),
     };
+    crate::gpu::at_exit();
     std::process::exit(code)
 }
 
@@ -796,6 +804,7 @@ fn start_pes(
             std::thread::Builder::new()
                 .name(format!("ductile-pe-{rank}"))
                 .spawn(move || {
+                    crate::gpu::bind_pe(rank);
                     let mut pe = Pe::new(node.clone(), topo, pe_id);
                     if pe_id == 0 && main_here {
                         match env_var(contract::ENV_RESTORE) {

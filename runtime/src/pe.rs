@@ -178,6 +178,8 @@ struct LbRoot {
     summary: String,
     done: u32,
     bytes: u64,
+    /// Device staging time the PEs reported (GPU chares' buffers).
+    staging_ns: u64,
 }
 
 /// The per-PE runtime handle that entry methods send through.
@@ -714,6 +716,7 @@ impl PeCtx {
                 summary: String::new(),
                 done: 0,
                 bytes: 0,
+                staging_ns: 0,
             },
         );
         self.send_sys(0, SysMsg::LbCollect { coll, step });
@@ -1311,7 +1314,12 @@ impl Pe {
                 objs,
             } => self.lb_report(coll, step, pe, objs),
             SysMsg::LbPlan { coll, step, moves } => self.lb_apply(coll, step, moves),
-            SysMsg::LbDone { coll, step, bytes } => self.lb_done(coll, step, bytes),
+            SysMsg::LbDone {
+                coll,
+                step,
+                bytes,
+                staging_ns,
+            } => self.lb_done(coll, step, bytes, staging_ns),
             SysMsg::LbResume { coll, step } => {
                 debug!(
                     pe = me,

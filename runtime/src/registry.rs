@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::chare::{Chare, IndexKey};
 use crate::collection::{linear_of, make_store, Store};
+use crate::gpu::{GpuModule, GpuSpec};
 use crate::msg::CollId;
 use crate::readonly::Readonly;
 use crate::reduce::ReduceError;
@@ -78,6 +79,8 @@ pub struct Registry {
     pub(crate) readonlies: BTreeMap<u64, ReadonlyEntry>,
     customs: BTreeMap<u64, (&'static str, String, CustomFn)>,
     pub(crate) main_type: Option<u64>,
+    /// What the program asks of GPUs (`None`: nothing).
+    pub(crate) gpu: Option<GpuSpec>,
     errors: Vec<RegistryError>,
 }
 
@@ -189,6 +192,36 @@ impl Registry {
         self
     }
 
+    /// Asks for GPUs: every node creates its CUDA contexts and one stream
+    /// per PE at start ([`crate::gpu`]), and fails at start where it cannot.
+    pub fn gpus(&mut self) -> &mut Self {
+        self.gpu.get_or_insert_with(GpuSpec::default);
+        self
+    }
+
+    /// Registers a CUDA module (and asks for GPUs): every node compiles it
+    /// with NVRTC and loads it at start; PEs launch its kernels through
+    /// [`crate::gpu::PeGpu`].
+    pub fn gpu_module(&mut self, module: GpuModule) -> &mut Self {
+        let spec = self.gpu.get_or_insert_with(GpuSpec::default);
+        match spec.modules.iter().find(|m| m.name == module.name) {
+            Some(m) if m.signature() == module.signature() => {}
+            Some(m) => self.errors.push(RegistryError::Collision {
+                kind: "gpu module",
+                name: module.name,
+                other: m.name,
+                id: fnv1a(module.name.as_bytes()),
+            }),
+            None => spec.modules.push(module),
+        }
+        self
+    }
+
+    /// Whether the program asked for GPUs.
+    pub fn uses_gpus(&self) -> bool {
+        self.gpu.is_some()
+    }
+
     pub(crate) fn custom_reduce(
         &self,
         id: u64,
@@ -225,6 +258,14 @@ impl Registry {
         if let Some(m) = self.main_type {
             all.push_str(&format!("main {m:x}"));
         }
+        // A node without GPUs (or with other kernels) cannot join a GPU job.
+        if let Some(gpu) = &self.gpu {
+            all.push_str("\ngpus");
+            for m in &gpu.modules {
+                all.push('\n');
+                all.push_str(&m.signature());
+            }
+        }
         fnv1a(all.as_bytes())
     }
 }
@@ -238,6 +279,24 @@ mod tests {
         // Reference values of FNV-1a 64.
         assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn gpus_change_the_fingerprint_and_module_names_collide() {
+        use crate::gpu::Param;
+        let plain = Registry::new().fingerprint();
+        let mut g = Registry::new();
+        g.gpus();
+        assert!(g.uses_gpus() && !Registry::new().uses_gpus());
+        assert_ne!(plain, g.fingerprint());
+        let m = GpuModule::new("m", "src").kernel("k", &[Param::I32]);
+        g.gpu_module(m.clone()).gpu_module(m);
+        assert!(g.errors().is_empty(), "the same module twice is one module");
+        let with_module = g.fingerprint();
+        assert_ne!(with_module, Registry::new().gpus().fingerprint());
+        g.gpu_module(GpuModule::new("m", "other src"));
+        assert_eq!(g.errors().len(), 1);
+        assert!(g.errors()[0].to_string().contains("gpu module `m`"));
     }
 
     #[test]

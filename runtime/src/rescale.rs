@@ -103,6 +103,11 @@ pub(crate) struct Desk {
     pub stop_sent: Option<Instant>,
     /// When node 0's barrier completed (re-entry starts).
     pub reentry_from: Option<Instant>,
+    /// GPU work inside the stages: device staging of migrated chares
+    /// (summed over PEs), contexts created on the critical path (node 0's;
+    /// only in the measurement mode of `gpu::ENV_CONTEXT_ON_REENTRY`).
+    pub gpu_staging_ms: f64,
+    pub gpu_context_ms: Option<f64>,
 }
 
 impl Desk {
@@ -121,6 +126,8 @@ impl Desk {
             migrations: 0,
             stop_sent: None,
             reentry_from: None,
+            gpu_staging_ms: 0.0,
+            gpu_context_ms: None,
         }
     }
 
@@ -140,6 +147,19 @@ impl Desk {
                 .sum();
             // Survivors keep their order at the front; newcomers follow.
             let survivors = (self.old_members - self.order.remove.len()) as NodeId;
+            let mut gpu = Vec::new();
+            if let Some(ms) = self.gpu_context_ms {
+                gpu.push(StageTime {
+                    stage: "context".into(),
+                    ms,
+                });
+            }
+            if self.gpu_staging_ms > 0.0 {
+                gpu.push(StageTime {
+                    stage: "staging".into(),
+                    ms: self.gpu_staging_ms,
+                });
+            }
             RescaleReport {
                 epoch_before: self.order.epoch,
                 epoch: view.epoch,
@@ -157,6 +177,7 @@ impl Desk {
                     .collect(),
                 mechanism_ms,
                 total_ms: self.started.elapsed().as_secs_f64() * 1e3,
+                gpu,
             }
         });
         let _ = self.reply.send(report);
@@ -436,6 +457,11 @@ impl Driver {
                 d.record(Stage::Reconcile, ms_since(t));
                 d.reentry_from = Some(Instant::now());
             });
+        }
+        // Measurement only: contexts re-created here are on the critical
+        // path, inside node 0's re-entry stage.
+        if let Some(ms) = crate::gpu::context_on_reentry() {
+            node.with_desk(|d| d.gpu_context_ms = Some(ms));
         }
         let reentry = Arc::new(Reentry { old, new, plan });
         for (c, late) in self.commands.iter().zip(late) {

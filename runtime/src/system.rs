@@ -129,8 +129,15 @@ pub(crate) enum SysMsg {
         step: u64,
         moves: Vec<(IndexKey, Pe, Pe)>,
     },
-    /// To PE 0: this PE sent and received every move of the plan (`bytes` sent).
-    LbDone { coll: CollId, step: u64, bytes: u64 },
+    /// To PE 0: this PE sent and received every move of the plan (`bytes`
+    /// sent; `staging_ns` spent copying device buffers of moving chares
+    /// through host memory, see `gpu`).
+    LbDone {
+        coll: CollId,
+        step: u64,
+        bytes: u64,
+        staging_ns: u64,
+    },
     /// Tree broadcast: call `resume_from_sync` on every element.
     LbResume { coll: CollId, step: u64 },
     /// To PE 0: call `callback` with the new PE count after every rescale.

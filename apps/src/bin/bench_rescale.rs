@@ -4,7 +4,12 @@
 //! ```text
 //! bench_rescale [--nodes 4,8,16] [--step K] [--reps R] [--grid G] [--block B] [--job-seconds S]
 //!               [--quick] [--child-timeout SECS] [--out PATH]
+//!               [--program-args "ARGS"] [--keep-logs DIR]
 //! ```
+//!
+//! `--program-args` adds arguments to every `jacobi2d` it starts (e.g.
+//! `--gpu`, which `e2e/gpu/run.sh` uses to measure the same rescales with
+//! the blocks on GPUs); `--keep-logs` copies the jobs' logs to `DIR` at the end.
 //!
 //! For each node count `N` (1 PE per node) it launches the sibling `ductile`
 //! and `jacobi2d` binaries (found next to this executable):
@@ -60,7 +65,7 @@ use serde_json::{json, Value};
 
 const USAGE: &str =
     "usage: bench_rescale [--nodes 4,8,16] [--step K] [--reps R] [--grid G] [--block B] [--job-seconds S] \
-                     [--quick] [--child-timeout SECS] [--out PATH]";
+                     [--quick] [--child-timeout SECS] [--out PATH] [--program-args \"ARGS\"] [--keep-logs DIR]";
 const FLAGS: &[&str] = &["quick", "help"];
 const VALUED: &[&str] = &[
     "nodes",
@@ -71,6 +76,8 @@ const VALUED: &[&str] = &[
     "job-seconds",
     "child-timeout",
     "out",
+    "program-args",
+    "keep-logs",
 ];
 const BUILD: &str =
     "cargo build --release -p ductile-apps --bin bench_rescale --bin jacobi2d -p ductile-operator";
@@ -118,6 +125,10 @@ struct Opts {
     quick: bool,
     child_timeout_s: u64,
     out: Option<PathBuf>,
+    /// More arguments for every jacobi2d run.
+    program_args: Vec<String>,
+    /// Where to copy the jobs' logs at the end.
+    keep_logs: Option<PathBuf>,
 }
 
 impl Opts {
@@ -187,18 +198,38 @@ impl Opts {
             quick,
             child_timeout_s: args::parse(a, "child-timeout", 600u64)?,
             out: args::value(a, "out").map(PathBuf::from),
+            program_args: args::value(a, "program-args")
+                .unwrap_or("")
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+            keep_logs: args::value(a, "keep-logs").map(PathBuf::from),
         })
     }
 
     /// `jacobi2d`'s problem arguments, without iterations and output control.
     fn problem(&self) -> Vec<String> {
-        strs(&[
+        let mut v = strs(&[
             "--grid",
             &self.grid.to_string(),
             "--block",
             &self.block.to_string(),
-        ])
+        ]);
+        v.extend(self.program_args.iter().cloned());
+        v
     }
+}
+
+/// Copies every file of `from` into `to` (created).
+fn copy_logs(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        if e.file_type()?.is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name()))?;
+        }
+    }
+    Ok(())
 }
 
 fn strs(v: &[&str]) -> Vec<String> {
@@ -915,6 +946,14 @@ fn real_main() -> Result<ExitCode> {
                 eprintln!("bench_rescale: error: {n} nodes FAILED: {e:#}");
                 failures.push((n, format!("{e:#}")));
             }
+        }
+    }
+    if let Some(keep) = &o.keep_logs {
+        if let Err(e) = copy_logs(&logs, keep) {
+            eprintln!(
+                "bench_rescale: could not keep the logs in {}: {e:#}",
+                keep.display()
+            );
         }
     }
     if failures.is_empty() {

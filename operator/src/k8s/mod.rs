@@ -516,14 +516,14 @@ async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<A
         let replicas = u32::try_from(job.spec.replicas).unwrap_or(0);
         for index in 0..replicas {
             let pod_name = objects::pod_name(job, index);
-            if !view.by_name.contains_key(&pod_name) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = view.by_name.entry(pod_name) {
                 let pod = pods
                     .create(
                         &PostParams::default(),
                         &objects::launch_pod(job, index, &ctx.settings),
                     )
                     .await?;
-                view.by_name.insert(pod_name, pod);
+                slot.insert(pod);
             }
         }
     }
@@ -867,9 +867,15 @@ fn record(
         added,
         stage_timings: report
             .map(|r| {
+                // GPU work inside the stages, marked apart: `gpu_staging`, `gpu_context`.
                 r.stages
                     .iter()
                     .map(|s| (s.stage.clone(), s.ms.round() as i64))
+                    .chain(
+                        r.gpu
+                            .iter()
+                            .map(|g| (format!("gpu_{}", g.stage), g.ms.round() as i64)),
+                    )
                     .collect()
             })
             .unwrap_or_default(),

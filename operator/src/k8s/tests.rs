@@ -490,6 +490,10 @@ impl FakeJob {
             ],
             mechanism_ms: 5.2,
             total_ms: 9.7,
+            gpu: vec![StageTime {
+                stage: "staging".into(),
+                ms: 2.2,
+            }],
         })
     }
 }
@@ -810,7 +814,7 @@ async fn a_committed_rescale_deletes_vacated_pods_and_patches_status() {
     assert_eq!(last["durationMs"], 10);
     assert_eq!(
         last["stageTimings"],
-        json!({"stop": 1, "commit": 1, "reconcile": 3})
+        json!({"stop": 1, "commit": 1, "reconcile": 3, "gpu_staging": 2})
     );
     assert_eq!(action, Action::requeue(Duration::from_secs(60)));
 

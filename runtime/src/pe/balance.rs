@@ -239,10 +239,21 @@ impl Pe {
         }
         s.done = true;
         let (step, bytes) = (s.step, s.bytes_sent);
-        self.ctx.send_sys(0, SysMsg::LbDone { coll, step, bytes });
+        // Device buffers of the chares that left or arrived were staged on
+        // this thread since its last report.
+        let staging_ns = crate::gpu::take_staging_ns();
+        self.ctx.send_sys(
+            0,
+            SysMsg::LbDone {
+                coll,
+                step,
+                bytes,
+                staging_ns,
+            },
+        );
     }
 
-    pub(super) fn lb_done(&mut self, coll: CollId, step: u64, bytes: u64) {
+    pub(super) fn lb_done(&mut self, coll: CollId, step: u64, bytes: u64, staging_ns: u64) {
         let npes = self.ctx.num_pes();
         let report = self.ctx.node.options.lb_report;
         let Some(root) = self.ctx.lb_root.get_mut(&coll).filter(|r| r.step == step) else {
@@ -253,6 +264,7 @@ impl Pe {
         };
         root.done += 1;
         root.bytes += bytes;
+        root.staging_ns += staging_ns;
         if root.done < npes {
             return;
         }
@@ -271,7 +283,7 @@ impl Pe {
         let root = self.ctx.lb_root.remove(&coll).expect("present");
         if root.forced {
             // A rescale's step: the elements never stopped, nothing resumes.
-            self.rescale_lb_done(coll, root.migrations);
+            self.rescale_lb_done(coll, root.migrations, root.staging_ns);
         } else {
             self.ctx.send_sys(0, SysMsg::LbResume { coll, step });
             if self.ctx.restoring.is_some() {

@@ -240,8 +240,11 @@ impl Pe {
     }
 
     /// A rescale's load-balancing step of `coll` completed.
-    pub(super) fn rescale_lb_done(&mut self, coll: CollId, migrations: u64) {
-        self.ctx.desk(|d| d.migrations += migrations);
+    pub(super) fn rescale_lb_done(&mut self, coll: CollId, migrations: u64, staging_ns: u64) {
+        self.ctx.desk(|d| {
+            d.migrations += migrations;
+            d.gpu_staging_ms += staging_ns as f64 / 1e6;
+        });
         if let Some(r) = self.ctx.rescale.as_mut() {
             if let Phase::Evacuating(c) | Phase::Balancing(c) = &mut r.phase {
                 c.retain(|&x| x != coll);

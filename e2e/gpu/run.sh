@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 7, as ONE script for a machine with an NVIDIA GPU
+# (written for the lent H200: 16 cores, no network). About 6-8 minutes.
+#
+#   e2e/gpu/run.sh                   # results under $OUT (if set) or target/gpu-run
+#
+# Binaries: with GPU_BIN=DIR (default: .gpu-bin/ when it exists, made on a
+# build machine by e2e/gpu/bundle.sh) it uses jacobi2d, ductile,
+# bench_rescale and gpu_probe from there; otherwise it builds them with
+# `cargo build --release --offline` (which needs a toolchain and the
+# dependencies already in ~/.cargo on that machine).
+#
+# What it shows (docs/gpu.md, "The GPU script"):
+#  1. the device and its copy bandwidths (gpu_probe);
+#  2. Jacobi2D GPU checksum == CPU checksum (and residual lines), alone and
+#     as multi-node jobs, at even and uneven block shapes;
+#  3. 20 rescales (10 shrink+expand) of a GPU job: the checksum stays the
+#     CPU's, and every process created its contexts once and at exit still
+#     had the same context handle and intact device memory (canary);
+#  4. rescale mechanism time, GPU job vs CPU job vs GPU job with context
+#     creation forced onto the critical path (DUCTILE_GPU_CONTEXT_ON_REENTRY=1),
+#     and newcomers' context creation time;
+#  5. Jacobi2D GPU throughput against the measured copy bandwidth.
+# It writes summary.md, results.json, run.log and logs.tar.gz under the
+# output folder, prints the summary, and exits 1 if a check failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT="${OUT:-$ROOT/target/gpu-run}"
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/ductile-gpu.XXXXXX)
+LOG="$OUT/run.log"
+: >"$LOG"
+say() { echo "== $*" | tee -a "$LOG" >&2; }
+QUICK="${QUICK:-0}" # QUICK=1: smaller problems, fewer repetitions (a smoke run)
+
+# ---------------------------------------------------------------- libraries
+# NVRTC comes with the CUDA toolkit (or the nvidia-cuda-nvrtc wheel); the
+# driver's libcuda.so is normally on the loader's path already.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64 \
+  $(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name 'libnvrtc.so*' -print 2>/dev/null |
+    xargs -r -n1 dirname | sort -u | head -5); do
+  [ -d "$d" ] && LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+done
+export LD_LIBRARY_PATH
+say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+(nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv) >>"$LOG" 2>&1
+
+# ---------------------------------------------------------------- binaries
+BIN="${GPU_BIN:-}"
+if [ -z "$BIN" ] && [ -x "$ROOT/.gpu-bin/jacobi2d" ]; then BIN="$ROOT/.gpu-bin"; fi
+if [ -z "$BIN" ]; then
+  if command -v cargo >/dev/null; then
+    say "building (cargo build --release --offline)"
+    if ! cargo build --release --offline -p ductile-apps -p ductile-operator --bins >>"$LOG" 2>&1; then
+      say "BUILD FAILED (offline: are the dependencies in ~/.cargo? else run e2e/gpu/bundle.sh on a build machine and carry .gpu-bin)"
+      tail -30 "$LOG"
+      exit 2
+    fi
+    BIN="$ROOT/target/release"
+  else
+    say "no binaries: no cargo here and no .gpu-bin (run e2e/gpu/bundle.sh on a build machine and carry .gpu-bin)"
+    exit 2
+  fi
+fi
+for b in jacobi2d ductile bench_rescale gpu_probe; do
+  [ -x "$BIN/$b" ] || { say "missing $BIN/$b"; exit 2; }
+done
+say "binaries: $BIN"
+export DUCTILE_LOG="${DUCTILE_LOG:-warn,ductile::gpu=info}"
+FAILED=0
+fail() { say "FAILED: $*"; FAILED=1; }
+
+# ---------------------------------------------------------------- 1. bandwidth
+say "1. copy bandwidth (gpu_probe)"
+timeout 120 "$BIN/gpu_probe" --bytes $((1 << 30)) --reps 10 >"$WORK/bandwidth.json" 2>>"$LOG" ||
+  fail "gpu_probe"
+cat "$WORK/bandwidth.json" | tee -a "$LOG"
+
+# ---------------------------------------------------------------- 2. checksums
+say "2. Jacobi2D: GPU checksum == CPU checksum"
+: >"$WORK/checksums.txt"
+check_pair() { # name, runner (alone|job), args...
+  local name=$1 how=$2
+  shift 2
+  local cpu gpu
+  for dev in cpu gpu; do
+    local extra=()
+    [ $dev = gpu ] && extra=(--gpu)
+    if [ "$how" = alone ]; then
+      DUCTILE_PES=4 timeout 300 "$BIN/jacobi2d" "$@" "${extra[@]}" >"$WORK/$name.$dev.out" 2>>"$LOG"
+    else
+      timeout 300 "$BIN/ductile" run --nodes 2 --pes-per-node 2 --state-dir "$WORK/st-$name-$dev" --timeout 280 \
+        -- "$BIN/jacobi2d" "$@" "${extra[@]}" >"$WORK/$name.$dev.out" 2>>"$LOG"
+    fi
+    local rc=$?
+    [ $rc = 0 ] || fail "$name on $dev exited $rc"
+  done
+  cpu=$(grep -o 'checksum=[0-9a-f]*' "$WORK/$name.cpu.out" | tail -1)
+  gpu=$(grep -o 'checksum=[0-9a-f]*' "$WORK/$name.gpu.out" | tail -1)
+  local same_res=yes
+  cmp -s <(grep '^iteration' "$WORK/$name.cpu.out") <(grep '^iteration' "$WORK/$name.gpu.out") || same_res=no
+  echo "$name ${cpu#checksum=} ${gpu#checksum=} $same_res" >>"$WORK/checksums.txt"
+  if [ -z "$cpu" ] || [ "$cpu" != "$gpu" ] || [ $same_res != yes ]; then
+    fail "$name: cpu $cpu, gpu $gpu, residual lines equal: $same_res"
+  fi
+}
+check_pair even-alone alone --grid 2048 --block 512 --iters 300 --residual-every 50
+check_pair uneven-alone alone --grid 1000x777 --block 128x100 --iters 200 --residual-every 25
+check_pair uneven-job job --grid 1500x1100 --block 200x160 --iters 200 --residual-every 40
+check_pair lb-job job --grid 1024 --block 128 --iters 200 --residual-every 50 --lb-every 40 +lb GreedyRefine
+cat "$WORK/checksums.txt" | tee -a "$LOG"
+
+# ---------------------------------------------------------------- 3+4. rescales
+REPS=5
+[ "$QUICK" = 1 ] && REPS=2
+bench() { # name, extra bench_rescale args...
+  local name=$1
+  shift
+  say "bench_rescale $name"
+  timeout 400 "$BIN/bench_rescale" --child-timeout 300 --out "$WORK/rescale-$name.json" \
+    --keep-logs "$WORK/logs-$name" "$@" >"$WORK/rescale-$name.txt" 2>>"$LOG"
+  local rc=$?
+  cat "$WORK/rescale-$name.txt" >>"$LOG"
+  [ $rc = 0 ] || fail "bench_rescale $name exited $rc"
+}
+say "3. 20 rescales of a GPU job (3 nodes, shrink+expand x10)"
+bench survive --nodes 3 --reps $((QUICK == 1 ? 3 : 10)) --grid 2048 --block 256 --job-seconds 20 \
+  --program-args "--gpu"
+say "4. rescale mechanism: CPU job, GPU job, GPU job with contexts on the critical path"
+bench cpu --nodes 4 --reps $REPS --grid 4096 --block 512 --job-seconds 15
+bench gpu --nodes 4 --reps $REPS --grid 4096 --block 512 --job-seconds 15 --program-args "--gpu"
+DUCTILE_GPU_CONTEXT_ON_REENTRY=1 bench gpu-ctx --nodes 4 --reps $REPS --grid 4096 --block 512 \
+  --job-seconds 15 --program-args "--gpu"
+
+# ---------------------------------------------------------------- 5. throughput
+say "5. Jacobi2D GPU throughput"
+: >"$WORK/throughput.txt"
+N=16384
+ITERS=300
+[ "$QUICK" = 1 ] && { N=8192; ITERS=100; }
+for spec in "1 $N 4096" "1 $N $N" "4 $N 4096" "1 8192 2048"; do
+  set -- $spec
+  DUCTILE_PES=$1 timeout 300 "$BIN/jacobi2d" --gpu --grid "$2" --block "$3" --iters $ITERS \
+    --residual-every 0 --quiet >"$WORK/tp.out" 2>>"$LOG" || fail "throughput run $spec"
+  echo "gpu pes=$1 grid=$2 block=$3 $(grep '^jacobi2d ' "$WORK/tp.out")" | tee -a "$WORK/throughput.txt" >>"$LOG"
+done
+DUCTILE_PES=16 timeout 300 "$BIN/jacobi2d" --grid 8192 --block 512 --iters 30 --residual-every 0 --quiet \
+  >"$WORK/tp.out" 2>>"$LOG" || fail "cpu throughput run"
+echo "cpu pes=16 grid=8192 block=512 $(grep '^jacobi2d ' "$WORK/tp.out")" | tee -a "$WORK/throughput.txt" >>"$LOG"
+
+# ---------------------------------------------------------------- summary
+python3 "$ROOT/e2e/gpu/summarize.py" "$WORK" "$OUT" || fail "summarize"
+tar czf "$OUT/logs.tar.gz" -C "$WORK" . 2>>"$LOG"
+cat "$OUT/summary.md"
+[ $FAILED = 0 ] && say "all GPU checks passed" || say "SOME GPU CHECKS FAILED (see $OUT/run.log)"
+exit $FAILED
