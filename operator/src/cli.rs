@@ -846,6 +846,7 @@ fn rescale_by_restart(
         ],
         mechanism_ms: written.write_ms + relaunch_ms + place_ms,
         total_ms: t0.elapsed().as_secs_f64() * 1e3,
+        gpu: Vec::new(),
     };
     print_report(&report, &[], options.json)
 }
