@@ -1,5 +1,5 @@
 //! `bench_rescale`: what rescaling a running job costs, stage by stage, next
-//! to the least a kill-and-restart could cost, in one run.
+//! to the same operations done by kill-and-restart (`--mode restart`), in one run.
 //!
 //! ```text
 //! bench_rescale [--nodes 4,8,16] [--step K] [--reps R] [--grid G] [--block B] [--job-seconds S]
@@ -26,18 +26,18 @@
 //!    afterwards the launch members that never left must still be the same
 //!    processes, and the job's checksum must equal that of a 1-node run of
 //!    the same program and arguments (exit 3 otherwise);
-//! 3. the restart lower bound: `R` times each, the same program with
-//!    `--iters 1` relaunched through `ductile run` at `N-K` nodes (what a
-//!    shrink would restart into) and at `N` nodes (an expand), timed from
-//!    spawning the launcher to its exit: process start, registration,
-//!    connections, constructing every block, one iteration, teardown. A real
-//!    restart also writes and reads a checkpoint and loses the work since it,
-//!    so it can only be slower.
+//! 3. the same operations in `--mode restart` (the kill-and-restart
+//!    baseline, docs/elasticity.md): a job of the same problem that calls
+//!    `at_sync` about every 5 ms of computing, shrunk and expanded `R` times
+//!    by checkpoint, relaunch at the new size and restore; its mechanism
+//!    (checkpoint + relaunch + restore, without waiting for the sync point
+//!    and without the balancing step) is compared with the live one. That
+//!    job must end with the 1-node checksum too.
 //!
 //! Per `N` and operation it reports the median of each stage, of the
 //! mechanism (every stage but `evacuate` and `balance`, the load balancer's
 //! work), of the operation's load-balancing stage (`evacuate` for a shrink,
-//! `balance` for an expand), and restart lower bound / mechanism. It prints a
+//! `balance` for an expand), and restart mechanism / live mechanism. It prints a
 //! table and writes every raw report, the medians and the targets to
 //! `target/bench/rescale.json` (or `--out`).
 //!
@@ -101,8 +101,9 @@ const SETTLE_LINES: u64 = 2;
 /// The measured job is stalled when it prints no residual line for this long
 /// while it should compute.
 const STALL: Duration = Duration::from_secs(60);
-/// `--timeout` of each restart lower-bound run.
-const RESTART_TIMEOUT_S: u64 = 60;
+/// How often (ms of computing) the `--mode restart` job reaches a sync
+/// point, where a checkpoint can be taken.
+const RESTART_SYNC_MS: f64 = 5.0;
 /// `--timeout` of each `ductile shrink/expand`.
 const RESCALE_TIMEOUT_S: u64 = 120;
 
@@ -111,7 +112,7 @@ const RESCALE_TIMEOUT_S: u64 = 120;
 const TARGET_MECHANISM_NODES: &[u32] = &[4, 8];
 /// ...must be under this.
 const TARGET_MECHANISM_MS: f64 = 5.0;
-/// Restart lower bound / mechanism must be at least this, in every row.
+/// Restart mechanism / live mechanism must be at least this, in every row.
 const TARGET_RATIO: f64 = 100.0;
 
 struct Opts {
@@ -642,10 +643,10 @@ struct NodeRun {
     reference_checksum: String,
     launch_pids: Vec<u64>,
     final_pids: Vec<u64>,
-    /// Per operation: restart lower bound samples, ms (fewer than `--reps`
+    /// Per operation: `--mode restart` mechanism samples, ms (fewer than `--reps`
     /// when one failed).
     restart_ms: [Vec<f64>; 2],
-    /// Why the restart lower-bound runs stopped early, if they did.
+    /// Why the `--mode restart` rescales stopped early, if they did.
     restart_failure: Option<String>,
 }
 
@@ -790,38 +791,20 @@ fn measure(env: &mut Env, o: &Opts, n: u32, jacobi: &Path, logs: &Path) -> Resul
         );
     }
 
-    // 3. Restart lower bound: relaunch at the new size, construct, one iteration, exit.
-    let mut restart_args = o.problem();
-    restart_args.extend(strs(&["--iters", "1", "--residual-every", "0", "--quiet"]));
-    let mut restart_ms: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    // A relaunch takes well under a second here: a hang should not cost the
-    // whole --child-timeout.
-    let job_timeout = env.timeout_s;
-    env.timeout_s = job_timeout.min(RESTART_TIMEOUT_S);
-    let relaunches = (|| -> Result<()> {
-        for rep in 0..o.reps {
-            for (oi, op) in OPS.iter().enumerate() {
-                let to = op.change(n, o.step).1;
-                eprintln!(
-                    "bench_rescale: {n} nodes: restart lower bound for {} ({to} nodes) rep {}/{}",
-                    op.name(),
-                    rep + 1,
-                    o.reps
-                );
-                let run = env.run_timed(&format!("restart-{to}"), to, 1, jacobi, &restart_args)?;
-                checksum(&run.stdout)?;
-                restart_ms[oi].push(run.wall.as_secs_f64() * 1e3);
-            }
+    // 3. The same operations in `--mode restart`: a job of the same problem
+    // that calls at_sync often (a checkpoint waits for a sync point),
+    // checkpointed, ended and relaunched at the new size by each rescale.
+    let sync_every = ((RESTART_SYNC_MS / ms_per_iter).round() as u64).max(1);
+    let mut restart_args = job_args.clone();
+    restart_args.extend(strs(&["--lb-every", &sync_every.to_string()]));
+    let restarts = measure_restarts(env, o, n, jacobi, logs, &restart_args, &reference_checksum);
+    let (restart_ms, restart_failure) = match restarts {
+        Ok(samples) => (samples, None),
+        Err((samples, e)) => {
+            eprintln!("bench_rescale: error: {n} nodes: a --mode restart rescale FAILED: {e:#}");
+            (samples, Some(format!("restart mode: {e:#}")))
         }
-        Ok(())
-    })();
-    env.timeout_s = job_timeout;
-    // The rescales were measured; a failed relaunch is reported (and fails
-    // the bench) without discarding them.
-    let restart_failure = relaunches.err().map(|e| {
-        eprintln!("bench_rescale: error: {n} nodes: a restart lower-bound run FAILED: {e:#}");
-        format!("restart lower bound: {e:#}")
-    });
+    };
 
     Ok(NodeRun {
         nodes: n,
@@ -836,6 +819,100 @@ fn measure(env: &mut Env, o: &Opts, n: u32, jacobi: &Path, logs: &Path) -> Resul
         restart_ms,
         restart_failure,
     })
+}
+
+/// Samples per operation of [`OPS`], in ms.
+type PerOp = [Vec<f64>; 2];
+
+/// `R` shrink+expand pairs in `--mode restart` on a job at `n` nodes; the
+/// mechanism (checkpoint + relaunch + restore) of each, per operation. The
+/// job must end with the reference checksum. On failure, the samples taken
+/// so far and the error.
+fn measure_restarts(
+    env: &mut Env,
+    o: &Opts,
+    n: u32,
+    jacobi: &Path,
+    logs: &Path,
+    args: &[String],
+    reference: &str,
+) -> std::result::Result<PerOp, (PerOp, anyhow::Error)> {
+    let mut samples: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let (job, state_dir) = env.next_job(&format!("restart-{n}"));
+    let stderr_path = logs.join(format!("{job}.stderr"));
+    eprintln!(
+        "bench_rescale: {n} nodes: --mode restart job, {} shrink+expand pairs; log {}",
+        o.reps,
+        stderr_path.display()
+    );
+    let mut long = match LongJob::start(
+        &env.ductile,
+        &job,
+        &state_dir,
+        &stderr_path,
+        n,
+        env.timeout_s,
+        jacobi,
+        args,
+    ) {
+        Ok(long) => long,
+        Err(e) => return Err((samples, e)),
+    };
+    let run = (|| -> Result<()> {
+        long.wait_for(1, "before it started computing")?;
+        for rep in 0..o.reps {
+            for (oi, op) in OPS.iter().enumerate() {
+                let (from, to) = op.change(n, o.step);
+                let cli = strs(&[
+                    op.name(),
+                    "--state-dir",
+                    &state_dir.display().to_string(),
+                    "-n",
+                    &o.step.to_string(),
+                    "--mode",
+                    "restart",
+                    "--json",
+                    "--timeout",
+                    &RESCALE_TIMEOUT_S.to_string(),
+                ]);
+                let (ok, out, err, _, shown) = ductile_cmd(&env.ductile, &cli)?;
+                if !ok {
+                    bail!(
+                        "RESTART FAILED: {} {from} -> {to} nodes (rep {}/{})\n  command: {shown}\n  its stderr:\n{}\n{}",
+                        op.name(),
+                        rep + 1,
+                        o.reps,
+                        err.trim_end(),
+                        long.context()
+                    );
+                }
+                let report: Value =
+                    serde_json::from_str(&out).map_err(|e| anyhow!("not JSON ({e}): {out}"))?;
+                let ms = report["mechanism_ms"]
+                    .as_f64()
+                    .ok_or_else(|| anyhow!("no mechanism_ms in {report}"))?;
+                eprintln!(
+                    "bench_rescale: {n} nodes: restart {} {from} -> {to} rep {}/{}: mechanism {ms:.1} ms",
+                    op.name(),
+                    rep + 1,
+                    o.reps
+                );
+                samples[oi].push(ms);
+                let after = long.seen().0;
+                long.wait_for(after + SETTLE_LINES, "after a restart")?;
+            }
+        }
+        let out = long.finish()?;
+        let got = checksum(&out)?;
+        if got != reference {
+            bail!("CHECKSUM MISMATCH after restarts: {got}, the 1-node run {reference}");
+        }
+        Ok(())
+    })();
+    match run {
+        Ok(()) => Ok(samples),
+        Err(e) => Err((samples, e)),
+    }
 }
 
 // ---------------------------------------------------------------- main
@@ -860,7 +937,7 @@ struct Row {
     total_ms: f64,
     command_ms: f64,
     restart: Stats,
-    /// Restart lower-bound runs that completed (fewer than `--reps` when one failed).
+    /// `--mode restart` rescales that completed (fewer than `--reps` when one failed).
     restarts: usize,
     ratio: f64,
 }
@@ -1040,12 +1117,12 @@ fn real_main() -> Result<ExitCode> {
     )?;
     writeln!(
         w,
-        "restart_lb = LOWER BOUND of a restart: `ductile run` at the new size with --iters 1, spawn to exit (no checkpoint); ratio = restart_lb / mechanism"
+        "restart_ms = mechanism of the same operation in --mode restart (checkpoint + relaunch + restore); ratio = restart_ms / mechanism"
     )?;
     writeln!(
         w,
         "  {:>5} | {:<6} | {:>7} | {:>8} | {:>7} | {:>7} | {:>9} | {:>7} | {:>7} | {:>12} | {:>13} | {:>7} | {:>8} | {:>7}",
-        "nodes", "op", "change", "lb_ms", "stop", "commit", "reconcile", "reentry", "state", "mechanism_ms", "restart_lb_ms", "ratio",
+        "nodes", "op", "change", "lb_ms", "stop", "commit", "reconcile", "reentry", "state", "mechanism_ms", "restart_ms", "ratio",
         "total_ms", "cmd_ms"
     )?;
     for r in &rows {
@@ -1087,7 +1164,7 @@ fn real_main() -> Result<ExitCode> {
     writeln!(
         w,
         "  {:>5} | {:<6} | {:>28} | {:>28}",
-        "nodes", "op", "mechanism_ms", "restart_lb_ms"
+        "nodes", "op", "mechanism_ms", "restart_ms"
     )?;
     for r in &rows {
         writeln!(
@@ -1152,7 +1229,7 @@ fn real_main() -> Result<ExitCode> {
     for r in &rows {
         targets.push((
             format!(
-                "{} restart_lb / mechanism at {} nodes",
+                "{} restart / live mechanism at {} nodes",
                 r.op.name(),
                 r.nodes
             ),
@@ -1240,14 +1317,14 @@ fn real_main() -> Result<ExitCode> {
                         "mechanism_ms": series(&|x: &OpSample| Some(x.mechanism_ms)),
                         "total_ms": series(&|x: &OpSample| Some(x.total_ms)),
                         "command_ms": series(&|x: &OpSample| Some(x.command_ms)),
-                        "restart_lower_bound_ms": {
+                        "restart_ms": {
                             "nodes": to,
-                            "what": "LOWER BOUND of a kill-and-restart: `ductile run` of jacobi2d at the new size with --iters 1, \
-                                     from spawning the launcher to its exit (process start, registration, connections, \
-                                     construction, one iteration, teardown); no checkpoint write or read",
+                            "what": "mechanism of the same operation in --mode restart: checkpoint write + relaunch \
+                                     (processes ending and starting, launch barrier) + restore (reading and placing \
+                                     every chare); without the wait for a sync point and the balancing step",
                             "samples_stats": stats_json(&r.restart_ms[oi]),
                         },
-                        "ratio_restart_lb_to_mechanism": row.ratio,
+                        "ratio_restart_to_mechanism": row.ratio,
                         "rescales": s.iter().map(OpSample::json).collect::<Vec<_>>(),
                     })
                 })
@@ -1256,7 +1333,7 @@ fn real_main() -> Result<ExitCode> {
                 "nodes": r.nodes,
                 "pes_per_node": 1,
                 "calibration_ms_per_iter": r.calibration_ms_per_iter,
-                "restart_lower_bound_failure": r.restart_failure,
+                "restart_failure": r.restart_failure,
                 "job": {
                     "program": "jacobi2d", "args": r.job_args, "seconds": r.job_seconds,
                     "checksum": r.job_checksum, "reference_1_node_checksum": r.reference_checksum,
