@@ -918,6 +918,16 @@ async fn a_rescale_runs_in_the_background_and_its_commit_deletes_vacated_pods_an
     assert_eq!(rescaling["phase"], "Rescaling");
     assert_eq!(rescaling["epoch"], 1);
 
+    // The request reaches PE 0 from the task, in its own time.
+    let asked_by = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.lock().unwrap().rescales.is_empty() {
+        assert!(
+            std::time::Instant::now() < asked_by,
+            "PE 0 never got the rescale"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
     // Meanwhile the job is reconciled as usual, without asking PE 0 anything.
     let statuses = fake.lock().unwrap().statuses;
     let listed = pods.clone();
