@@ -9,7 +9,11 @@
 //!   node 0's control endpoint;
 //! * `ductile coordinator`: run a job's coordinator (what `ductile run` and
 //!   the Kubernetes operator's pods start), forwarded to
-//!   `ductile_coordinator::cli`.
+//!   `ductile_coordinator::cli`;
+//! * `ductile wait-left`: wait until a node has left its job's view (what
+//!   the operator's preStop hook runs; exit codes in [`crate::contract`]);
+//! * `ductile operator`: the Kubernetes operator
+//!   ([`crate::k8s::entry`], the same as the `ductile-operator` binary).
 //!
 //! Exit codes of `ductile run`: the job's own code when it completed; 1 when
 //! it failed, timed out or could not be stopped cleanly; 2 for usage and
@@ -89,6 +93,16 @@ pub enum Command {
         )]
         args: Vec<OsString>,
     },
+    /// Wait until a node has left its job (a pod's preStop hook runs this).
+    ///
+    /// Asks node 0's control endpoint for the view until no member matches
+    /// the host name (and pid, when given). Exit codes: 0 not or no longer a
+    /// member, 1 still a member at --timeout, 2 usage errors, 3 the control
+    /// endpoint did not answer.
+    #[command(name = "wait-left")]
+    WaitLeft(WaitLeftArgs),
+    /// Run the Kubernetes operator for ElasticJobs (as the `ductile-operator` binary).
+    Operator(crate::k8s::entry::OperatorArgs),
 }
 
 /// Which running job a command talks to.
@@ -183,6 +197,36 @@ pub struct RescaleArgs {
     /// Common options.
     #[command(flatten)]
     pub options: RescaleOptions,
+}
+
+/// Arguments of `ductile wait-left`.
+#[derive(Args, Debug, Clone)]
+pub struct WaitLeftArgs {
+    /// `host:port` of the job's control endpoint (node 0); the secret then
+    /// comes from --secret-file, else DUCTILE_SECRET / DUCTILE_SECRET_FILE.
+    /// Absent: the local job named by --job / --state-dir.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "state_dir")]
+    pub control: Option<String>,
+    /// File holding the job secret (64 hex characters), with --control.
+    #[arg(long, value_name = "PATH", requires = "control")]
+    pub secret_file: Option<PathBuf>,
+    /// The node's host name as it registered [default: this machine's host
+    /// name, which in a pod is the pod's name].
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
+    /// The node's process id as it registered (where several nodes share a
+    /// host name, as on the local fleet).
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+    /// Seconds to wait at most.
+    #[arg(long, value_name = "SECS", default_value = "115", value_parser = parse_secs)]
+    pub timeout: Duration,
+    /// Seconds between two status requests.
+    #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_secs)]
+    pub interval: Duration,
+    /// The local job, when --control is absent.
+    #[command(flatten)]
+    pub target: JobTarget,
 }
 
 /// Arguments of `ductile run`.
@@ -291,6 +335,11 @@ pub fn dispatch(cli: Cli) -> i32 {
             let argv = std::iter::once(OsString::from("ductile coordinator")).chain(args);
             ductile_coordinator::cli::main_with_args(argv)
         }
+        Command::WaitLeft(args) => {
+            init_tracing();
+            wait_left(&args)
+        }
+        Command::Operator(args) => crate::k8s::entry::run_process("ductile operator", &args),
     }
 }
 
@@ -329,8 +378,9 @@ struct JobConnection {
     client: ControlClient,
 }
 
-/// Finds the job named by `target` and connects to its control endpoint.
-fn connect_job(target: &JobTarget) -> Result<JobConnection, Unreachable> {
+/// The state directory, control address and secret of the local job named
+/// by `target`.
+fn local_endpoint(target: &JobTarget) -> Result<(PathBuf, String, Secret), Unreachable> {
     let dir = resolve_state_dir(target.state_dir.as_deref(), &target.job, |k| {
         std::env::var_os(k)
     })
@@ -348,6 +398,12 @@ fn connect_job(target: &JobTarget) -> Result<JobConnection, Unreachable> {
             dir.display()
         ))
     })?;
+    Ok((dir, addr, secret))
+}
+
+/// Finds the job named by `target` and connects to its control endpoint.
+fn connect_job(target: &JobTarget) -> Result<JobConnection, Unreachable> {
+    let (dir, addr, secret) = local_endpoint(target)?;
     let client = ControlClient::connect(&addr, &secret, Duration::from_secs(10)).map_err(|e| {
         Unreachable::NoJob(format!(
             "cannot reach the job's control endpoint at {addr}: {e}"
@@ -408,6 +464,121 @@ pub fn status(args: StatusArgs) -> i32 {
     }
     print!("{}", render_status(&status, &newcomers));
     0
+}
+
+/// Whether the node named by `host` (and `pid`, when given) is a member of
+/// the view `status` shows. A waiting newcomer is not a member.
+pub fn is_member(status: &JobStatus, host: &str, pid: Option<u32>) -> bool {
+    status
+        .members
+        .iter()
+        .any(|m| m.host == host && pid.is_none_or(|p| m.pid == p))
+}
+
+/// This machine's host name, as a node reports it when it registers.
+fn this_host_name() -> Result<String, String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .map_err(|e| format!("cannot read this machine's host name ({e}); pass --host"))
+}
+
+/// `ductile wait-left`: polls the job's view until the node has left it
+/// (exit codes in [`crate::contract`]).
+pub fn wait_left(args: &WaitLeftArgs) -> i32 {
+    use crate::contract::{
+        WAIT_LEFT_GONE, WAIT_LEFT_STILL_MEMBER, WAIT_LEFT_UNREACHABLE, WAIT_LEFT_UNREACHABLE_AFTER,
+        WAIT_LEFT_USAGE,
+    };
+    let start = Instant::now();
+    let deadline = start + args.timeout;
+    let host = match args.host.clone().map_or_else(this_host_name, Ok) {
+        Ok(host) if !host.is_empty() => host,
+        Ok(_) => {
+            say("the host name is empty; pass --host");
+            return WAIT_LEFT_USAGE;
+        }
+        Err(problem) => {
+            say(&problem);
+            return WAIT_LEFT_USAGE;
+        }
+    };
+    let (addr, secret) = match &args.control {
+        Some(addr) => {
+            let secret = match &args.secret_file {
+                Some(path) => crate::contract::secret_from_file(&path.to_string_lossy()),
+                None => crate::contract::secret_from_env(),
+            };
+            match secret {
+                Ok(secret) => (addr.clone(), secret),
+                Err(e) => {
+                    say(&e.to_string());
+                    return WAIT_LEFT_USAGE;
+                }
+            }
+        }
+        None => match local_endpoint(&args.target) {
+            Ok((_, addr, secret)) => (addr, secret),
+            Err(err) => {
+                say(err.message());
+                return WAIT_LEFT_USAGE;
+            }
+        },
+    };
+    let who = match args.pid {
+        Some(pid) => format!("host {host} pid {pid}"),
+        None => format!("host {host}"),
+    };
+    tracing::info!(%addr, node = %who, timeout = ?args.timeout, "waiting for the node to leave the job");
+    let mut client: Option<ControlClient> = None;
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        let answer = match client.as_mut() {
+            Some(c) => c.status(),
+            None => {
+                ControlClient::connect(&addr, &secret, Duration::from_secs(5)).and_then(|mut c| {
+                    let status = c.status();
+                    client = Some(c);
+                    status
+                })
+            }
+        };
+        let now = Instant::now();
+        match answer {
+            Ok(status) => {
+                failing_since = None;
+                if !is_member(&status, &host, args.pid) {
+                    say(&format!(
+                        "{who} is not a member of the job at epoch {} (waited {:.1}s)",
+                        status.epoch,
+                        start.elapsed().as_secs_f64()
+                    ));
+                    return WAIT_LEFT_GONE;
+                }
+                tracing::debug!(epoch = status.epoch, node = %who, "still a member");
+                if now >= deadline {
+                    say(&format!(
+                        "{who} is still a member at epoch {} after --timeout ({:.1}s)",
+                        status.epoch,
+                        args.timeout.as_secs_f64()
+                    ));
+                    return WAIT_LEFT_STILL_MEMBER;
+                }
+            }
+            Err(error) => {
+                client = None;
+                let since = *failing_since.get_or_insert(now);
+                tracing::info!(%addr, %error, "the control endpoint did not answer");
+                if now.duration_since(since) >= WAIT_LEFT_UNREACHABLE_AFTER || now >= deadline {
+                    say(&format!(
+                        "the job's control endpoint at {addr} did not answer for {:.1}s: {error}",
+                        now.duration_since(since).as_secs_f64()
+                    ));
+                    return WAIT_LEFT_UNREACHABLE;
+                }
+            }
+        }
+        std::thread::sleep(args.interval.min(deadline.saturating_duration_since(now)));
+    }
 }
 
 /// The human form of `ductile status`.

@@ -164,7 +164,7 @@ pub struct ElasticJobSpec {
     pub restart_policy: Option<JobRestartPolicy>,
 
     /// Whole-job relaunches allowed under `restartPolicy: OnFailure` before
-    /// the job is marked Failed.
+    /// the job is marked Failed (default 6, as for a Job).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub backoff_limit: Option<i32>,
@@ -402,6 +402,9 @@ pub struct MetricsSpec {
     pub port: i32,
 }
 
+/// `backoffLimit` when the spec does not say (a Kubernetes Job's default).
+pub const DEFAULT_BACKOFF_LIMIT: i32 = 6;
+
 /// Job-level failure handling.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum JobRestartPolicy {
@@ -460,6 +463,9 @@ pub struct ElasticJobStatus {
     /// Newcomers registered and waiting to be admitted by a rescale.
     #[serde(default)]
     pub pending_newcomers: i32,
+    /// Whole-job relaunches so far (`restartPolicy: OnFailure`).
+    #[serde(default)]
+    pub restarts: i32,
     /// Pods whose node got a rebalance recommendation or an interruption notice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub at_risk: Vec<String>,
@@ -710,6 +716,11 @@ impl ElasticJobSpec {
     /// The job's restart policy, default filled in.
     pub fn restart_policy(&self) -> JobRestartPolicy {
         self.restart_policy.unwrap_or_default()
+    }
+
+    /// Relaunches allowed under `OnFailure`, default filled in.
+    pub fn backoff_limit(&self) -> i32 {
+        self.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT).max(0)
     }
 }
 

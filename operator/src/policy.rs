@@ -27,7 +27,12 @@
 //!   by admitting ready newcomers or removing members (at-risk first, then
 //!   the newest spot members);
 //! * **protected members**: node 0 (PE 0) and the on-demand members are never
-//!   chosen for removal; a notice for one is reported.
+//!   chosen for removal; a notice for one is reported;
+//! * **cancelled newcomers**: launched or waiting newcomers beyond what the
+//!   target needs (after `replicas` went down) are cancelled, those not yet
+//!   registered first; a newcomer whose own instance gets a notice is
+//!   cancelled at once (it is not worth admitting) and replaced when the job
+//!   still needs one. A cancelled name is never admitted.
 //!
 //! One rescale is in flight at a time: after a [`Decision::Rescale`], the
 //! driver reports [`Event::RescaleCommitted`] or [`Event::RescaleFailed`].
@@ -292,6 +297,14 @@ pub enum Decision {
         /// Why.
         reason: RescaleReason,
     },
+    /// Stop these newcomers (delete their pods / processes): they will not
+    /// be admitted.
+    CancelNewcomers {
+        /// The newcomers.
+        newcomers: Vec<MemberId>,
+        /// Why.
+        reason: CancelReason,
+    },
     /// A removed member left the job: delete its pod / reap its process.
     DeleteVacated {
         /// The member.
@@ -299,6 +312,25 @@ pub enum Decision {
     },
     /// Tell the user.
     Report(Report),
+}
+
+/// Why newcomers are cancelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelReason {
+    /// More newcomers than the (lowered) target needs.
+    Surplus,
+    /// The newcomer's own instance got a rebalance recommendation or an
+    /// interruption notice.
+    AtRisk,
+}
+
+impl fmt::Display for CancelReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CancelReason::Surplus => "more newcomers than the job needs",
+            CancelReason::AtRisk => "its instance got a notice",
+        })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -309,8 +341,8 @@ struct Member {
     at_risk_since: Option<Time>,
     /// Interruption deadline.
     deadline: Option<Time>,
-    /// A replacement was launched for it.
-    replacement_launched: bool,
+    /// The newcomer launched to replace it (cleared when that one is cancelled).
+    replacement: Option<MemberId>,
     /// Reported as lost-at-deadline already.
     reported_unreplaced: bool,
 }
@@ -340,6 +372,8 @@ pub struct Policy {
     ready: BTreeMap<MemberId, Time>,
     /// Members removed by a committed rescale, not yet gone.
     vacating: BTreeSet<MemberId>,
+    /// Newcomers cancelled: never taken back into the pool.
+    cancelled: BTreeSet<MemberId>,
     in_flight: Option<InFlight>,
     /// The rebalance timeout expired and no at-risk member was left since.
     timeout_expired: bool,
@@ -360,6 +394,7 @@ impl Policy {
             launching: BTreeSet::new(),
             ready: BTreeMap::new(),
             vacating: BTreeSet::new(),
+            cancelled: BTreeSet::new(),
             in_flight: None,
             timeout_expired: false,
             retry_at: None,
@@ -430,13 +465,13 @@ impl Policy {
                         root,
                         at_risk_since: None,
                         deadline: None,
-                        replacement_launched: false,
+                        replacement: None,
                         reported_unreplaced: false,
                     },
                 );
             }
             Event::NewcomerReady { newcomer } => {
-                if !self.members.contains_key(&newcomer) {
+                if !self.members.contains_key(&newcomer) && !self.cancelled.contains(&newcomer) {
                     self.launching.remove(&newcomer);
                     self.ready.entry(newcomer).or_insert(now);
                 }
@@ -496,7 +531,7 @@ impl Policy {
                             root: false,
                             at_risk_since: None,
                             deadline: None,
-                            replacement_launched: false,
+                            replacement: None,
                             reported_unreplaced: false,
                         },
                     );
@@ -522,7 +557,12 @@ impl Policy {
         let Some(state) = self.members.get_mut(member) else {
             // A newcomer at risk before admission: it is not worth admitting.
             if self.ready.remove(member).is_some() || self.launching.remove(member) {
-                tracing::info!(%member, "newcomer at risk, dropped from the pool");
+                tracing::info!(%member, "newcomer at risk, cancelled");
+                self.forget_newcomer(member);
+                self.decisions.push(Decision::CancelNewcomers {
+                    newcomers: vec![member.clone()],
+                    reason: CancelReason::AtRisk,
+                });
             }
             return;
         };
@@ -601,19 +641,22 @@ impl Policy {
         let staying = self.members.len() - at_risk.len();
         let needed = (self.target as usize).saturating_sub(staying);
         let have = self.ready.len() + self.launching.len();
+        if have > needed {
+            self.cancel_surplus(have - needed, out);
+        }
         let mut missing = needed.saturating_sub(have);
         // Credit launches already made for at-risk members first, so each gets one.
         for member in &at_risk {
             if missing == 0 {
                 break;
             }
-            if self.members[member].replacement_launched {
+            if self.members[member].replacement.is_some() {
                 continue;
             }
             let newcomer = self.new_name();
             self.launching.insert(newcomer.clone());
             if let Some(state) = self.members.get_mut(member) {
-                state.replacement_launched = true;
+                state.replacement = Some(newcomer.clone());
             }
             out.push(Decision::LaunchReplacement {
                 for_member: member.clone(),
@@ -626,6 +669,46 @@ impl Policy {
             self.launching.extend(newcomers.iter().cloned());
             out.push(Decision::LaunchNewcomers { newcomers });
         }
+    }
+
+    /// Takes a cancelled newcomer out of the pool for good; the member it
+    /// was to replace may get another replacement.
+    fn forget_newcomer(&mut self, newcomer: &MemberId) {
+        self.launching.remove(newcomer);
+        self.ready.remove(newcomer);
+        self.cancelled.insert(newcomer.clone());
+        for state in self.members.values_mut() {
+            if state.replacement.as_ref() == Some(newcomer) {
+                state.replacement = None;
+            }
+        }
+    }
+
+    /// Cancels `surplus` newcomers: those not yet registered first, then
+    /// the waiting ones (never while a rescale that may admit them is in
+    /// flight), the newest first.
+    fn cancel_surplus(&mut self, surplus: usize, out: &mut Vec<Decision>) {
+        let newest_first = |set: Vec<MemberId>| {
+            let mut list = set;
+            list.sort_by_key(|m| std::cmp::Reverse(natural_key(m)));
+            list
+        };
+        let mut candidates = newest_first(self.launching.iter().cloned().collect());
+        if self.in_flight.is_none() {
+            candidates.extend(newest_first(self.ready.keys().cloned().collect()));
+        }
+        let cancel: Vec<MemberId> = candidates.into_iter().take(surplus).collect();
+        if cancel.is_empty() {
+            return;
+        }
+        for newcomer in &cancel {
+            self.forget_newcomer(newcomer);
+        }
+        tracing::info!(?cancel, "surplus newcomers cancelled");
+        out.push(Decision::CancelNewcomers {
+            newcomers: cancel,
+            reason: CancelReason::Surplus,
+        });
     }
 
     fn plan_rescale(

@@ -417,6 +417,92 @@ fn the_commands_say_when_no_job_runs() {
 
 /// Not a test: the fake node the tests above run under `ductile run`. Run by
 /// hand (without `DUCTILE_TEST_FAKE_NODE`) it does nothing.
+/// Runs `ductile wait-left ARGS` for the job's node `pid` (the fake nodes
+/// all report the host name `fake`).
+fn wait_left(job: &Job, pid: u32, timeout: &str) -> Command {
+    let mut cmd = Command::new(DUCTILE);
+    cmd.args(["wait-left", "--host", "fake", "--pid", &pid.to_string()])
+        .args(["--timeout", timeout, "--interval", "0.05", "--state-dir"])
+        .arg(&job.state_dir)
+        .stdin(Stdio::null());
+    cmd
+}
+
+#[test]
+fn wait_left_returns_once_a_shrink_removed_the_node() {
+    let job = Job::start(3, 1);
+    let status = job.json(&["status"]);
+    let pid_of = |node: usize| status["members"][node]["pid"].as_u64().expect("pid") as u32;
+    let (node_1, node_2) = (pid_of(1), pid_of(2));
+
+    // A preStop hook for node 2 waits while node 2 is a member...
+    let mut waiter = wait_left(&job, node_2, "30")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wait-left");
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        waiter.try_wait().expect("wait").is_none(),
+        "wait-left returned while its node is a member"
+    );
+
+    // ...and one whose node stays a member gives up at its timeout with 1.
+    let out = wait_left(&job, node_1, "0.3").output().expect("wait-left");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is still a member at epoch 1"), "{stderr}");
+
+    // The shrink removes node 2 (the coordinator's Die): the hook ends with 0.
+    let out = job.ductile(&["shrink", "--remove", "2"]);
+    assert_eq!(out.code, Some(0), "{}\n{}", out.stderr, job.launcher_log());
+    let deadline = Instant::now() + WATCHDOG;
+    let code = loop {
+        if let Some(status) = waiter.try_wait().expect("wait") {
+            break status.code();
+        }
+        assert!(Instant::now() < deadline, "wait-left did not return");
+        thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut waiter.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "host fake pid {node_2} is not a member of the job at epoch 2"
+        )),
+        "{stderr}"
+    );
+
+    // A node that is not a member (gone, or never admitted) is left at once.
+    let out = wait_left(&job, node_2, "30").output().expect("wait-left");
+    assert_eq!(out.status.code(), Some(0));
+
+    // No control endpoint answering: 3; no job secret: 2.
+    let secret = ductile_coordinator::Secret::generate().to_hex();
+    let unreachable = Command::new(DUCTILE)
+        .args(["wait-left", "--control", "127.0.0.1:1", "--timeout", "0.5"])
+        .env("DUCTILE_SECRET", &secret)
+        .output()
+        .expect("wait-left");
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert_eq!(unreachable.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("did not answer"), "{stderr}");
+    let no_secret = Command::new(DUCTILE)
+        .args(["wait-left", "--control", "127.0.0.1:1"])
+        .env_remove("DUCTILE_SECRET")
+        .env_remove("DUCTILE_SECRET_FILE")
+        .output()
+        .expect("wait-left");
+    let stderr = String::from_utf8_lossy(&no_secret.stderr);
+    assert_eq!(no_secret.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("no job secret"), "{stderr}");
+
+    let (code, log, _) = job.finish();
+    assert_eq!(code, Some(0), "{log}");
+}
+
 #[test]
 #[ignore = "the fake node process of the rescale tests, not a test"]
 fn fake_node() {

@@ -1,6 +1,8 @@
 //! The operator process: configuration from the environment the Helm chart
-//! and `manifests/install.yaml` set, the metrics server, leader election,
-//! then the controller. The `ductile-operator` binary calls [`main`].
+//! and `manifests/install.yaml` set (each variable also has a flag, which
+//! wins), the metrics server, leader election, then the controller. The
+//! `ductile-operator` binary and `ductile operator` both call
+//! [`run_process`].
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +19,7 @@ use super::objects::ObjectSettings;
 pub const ENV_LEADER_ELECTION: &str = "DUCTILE_OPERATOR_LEADER_ELECTION";
 /// Name of the Lease (in the operator's namespace).
 pub const ENV_LEASE: &str = "DUCTILE_OPERATOR_LEASE";
-/// Comma-separated namespaces to watch; empty: all.
+/// Comma-separated namespaces to watch (one controller each); empty: all.
 pub const ENV_WATCH_NAMESPACES: &str = "DUCTILE_OPERATOR_WATCH_NAMESPACES";
 /// Port of `/metrics`, `/healthz` and `/readyz`.
 pub const ENV_METRICS_PORT: &str = "DUCTILE_OPERATOR_METRICS_PORT";
@@ -35,8 +37,8 @@ pub struct OperatorConfig {
     pub leader_election: bool,
     /// The Lease's name.
     pub lease: String,
-    /// Namespace to watch; `None`: all.
-    pub namespace: Option<String>,
+    /// Namespaces to watch, one controller each; empty: all.
+    pub namespaces: Vec<String>,
     /// Where the metrics server listens.
     pub metrics: SocketAddr,
     /// Settings of the objects the operator creates.
@@ -73,22 +75,20 @@ impl OperatorConfig {
             Some("true") => true,
             Some(other) => return Err(bad(ENV_LEADER_ELECTION, other, "expected true or false")),
         };
-        let namespaces: Vec<String> = var(ENV_WATCH_NAMESPACES)
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
-        let namespace = match namespaces.as_slice() {
-            [] => None,
-            [one] => Some(one.clone()),
-            _ => return Err(bad(
-                ENV_WATCH_NAMESPACES,
-                &namespaces.join(","),
-                "one namespace or all (empty) for now; run one operator per namespace otherwise",
-            )),
-        };
+        let mut namespaces: Vec<String> = Vec::new();
+        let listed = var(ENV_WATCH_NAMESPACES).unwrap_or_default();
+        for ns in listed.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if !is_dns_label(ns) {
+                return Err(bad(
+                    ENV_WATCH_NAMESPACES,
+                    &listed,
+                    &format!("{ns:?} is not a namespace name (lower-case letters, digits and '-', at most 63)"),
+                ));
+            }
+            if !namespaces.iter().any(|n| n == ns) {
+                namespaces.push(ns.to_owned());
+            }
+        }
         let port = match var(ENV_METRICS_PORT) {
             None => 8080,
             Some(text) => text
@@ -115,12 +115,104 @@ impl OperatorConfig {
             lease: var(ENV_LEASE)
                 .filter(|l| !l.is_empty())
                 .unwrap_or_else(|| "ductile-operator".to_owned()),
-            namespace,
+            namespaces,
             metrics: SocketAddr::from(([0, 0, 0, 0], port)),
             settings,
             identity,
             own_namespace,
         })
+    }
+}
+
+/// Whether `name` can name a namespace (an RFC 1123 DNS label).
+fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// The operator's flags (`ductile operator`, `ductile-operator`). Each
+/// stands for one of the variables above and wins over it; what is not
+/// given comes from the environment.
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct OperatorArgs {
+    /// Watch this namespace (repeat for several; one controller each)
+    /// [default: DUCTILE_OPERATOR_WATCH_NAMESPACES, else every namespace].
+    #[arg(long = "namespace", value_name = "NS")]
+    pub namespaces: Vec<String>,
+    /// Hold the Lease before reconciling [default: DUCTILE_OPERATOR_LEADER_ELECTION].
+    #[arg(long)]
+    pub leader_election: bool,
+    /// Name of the Lease [default: DUCTILE_OPERATOR_LEASE, else ductile-operator].
+    #[arg(long, value_name = "NAME")]
+    pub lease: Option<String>,
+    /// Port of /metrics and the probes [default: DUCTILE_OPERATOR_METRICS_PORT, else 8080].
+    #[arg(long, value_name = "PORT")]
+    pub metrics_port: Option<u16>,
+    /// Image of node 0's coordinator container [default: DUCTILE_OPERATOR_COORDINATOR_IMAGE].
+    #[arg(long, value_name = "IMAGE")]
+    pub coordinator_image: Option<String>,
+}
+
+impl OperatorArgs {
+    /// The configuration: these flags over the variables `var` reads.
+    pub fn config(
+        &self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<OperatorConfig, ConfigError> {
+        OperatorConfig::from_lookup(|name| match name {
+            ENV_WATCH_NAMESPACES if !self.namespaces.is_empty() => Some(self.namespaces.join(",")),
+            ENV_LEADER_ELECTION if self.leader_election => Some("true".to_owned()),
+            ENV_LEASE if self.lease.is_some() => self.lease.clone(),
+            ENV_METRICS_PORT if self.metrics_port.is_some() => {
+                self.metrics_port.map(|p| p.to_string())
+            }
+            ENV_COORDINATOR_IMAGE if self.coordinator_image.is_some() => {
+                self.coordinator_image.clone()
+            }
+            other => var(other),
+        })
+    }
+}
+
+/// The whole operator process, for a `main`: logs to stderr (`DUCTILE_LOG`,
+/// default `info`), configuration from `args` and the environment (exit 2
+/// when it is bad), a tokio runtime, [`main`] (exit 1 when it fails).
+pub fn run_process(program: &str, args: &OperatorArgs) -> i32 {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(crate::contract::ENV_LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let config = match args.config(|name| std::env::var(name).ok()) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("{program}: {error}");
+            return 2;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("{program}: cannot start the async runtime: {error}");
+            return 1;
+        }
+    };
+    match runtime.block_on(main(config)) {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("{program}: {error:#}");
+            1
+        }
     }
 }
 
@@ -162,7 +254,7 @@ pub async fn main(config: OperatorConfig) -> anyhow::Result<()> {
     } else {
         Box::pin(std::future::pending())
     };
-    super::run(client, config.namespace, config.settings, metrics, stop).await;
+    super::run(client, config.namespaces, config.settings, metrics, stop).await;
     if leadership_lost.load(Ordering::Relaxed) {
         // Exit non-zero: the Deployment restarts this replica as a follower.
         anyhow::bail!(
@@ -200,14 +292,14 @@ mod tests {
         .unwrap();
         assert!(c.leader_election);
         assert_eq!(c.lease, "ductile-lock");
-        assert_eq!(c.namespace.as_deref(), Some("hpc"));
+        assert_eq!(c.namespaces, ["hpc"]);
         assert_eq!(c.metrics, "0.0.0.0:9090".parse().unwrap());
         assert_eq!(c.settings.coordinator_image, "registry/ductile:1.2");
         assert_eq!(c.identity, "ductile-7d9-abc");
 
         let defaults = config(&[]).unwrap();
         assert!(!defaults.leader_election);
-        assert_eq!(defaults.namespace, None);
+        assert!(defaults.namespaces.is_empty(), "every namespace");
         assert_eq!(defaults.metrics.port(), 8080);
         assert_eq!(defaults.lease, "ductile-operator");
     }
@@ -218,9 +310,63 @@ mod tests {
         assert_eq!(e.name, "DUCTILE_OPERATOR_METRICS_PORT");
         let e = config(&[("DUCTILE_OPERATOR_LEADER_ELECTION", "yes")]).unwrap_err();
         assert!(e.to_string().contains("expected true or false"), "{e}");
-        let e = config(&[("DUCTILE_OPERATOR_WATCH_NAMESPACES", "a,b")]).unwrap_err();
-        assert!(e.to_string().contains("one namespace"), "{e}");
+        let e = config(&[("DUCTILE_OPERATOR_WATCH_NAMESPACES", "hpc,Team_A")]).unwrap_err();
+        assert_eq!(e.name, "DUCTILE_OPERATOR_WATCH_NAMESPACES");
+        assert!(
+            e.to_string().contains("\"Team_A\" is not a namespace name"),
+            "{e}"
+        );
         let e = config(&[("DUCTILE_OPERATOR_LEADER_ELECTION", "true")]).unwrap_err();
         assert_eq!(e.name, "POD_NAME");
+    }
+
+    #[test]
+    fn several_namespaces_are_watched_once_each() {
+        let c = config(&[("DUCTILE_OPERATOR_WATCH_NAMESPACES", "hpc, ml,hpc,")]).unwrap();
+        assert_eq!(c.namespaces, ["hpc", "ml"]);
+    }
+
+    #[test]
+    fn flags_win_over_the_environment() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: OperatorArgs,
+        }
+        let env = [
+            ("DUCTILE_OPERATOR_WATCH_NAMESPACES", "ignored"),
+            ("DUCTILE_OPERATOR_METRICS_PORT", "9090"),
+            ("POD_NAME", "op-1"),
+        ];
+        let lookup = |name: &str| {
+            env.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        let cli = Cli::try_parse_from([
+            "ductile-operator",
+            "--namespace",
+            "hpc",
+            "--namespace",
+            "ml",
+            "--leader-election",
+            "--lease",
+            "lock",
+        ])
+        .unwrap();
+        let c = cli.args.config(lookup).unwrap();
+        assert_eq!(c.namespaces, ["hpc", "ml"]);
+        assert!(c.leader_election);
+        assert_eq!(c.lease, "lock");
+        assert_eq!(c.metrics.port(), 9090, "from the environment");
+        let bad = Cli::try_parse_from(["ductile-operator", "--metrics-port", "http"]);
+        assert!(bad.is_err());
+        let bad = Cli::try_parse_from(["ductile-operator", "--namespace", "Bad!"])
+            .unwrap()
+            .args
+            .config(lookup)
+            .unwrap_err();
+        assert!(bad.to_string().contains("is not a namespace name"), "{bad}");
     }
 }

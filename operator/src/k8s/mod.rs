@@ -11,8 +11,11 @@
 //!    and forgets its policy before the finalizer goes;
 //! 3. the job Secret (generated when `secretRef` is absent), the headless
 //!    Service, and before the first epoch the missing launch pods;
-//! 4. node 0's pod decides the phase: ended with success or failure, the
-//!    job is Succeeded or Failed; running, the job's status is read from
+//! 4. `spec.suspend` deletes the job's pods (phase Suspended); a resumed
+//!    or relaunched job waits until the last run's pods are gone, then
+//!    launches afresh; node 0's pod decides the phase: ended with success
+//!    the job is Succeeded, with failure it is relaunched under
+//!    `restartPolicy: OnFailure` until `backoffLimit`, else Failed; running, the job's status is read from
 //!    its control endpoint ([`control`]) at the pod's IP;
 //! 5. what Kubernetes and the job show becomes policy [`Event`]s, each fed
 //!    once: view members (`MemberJoined`), registered newcomers
@@ -20,9 +23,11 @@
 //!    ([`notices`]), pods that ended or vanished (`MemberGone`), and
 //!    `spec.replicas` (`DesiredReplicas`);
 //! 6. the policy's [`Decision`]s are carried out: newcomer pods
-//!    (`DUCTILE_ROLE=newcomer`) are created, rescales are requested from PE
-//!    0 (the reconcile waits for the report), vacated pods are deleted, and
-//!    every decision is recorded as a Kubernetes Event;
+//!    (`DUCTILE_ROLE=newcomer`) are created, cancelled newcomers' pods
+//!    deleted, rescales are requested from PE 0 in a background task that
+//!    wakes the job when PE 0 answers ([`Requeue`]; the phase is Rescaling
+//!    meanwhile and PE 0 is not asked for its status), vacated pods are
+//!    deleted, and every decision is recorded as a Kubernetes Event;
 //! 7. `status` is written by server-side apply (phase, epoch, replicas,
 //!    members, at-risk pods, last rescale with its stage timings,
 //!    conditions with `observedGeneration`), and the reconcile is requeued
@@ -63,7 +68,9 @@ use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 
-use crate::crd::{ElasticJob, ElasticJobStatus, MemberStatus, Phase, RescaleRecord};
+use crate::crd::{
+    ElasticJob, ElasticJobStatus, JobRestartPolicy, MemberStatus, Phase, RescaleRecord,
+};
 use crate::policy::{Capacity, Decision, Event, MemberId, Policy, PolicyConfig, Report};
 use control::{ControlEndpoint, ControlTarget, TcpControl};
 use metrics::Metrics;
@@ -142,6 +149,70 @@ struct JobRuntime {
     view: Option<JobStatus>,
     last_rescale: Option<RescaleRecord>,
     control_error: Option<String>,
+    /// The rescale PE 0 is working on, in a background task.
+    rescale: Option<RescaleInFlight>,
+    /// The run was torn down (suspend, relaunch): the next launch starts
+    /// afresh, whatever a stale cached status still says.
+    fresh_start: bool,
+}
+
+/// A rescale request running in a background task: the reconcile that
+/// asked goes on, and the task triggers a reconcile of the job when PE 0
+/// answers (the result waits here).
+struct RescaleInFlight {
+    reason: crate::policy::RescaleReason,
+    /// Pods asked to leave.
+    removed: Vec<String>,
+    result: tokio::sync::oneshot::Receiver<Result<(RescaleReport, JobStatus), String>>,
+}
+
+/// Reconciles asked for by the operator itself (a finished rescale), for
+/// the controllers to pick up ([`Requeue::stream`]).
+#[derive(Clone)]
+pub struct Requeue {
+    tx: tokio::sync::broadcast::Sender<ObjectRef<ElasticJob>>,
+}
+
+impl Default for Requeue {
+    fn default() -> Self {
+        Requeue {
+            tx: tokio::sync::broadcast::channel(256).0,
+        }
+    }
+}
+
+impl Requeue {
+    /// Asks for a reconcile of `job`.
+    pub fn send(&self, job: ObjectRef<ElasticJob>) {
+        // No receiver: no controller runs (tests, shutdown); nothing to wake.
+        let _ = self.tx.send(job);
+    }
+
+    /// The requests for the jobs of `namespace` (`None`: all), as a stream.
+    pub fn stream(
+        &self,
+        namespace: Option<String>,
+    ) -> impl futures::Stream<Item = ObjectRef<ElasticJob>> + Send + 'static {
+        let rx = self.tx.subscribe();
+        futures::stream::unfold(rx, move |mut rx| {
+            let namespace = namespace.clone();
+            async move {
+                loop {
+                    match rx.recv().await {
+                        Ok(job) if namespace.is_none() || job.namespace == namespace => {
+                            return Some((job, rx))
+                        }
+                        Ok(_) => {}
+                        // Missed some: the jobs' own requeues cover them.
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                            tracing::warn!(missed = n, "reconcile requests lagged");
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            }
+        })
+    }
 }
 
 impl JobRuntime {
@@ -161,6 +232,8 @@ impl JobRuntime {
             view: None,
             last_rescale: None,
             control_error: None,
+            rescale: None,
+            fresh_start: false,
         }
     }
 
@@ -192,6 +265,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// The operator's metrics.
     pub metrics: Arc<Metrics>,
+    /// Reconciles the operator asks for itself (finished rescales).
+    pub requeue: Requeue,
     /// The wall clock.
     pub clock: Clock,
     jobs: Mutex<HashMap<String, JobRuntime>>,
@@ -217,6 +292,7 @@ impl Context {
             nodes,
             recorder,
             metrics: Arc::new(Metrics::default()),
+            requeue: Requeue::default(),
             clock: Arc::new(Timestamp::now),
             jobs: Mutex::new(HashMap::new()),
             failures: Mutex::new(HashMap::new()),
@@ -384,11 +460,7 @@ pub async fn cleanup(job: &ElasticJob, ctx: &Context) -> Result<Action> {
         .namespace()
         .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    pods.delete_collection(
-        &DeleteParams::default(),
-        &ListParams::default().labels(&objects::selector(job)),
-    )
-    .await?;
+    delete_job_pods(job, &pods).await?;
     ctx.forget(&key(job));
     tracing::info!(job = %job.name_any(), "torn down");
     ctx.publish(
@@ -509,14 +581,52 @@ async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<A
     rt.policy
         .reserve_names(view.by_name.keys().map(String::as_str));
 
+    if job.spec.suspend {
+        return suspend(job, ctx, rt, &mut view, &pods, &jobs, &old).await;
+    }
+
     // Before epoch 1 the launch members are the pods 0..replicas; after it,
     // growth goes through newcomers (the policy).
-    let launched = old.epoch.is_some() || rt.view.is_some();
+    let launched = !rt.fresh_start && (old.epoch.is_some() || rt.view.is_some());
     if !launched {
+        // A resumed or relaunched job starts afresh: every pod of the run
+        // before must be gone first (their names are the launch pods').
+        if old.phase == Some(Phase::Suspended) {
+            ctx.publish(
+                job,
+                EventType::Normal,
+                "Resumed",
+                "Launch",
+                "spec.suspend is off: the job is launched again".to_owned(),
+            )
+            .await;
+        }
+        if rt.fresh_start || matches!(old.phase, Some(Phase::Pending | Phase::Suspended)) {
+            let leftovers = leftover_pods(&view);
+            if !leftovers.is_empty() {
+                tracing::info!(job = %name, ?leftovers, "waiting for the pods of the last run to go");
+                if leftovers.iter().any(|(_, deleting)| !deleting) {
+                    delete_job_pods(job, &pods).await?;
+                }
+                let waiting = leftovers.len();
+                let mut status = fresh_status(
+                    job,
+                    ctx,
+                    &old,
+                    Phase::Pending,
+                    "WaitingForPods",
+                    format!("{waiting} pod(s) of the last run are still terminating"),
+                );
+                status.replicas = i32::try_from(waiting).unwrap_or(i32::MAX);
+                patch_status(&jobs, job, &status).await?;
+                return Ok(Action::requeue(Duration::from_secs(5)));
+            }
+        }
         let replicas = u32::try_from(job.spec.replicas).unwrap_or(0);
         for index in 0..replicas {
-            let pod_name = objects::pod_name(job, index);
-            if let std::collections::btree_map::Entry::Vacant(slot) = view.by_name.entry(pod_name) {
+            if let std::collections::btree_map::Entry::Vacant(slot) =
+                view.by_name.entry(objects::pod_name(job, index))
+            {
                 let pod = pods
                     .create(
                         &PostParams::default(),
@@ -526,12 +636,22 @@ async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<A
                 slot.insert(pod);
             }
         }
+        rt.fresh_start = false;
     }
 
-    // Node 0 ends the job: its program's exit is the job's.
+    // Node 0 ends the job: its program's exit is the job's. A pod already
+    // being deleted (a relaunch's) ended nothing new.
     let root = view.by_name.get(&objects::pod_name(job, 0)).cloned();
     let root_state = root.as_ref().map(notices::pod_state);
+    let root_deleting = root
+        .as_ref()
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_some());
     if let Some(end @ (PodState::Succeeded | PodState::Failed)) = root_state {
+        if end == PodState::Failed && !root_deleting {
+            if let Some(action) = relaunch(job, ctx, rt, root.as_ref(), &pods, &jobs, &old).await? {
+                return Ok(action);
+            }
+        }
         let phase = if end == PodState::Succeeded {
             Phase::Succeeded
         } else {
@@ -540,19 +660,32 @@ async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<A
         if old.phase != Some(phase) {
             ctx.publish(
                 job,
-                EventType::Normal,
+                if phase == Phase::Failed {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
                 &phase.to_string(),
                 "JobEnded",
                 format!("node 0 ended: the job {phase}"),
             )
             .await;
         }
-        let status = build_status(job, ctx, rt, &view, phase, &old);
+        let mut status = build_status(job, ctx, rt, &view, phase, &old);
+        if phase == Phase::Failed {
+            status
+                .conditions
+                .push(failed_condition(job, &old, root.as_ref(), ctx.now()));
+        }
         patch_status(&jobs, job, &status).await?;
         return Ok(Action::await_change());
     }
 
-    // The job's own view, from PE 0.
+    // The answer of a rescale running in the background, if it came.
+    finish_rescale(job, ctx, rt).await;
+
+    // The job's own view, from PE 0 (not while it works on a rescale: the
+    // last view holds until the answer).
     let root_ip = root
         .as_ref()
         .filter(|_| root_state == Some(PodState::Running))
@@ -563,7 +696,7 @@ async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<A
             address: format!("{ip}:{}", ctx.control_port),
             secret,
         });
-    if let Some(target) = &target {
+    if let (Some(target), None) = (&target, &rt.rescale) {
         let endpoint = ctx.control.clone();
         let t = target.clone();
         match tokio::task::spawn_blocking(move || endpoint.status(&t)).await {
@@ -582,11 +715,13 @@ async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<A
     if rt.view.is_some() {
         observe(job, ctx, rt, &view).await;
         if let Some(target) = &target {
-            carry_out(job, ctx, rt, &mut view, &pods, &jobs, &old, target).await?;
+            carry_out(job, ctx, rt, &mut view, &pods, target).await?;
         }
     }
 
-    let phase = if rt.view.is_some() {
+    let phase = if rt.rescale.is_some() {
+        Phase::Rescaling
+    } else if rt.view.is_some() {
         Phase::Running
     } else {
         Phase::Launching
@@ -594,6 +729,230 @@ async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<A
     let status = build_status(job, ctx, rt, &view, phase, &old);
     patch_status(&jobs, job, &status).await?;
     Ok(Action::requeue(requeue_after(ctx, rt)))
+}
+
+/// Pods of a run that is over (being deleted, or ended), with whether each
+/// is being deleted already.
+fn leftover_pods(view: &PodView) -> Vec<(String, bool)> {
+    view.by_name
+        .iter()
+        .filter_map(|(name, pod)| {
+            let deleting = pod.metadata.deletion_timestamp.is_some();
+            let ended = matches!(
+                notices::pod_state(pod),
+                PodState::Succeeded | PodState::Failed
+            );
+            (deleting || ended).then(|| (name.clone(), deleting))
+        })
+        .collect()
+}
+
+/// Deletes every pod of the job (one call, by label).
+async fn delete_job_pods(job: &ElasticJob, pods: &Api<Pod>) -> Result<()> {
+    pods.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels(&objects::selector(job)),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The status of a job with no run in progress (suspended, waiting to be
+/// relaunched): no epoch, no members; the restart count and the last
+/// rescale are kept.
+fn fresh_status(
+    job: &ElasticJob,
+    ctx: &Context,
+    old: &ElasticJobStatus,
+    phase: Phase,
+    reason: &str,
+    message: String,
+) -> ElasticJobStatus {
+    let now = ctx.now();
+    ElasticJobStatus {
+        phase: Some(phase),
+        observed_generation: job.metadata.generation,
+        restarts: old.restarts,
+        last_rescale: old.last_rescale.clone(),
+        conditions: vec![
+            condition(
+                job,
+                &old.conditions,
+                "SpecValid",
+                true,
+                "Valid",
+                String::new(),
+                now,
+            ),
+            condition(job, &old.conditions, "Ready", false, reason, message, now),
+        ],
+        selector: Some(objects::selector(job)),
+        ..ElasticJobStatus::default()
+    }
+}
+
+/// `spec.suspend`: the job's pods are deleted (the run is abandoned, a
+/// rescale in flight with it) and the phase is Suspended; turning it off
+/// launches the job afresh.
+async fn suspend(
+    job: &ElasticJob,
+    ctx: &Context,
+    rt: &mut JobRuntime,
+    view: &mut PodView,
+    pods: &Api<Pod>,
+    jobs: &Api<ElasticJob>,
+    old: &ElasticJobStatus,
+) -> Result<Action> {
+    let running: Vec<&String> = view
+        .by_name
+        .iter()
+        .filter(|(_, p)| p.metadata.deletion_timestamp.is_none())
+        .map(|(name, _)| name)
+        .collect();
+    if !running.is_empty() {
+        delete_job_pods(job, pods).await?;
+        tracing::info!(job = %job.name_any(), pods = running.len(), "suspended: pods deleted");
+    }
+    if old.phase != Some(Phase::Suspended) {
+        ctx.publish(
+            job,
+            EventType::Normal,
+            "Suspended",
+            "Suspend",
+            if running.is_empty() {
+                "spec.suspend is set: nothing is launched".to_owned()
+            } else {
+                format!("spec.suspend is set: {} pod(s) deleted", running.len())
+            },
+        )
+        .await;
+    }
+    // What the policy knew belongs to the run that ended.
+    let secret = rt.secret.take();
+    *rt = JobRuntime::new(job, ctx.now());
+    rt.secret = secret;
+    rt.fresh_start = true;
+    view.deleted.extend(view.by_name.keys().cloned());
+    let status = fresh_status(
+        job,
+        ctx,
+        old,
+        Phase::Suspended,
+        "Suspended",
+        "spec.suspend is set".to_owned(),
+    );
+    patch_status(jobs, job, &status).await?;
+    Ok(Action::await_change())
+}
+
+/// `restartPolicy: OnFailure`: a job whose node 0 failed is relaunched from
+/// the start while relaunches remain (`backoffLimit`): its pods are
+/// deleted, the phase is Pending until they are gone, then the launch pods
+/// are created again. `None`: no relaunch (the job is Failed).
+async fn relaunch(
+    job: &ElasticJob,
+    ctx: &Context,
+    rt: &mut JobRuntime,
+    root: Option<&Pod>,
+    pods: &Api<Pod>,
+    jobs: &Api<ElasticJob>,
+    old: &ElasticJobStatus,
+) -> Result<Option<Action>> {
+    if job.spec.restart_policy() != JobRestartPolicy::OnFailure {
+        return Ok(None);
+    }
+    let limit = job.spec.backoff_limit();
+    if old.restarts >= limit {
+        return Ok(None);
+    }
+    let attempt = old.restarts + 1;
+    let why = root.map_or_else(|| "node 0 failed".to_owned(), root_failure);
+    delete_job_pods(job, pods).await?;
+    tracing::warn!(job = %job.name_any(), attempt, limit, %why, "relaunching the job");
+    ctx.publish(
+        job,
+        EventType::Warning,
+        "Relaunch",
+        "Relaunch",
+        format!(
+            "{why}; relaunch {attempt} of {limit}: every pod is deleted and the job starts again"
+        ),
+    )
+    .await;
+    let secret = rt.secret.take();
+    *rt = JobRuntime::new(job, ctx.now());
+    rt.secret = secret;
+    rt.fresh_start = true;
+    let mut status = fresh_status(
+        job,
+        ctx,
+        old,
+        Phase::Pending,
+        "Relaunching",
+        format!("{why}; relaunch {attempt} of {limit}"),
+    );
+    status.restarts = attempt;
+    patch_status(jobs, job, &status).await?;
+    Ok(Some(Action::requeue(Duration::from_secs(5))))
+}
+
+/// How node 0's pod failed, from its node container's termination state.
+fn root_failure(pod: &Pod) -> String {
+    let terminated = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|all| {
+            all.iter()
+                .find(|c| {
+                    c.name != "coordinator"
+                        && c.state
+                            .as_ref()
+                            .and_then(|s| s.terminated.as_ref())
+                            .is_some_and(|t| t.exit_code != 0)
+                })
+                .or_else(|| {
+                    all.iter().find(|c| {
+                        c.state
+                            .as_ref()
+                            .and_then(|s| s.terminated.as_ref())
+                            .is_some_and(|t| t.exit_code != 0)
+                    })
+                })
+        })
+        .and_then(|c| {
+            let t = c.state.as_ref()?.terminated.as_ref()?;
+            Some(format!(
+                "container {} exited with code {}",
+                c.name, t.exit_code
+            ))
+        });
+    match terminated {
+        Some(how) => format!("node 0 failed ({how})"),
+        None => "node 0 failed".to_owned(),
+    }
+}
+
+/// The `Failed` condition of a job that ended in failure.
+fn failed_condition(
+    job: &ElasticJob,
+    old: &ElasticJobStatus,
+    root: Option<&Pod>,
+    now: Timestamp,
+) -> Condition {
+    let why = root.map_or_else(|| "node 0 failed".to_owned(), root_failure);
+    let (reason, message) = match job.spec.restart_policy() {
+        JobRestartPolicy::OnFailure => (
+            "BackoffLimitExceeded",
+            format!(
+                "{why}; {} relaunch(es) used of backoffLimit {}",
+                old.restarts,
+                job.spec.backoff_limit()
+            ),
+        ),
+        JobRestartPolicy::Never => ("NodeZeroFailed", format!("{why}; restartPolicy is Never")),
+    };
+    condition(job, &old.conditions, "Failed", true, reason, message, now)
 }
 
 /// Turns what the job and the cluster show into policy events, each once.
@@ -745,19 +1104,16 @@ fn report_event(report: &Report) -> (EventType, &'static str, String) {
 }
 
 /// Carries out the policy's decisions until it has nothing more to say.
-#[allow(clippy::too_many_arguments)]
 async fn carry_out(
     job: &ElasticJob,
     ctx: &Context,
     rt: &mut JobRuntime,
     view: &mut PodView,
     pods: &Api<Pod>,
-    jobs: &Api<ElasticJob>,
-    old: &ElasticJobStatus,
     target: &ControlTarget,
 ) -> Result<()> {
-    // A commit makes the removed members gone, whose deletion is the next
-    // round's decision: a few rounds settle every chain.
+    // A refused rescale is reported in the next round: a few rounds settle
+    // every chain.
     for _ in 0..4 {
         let now = rt.vt(ctx.now());
         let decisions = rt.policy.decide(now);
@@ -802,14 +1158,44 @@ async fn carry_out(
                     admit,
                     reason,
                 } => {
-                    rescale(job, ctx, rt, view, jobs, old, target, remove, admit, reason).await?;
+                    let reason_text = reason.to_string();
+                    ctx.metrics.rescale_requested(&reason_text);
+                    let names: Vec<&str> = remove.iter().map(|m| m.0.as_str()).collect();
+                    ctx.publish(
+                        job,
+                        EventType::Normal,
+                        "RescaleRequested",
+                        "Rescale",
+                        format!(
+                            "{reason_text}: remove [{}], admit {admit}",
+                            names.join(", ")
+                        ),
+                    )
+                    .await;
+                    let removed: Vec<String> = remove.iter().map(|m| m.0.clone()).collect();
+                    if let Err(problem) = start_rescale(job, ctx, rt, target, remove, admit, reason)
+                    {
+                        rescale_outcome(job, ctx, rt, reason, &removed, Err(problem)).await;
+                    }
+                }
+                Decision::CancelNewcomers { newcomers, reason } => {
+                    for newcomer in &newcomers {
+                        delete_pod(pods, &newcomer.0).await?;
+                        view.deleted.insert(newcomer.0.clone());
+                    }
+                    let names: Vec<&str> = newcomers.iter().map(|n| n.0.as_str()).collect();
+                    tracing::info!(job = %job.name_any(), ?names, %reason, "newcomers cancelled");
+                    ctx.publish(
+                        job,
+                        EventType::Normal,
+                        "CancelNewcomers",
+                        "Delete",
+                        format!("newcomers {} deleted: {reason}", names.join(", ")),
+                    )
+                    .await;
                 }
                 Decision::DeleteVacated { member } => {
-                    match pods.delete(&member.0, &DeleteParams::default()).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(e)) if e.code == 404 => {}
-                        Err(e) => return Err(e.into()),
-                    }
+                    delete_pod(pods, &member.0).await?;
                     view.deleted.insert(member.0.clone());
                     ctx.publish(
                         job,
@@ -828,6 +1214,15 @@ async fn carry_out(
         }
     }
     Ok(())
+}
+
+/// Deletes a pod; one already gone is fine.
+async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<()> {
+    match pods.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn create_newcomer(
@@ -884,30 +1279,24 @@ fn record(
     }
 }
 
-/// One rescale: the policy's member names become node ids of the current
-/// view, PE 0 is asked, and the outcome goes back to the policy.
-#[allow(clippy::too_many_arguments)]
-async fn rescale(
+/// Starts one rescale: the policy's member names become node ids of the
+/// current view, and PE 0 is asked in a background task, which triggers a
+/// reconcile of the job when the answer is in ([`finish_rescale`] takes it).
+fn start_rescale(
     job: &ElasticJob,
     ctx: &Context,
     rt: &mut JobRuntime,
-    view: &PodView,
-    jobs: &Api<ElasticJob>,
-    old: &ElasticJobStatus,
     target: &ControlTarget,
     remove: Vec<MemberId>,
     admit: u32,
     reason: crate::policy::RescaleReason,
-) -> Result<()> {
-    let reason_text = reason.to_string();
-    let removed: Vec<String> = remove.iter().map(|m| m.0.clone()).collect();
-    ctx.metrics.rescale_requested(&reason_text);
+) -> Result<(), String> {
     let members = rt
         .view
         .as_ref()
         .map(|v| v.members.clone())
         .unwrap_or_default();
-    let ids: std::result::Result<Vec<u32>, String> = remove
+    let ids = remove
         .iter()
         .map(|m| {
             members
@@ -916,36 +1305,60 @@ async fn rescale(
                 .map(|v| v.node)
                 .ok_or_else(|| format!("pod {m} is not a member of the job's view"))
         })
-        .collect();
-    ctx.publish(
-        job,
-        EventType::Normal,
-        "RescaleRequested",
-        "Rescale",
-        format!(
-            "{reason_text}: remove [{}], admit {admit}",
-            removed.join(", ")
-        ),
-    )
-    .await;
+        .collect::<std::result::Result<Vec<u32>, String>>()?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let endpoint = ctx.control.clone();
+    let t = target.clone();
+    let timeout = ctx.rescale_timeout;
+    let request = RescaleRequest { remove: ids, admit };
+    let requeue = ctx.requeue.clone();
+    let job_ref = ObjectRef::from_obj(job);
+    tokio::spawn(async move {
+        let answer =
+            tokio::task::spawn_blocking(move || endpoint.rescale(&t, request, timeout)).await;
+        let result = match answer {
+            Ok(result) => result.map_err(|e: ControlError| e.to_string()),
+            Err(join) => Err(format!("control endpoint task: {join}")),
+        };
+        // The result first, then the wake-up: the reconcile it starts finds it.
+        let _ = tx.send(result);
+        requeue.send(job_ref);
+    });
+    rt.rescale = Some(RescaleInFlight {
+        reason,
+        removed: remove.into_iter().map(|m| m.0).collect(),
+        result: rx,
+    });
+    Ok(())
+}
 
-    let outcome = match ids {
-        Err(problem) => Err(problem),
-        Ok(ids) => {
-            // Show Rescaling while PE 0 works (it may take a while).
-            let status = build_status(job, ctx, rt, view, Phase::Rescaling, old);
-            patch_status(jobs, job, &status).await?;
-            let endpoint = ctx.control.clone();
-            let t = target.clone();
-            let timeout = ctx.rescale_timeout;
-            let request = RescaleRequest { remove: ids, admit };
-            match tokio::task::spawn_blocking(move || endpoint.rescale(&t, request, timeout)).await
-            {
-                Ok(result) => result.map_err(|e: ControlError| e.to_string()),
-                Err(join) => return Err(Error::Task(join.to_string())),
-            }
+/// Takes the answer of the rescale in flight, if it came: the outcome goes
+/// to the policy, the metrics, an Event and `lastRescale`.
+async fn finish_rescale(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) {
+    let Some(flight) = rt.rescale.as_mut() else {
+        return;
+    };
+    let outcome = match flight.result.try_recv() {
+        Ok(outcome) => outcome,
+        Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return,
+        Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+            Err("the rescale task ended without an answer".to_owned())
         }
     };
+    let flight = rt.rescale.take().expect("checked above");
+    rescale_outcome(job, ctx, rt, flight.reason, &flight.removed, outcome).await;
+}
+
+/// What a rescale's outcome changes.
+async fn rescale_outcome(
+    job: &ElasticJob,
+    ctx: &Context,
+    rt: &mut JobRuntime,
+    reason: crate::policy::RescaleReason,
+    removed: &[String],
+    outcome: std::result::Result<(RescaleReport, JobStatus), String>,
+) {
+    let reason_text = reason.to_string();
     let now_ts = ctx.now();
     let now = rt.vt(now_ts);
     match outcome {
@@ -969,7 +1382,7 @@ async fn rescale(
                 },
             );
             // The removed nodes left the view: the coordinator told them to exit.
-            for pod in &removed {
+            for pod in removed {
                 if rt.gone.insert(pod.clone()) {
                     rt.policy.observe(
                         now,
@@ -1002,7 +1415,7 @@ async fn rescale(
             )
             .await;
             tracing::info!(job = %job.name_any(), epoch = report.epoch, ?removed, ?added, "rescale committed");
-            rt.last_rescale = Some(record(&reason_text, Some(&report), &removed, added));
+            rt.last_rescale = Some(record(&reason_text, Some(&report), removed, added));
             rt.view = Some(after);
         }
         Err(problem) => {
@@ -1017,12 +1430,11 @@ async fn rescale(
             rt.last_rescale = Some(record(
                 &format!("{reason_text} (failed: {problem})"),
                 None,
-                &removed,
+                removed,
                 Vec::new(),
             ));
         }
     }
-    Ok(())
 }
 
 fn build_status(
@@ -1109,6 +1521,7 @@ fn build_status(
             .view
             .as_ref()
             .map_or(0, |v| i32::try_from(v.pending.len()).unwrap_or(i32::MAX)),
+        restarts: old.restarts,
         at_risk: rt.policy.at_risk().into_iter().map(|m| m.0).collect(),
         members,
         last_rescale: rt.last_rescale.clone().or_else(|| old.last_rescale.clone()),
@@ -1152,28 +1565,17 @@ pub fn backoff(failures: u32) -> Duration {
     Duration::from_secs(5u64.saturating_mul(1u64 << failures.min(6)).min(300))
 }
 
-/// Runs the controller until SIGINT/SIGTERM (or until `stop` resolves:
-/// leadership lost). `namespace`: the one to watch; `None`: all.
+/// Runs the controllers until SIGINT/SIGTERM (or until `stop` resolves:
+/// leadership lost). `namespaces`: one controller per namespace, sharing
+/// one node watch and one [`Context`]; empty: one controller for every
+/// namespace.
 pub async fn run(
     client: Client,
-    namespace: Option<String>,
+    namespaces: Vec<String>,
     settings: ObjectSettings,
     metrics: Arc<Metrics>,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-    where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-        K::DynamicType: Default,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
-    let ns = namespace.as_deref();
-    let jobs: Api<ElasticJob> = api(&client, ns);
-    let owned = watcher::Config::default().labels(objects::JOB_LABEL);
     let nodes_api = Api::<Node>::all(client.clone());
     let (nodes, writer) = reflector::store();
     // The node store the reconciler reads taints from.
@@ -1189,10 +1591,52 @@ pub async fn run(
     let mut context = Context::new(client.clone(), settings, nodes);
     context.metrics = metrics;
     let ctx = Arc::new(context);
+    let stop = futures::FutureExt::shared(Box::pin(stop));
+    let scopes: Vec<Option<String>> = if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.into_iter().map(Some).collect()
+    };
+    tracing::info!(namespaces = ?scopes, "starting the controllers");
+    futures::future::join_all(scopes.into_iter().map(|ns| {
+        run_one(
+            client.clone(),
+            ns,
+            nodes_api.clone(),
+            ctx.clone(),
+            stop.clone(),
+        )
+    }))
+    .await;
+}
+
+/// One controller: the ElasticJobs of `namespace` (`None`: all), the pods
+/// and Services they own, and the nodes whose taints concern them.
+async fn run_one(
+    client: Client,
+    namespace: Option<String>,
+    nodes_api: Api<Node>,
+    ctx: Arc<Context>,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let ns = namespace.as_deref();
+    let jobs: Api<ElasticJob> = api(&client, ns);
+    let owned = watcher::Config::default().labels(objects::JOB_LABEL);
     let controller = Controller::new(jobs, watcher::Config::default())
         .owns(api::<Pod>(&client, ns), owned.clone())
         .owns(api::<Service>(&client, ns), owned);
     let store = controller.store();
+    let requeue = ctx.requeue.clone();
     // A node with a notice concerns every job with a pod on it; which pods
     // are there is the reconcile's business, so each job looks.
     controller
@@ -1207,6 +1651,7 @@ pub async fn run(
                 Vec::new()
             }
         })
+        .reconcile_on(requeue.stream(namespace))
         .graceful_shutdown_on(stop)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)

@@ -1,6 +1,10 @@
 //! The Kubernetes objects an ElasticJob owns, built as plain values (no
 //! client): the job secret, the headless Service, and one pod per node.
 //!
+//! Spot pods leave the job before they stop: a preStop hook (`ductile
+//! wait-left`) and a grace period from the interruption deadline, the
+//! contract of [`crate::contract`].
+//!
 //! Node 0's pod carries two containers: the coordinator (the operator image's
 //! `ductile coordinator`) and node 0 itself. One pod rather than two because
 //! both must be scheduled, live and die together on the same on-demand node;
@@ -12,8 +16,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, Secret,
-    SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle, LifecycleHandler,
+    ObjectFieldSelector, Pod, PodSpec, Secret, SecretVolumeSource, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::ByteString;
@@ -152,6 +157,17 @@ pub fn pod_name(job: &ElasticJob, index: u32) -> String {
     format!("{}-{index}", job.name_any())
 }
 
+/// `host:port` of PE 0's control endpoint (in node 0's pod), as the other
+/// pods reach it through the headless Service (their preStop hook).
+pub fn control_address(job: &ElasticJob) -> String {
+    format!(
+        "{}.{}.{}.svc:{CONTROL_PORT}",
+        pod_name(job, 0),
+        job.name_any(),
+        job.namespace().unwrap_or_else(|| "default".to_owned())
+    )
+}
+
 /// `host:port` of the coordinator (in node 0's pod).
 pub fn coordinator_address(job: &ElasticJob) -> String {
     format!(
@@ -285,6 +301,9 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
             });
         }
     }
+    if !on_demand {
+        leave_before_stopping(job, &mut pod_spec);
+    }
     if root {
         pod_spec.containers.insert(
             0,
@@ -367,6 +386,34 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
         },
         spec: Some(pod_spec),
         status: None,
+    }
+}
+
+/// A spot pod that is deleted leaves the job first (see
+/// [`crate::contract`]): its grace period is the interruption deadline
+/// (unless the template sets one) and its node container's preStop hook
+/// waits until the node has left the view (unless the template brings its
+/// own hook).
+fn leave_before_stopping(job: &ElasticJob, pod_spec: &mut PodSpec) {
+    let grace = *pod_spec
+        .termination_grace_period_seconds
+        .get_or_insert(i64::from(
+            job.spec.rescale_policy().interruption_deadline_seconds,
+        ));
+    let Some(command) = contract::wait_left_command(&control_address(job), grace) else {
+        return;
+    };
+    let Some(node) = pod_spec.containers.first_mut() else {
+        return;
+    };
+    let lifecycle = node.lifecycle.get_or_insert_with(Lifecycle::default);
+    if lifecycle.pre_stop.is_none() {
+        lifecycle.pre_stop = Some(LifecycleHandler {
+            exec: Some(ExecAction {
+                command: Some(command),
+            }),
+            ..LifecycleHandler::default()
+        });
     }
 }
 

@@ -1,7 +1,8 @@
 //! Reconcile scenarios against a mock API server (the kube-rs `tower_test`
 //! pattern): the test plays the API server, checking each request the
-//! reconciler makes, in order, and answering it. PE 0's control endpoint is
-//! a fake job behind a real `serve_connection` server on loopback.
+//! reconciler makes, in order, and answering it ([`reconcile_against`]:
+//! a request after the script's last is an error). PE 0's control endpoint
+//! is a fake job behind a real `serve_connection` server on loopback.
 
 use super::*;
 use ductile_coordinator::control::{serve_connection, ControlReply, ControlRequest, StageTime};
@@ -10,7 +11,9 @@ use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
 use kube::runtime::reflector::store::Writer;
 use serde_json::Value;
+use std::future::Future;
 use std::net::TcpListener;
+use std::sync::Condvar;
 
 type ApiServerHandle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -133,6 +136,109 @@ async fn expect_query(
     body
 }
 
+/// One reconcile of `job` while `script` plays the API server. A request
+/// the script did not expect (one too many) is answered by nobody, which
+/// fails the reconcile and the test with its method and path. Returns the
+/// reconcile's result, the handle for the next reconcile, and what the
+/// script returned.
+async fn reconcile_against<T, F, Fut>(
+    ctx: &Arc<Context>,
+    job: &Value,
+    handle: ApiServerHandle,
+    script: F,
+) -> (Result<Action>, ApiServerHandle, T)
+where
+    F: FnOnce(ApiServerHandle) -> Fut,
+    Fut: Future<Output = (ApiServerHandle, T)> + Send + 'static,
+    T: Send + 'static,
+{
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let scripted = script(handle);
+    let server = tokio::spawn(async move {
+        let (mut handle, out) = scripted.await;
+        let mut extra = Vec::new();
+        loop {
+            tokio::select! {
+                _ = &mut stopped => return (handle, out, extra),
+                next = handle.next_request() => match next {
+                    Some((request, _unanswered)) => {
+                        extra.push(format!("{} {}", request.method(), request.uri()));
+                    }
+                    None => return (handle, out, extra),
+                },
+            }
+        }
+    });
+    let job: ElasticJob = serde_json::from_value(job.clone()).unwrap();
+    let result = reconcile(Arc::new(job), ctx.clone()).await;
+    let _ = stop.send(());
+    let (handle, out, extra) = server.await.expect("the script panicked");
+    assert!(
+        extra.is_empty(),
+        "requests the scenario did not expect: {extra:?}"
+    );
+    (result, handle, out)
+}
+
+/// The requests every reconcile of a valid, managed job starts with: the
+/// job secret (only while the operator does not know it yet), the headless
+/// Service, and the pod list, answered with `pods`.
+async fn expect_objects(handle: &mut ApiServerHandle, secret: Option<&Secret>, pods: &[Value]) {
+    if let Some(secret) = secret {
+        expect(
+            handle,
+            Method::GET,
+            &format!("{NS}/secrets/jacobi-secret"),
+            reply_with(secret_object(secret)),
+        )
+        .await;
+    }
+    expect(
+        handle,
+        Method::PATCH,
+        &format!("{NS}/services/jacobi"),
+        echo(StatusCode::OK),
+    )
+    .await;
+    expect(
+        handle,
+        Method::GET,
+        &format!("{NS}/pods"),
+        reply_with(pod_list(pods)),
+    )
+    .await;
+}
+
+/// Expects the status patch and answers with `job` carrying it; returns the
+/// patch's `status`.
+async fn expect_status(handle: &mut ApiServerHandle, job: &Value) -> Value {
+    let patch = expect(
+        handle,
+        Method::PATCH,
+        JOB_STATUS_PATH,
+        job_with_status(job.clone()),
+    )
+    .await;
+    patch["status"].clone()
+}
+
+/// Expects the deletion of every pod of the job, by label.
+async fn expect_pods_deleted(handle: &mut ApiServerHandle) {
+    expect_query(
+        handle,
+        Method::DELETE,
+        &format!("{NS}/pods"),
+        |query| {
+            assert!(
+                query.contains("labelSelector=ductile.dev%2Fjob%3Djacobi"),
+                "{query}"
+            )
+        },
+        reply_with(pod_list(&[])),
+    )
+    .await;
+}
+
 fn not_found(_: &Value) -> (StatusCode, Value) {
     (
         StatusCode::NOT_FOUND,
@@ -194,26 +300,27 @@ fn env_of(container: &Value, name: &str) -> Option<String> {
 
 #[tokio::test]
 async fn first_apply_creates_the_on_demand_and_spot_objects() {
-    let (harness, mut handle) = context();
+    let (harness, handle) = context();
     let ctx = harness.ctx.clone();
 
     // A new ElasticJob first gets the finalizer, and nothing else.
-    let fresh = Arc::new(job(valid_spec()));
-    let server = tokio::spawn(async move {
-        let patch = expect(
-            &mut handle,
-            Method::PATCH,
-            JOB_PATH,
-            reply_with(managed_job_json(valid_spec())),
-        )
-        .await;
-        (handle, patch)
-    });
-    let action = reconcile(fresh, ctx.clone())
-        .await
-        .expect("reconcile succeeds");
-    assert_eq!(action, Action::await_change());
-    let (mut handle, patch) = server.await.unwrap();
+    let (action, handle, patch) = reconcile_against(
+        &ctx,
+        &job_json(valid_spec()),
+        handle,
+        |mut handle| async move {
+            let patch = expect(
+                &mut handle,
+                Method::PATCH,
+                JOB_PATH,
+                reply_with(managed_job_json(valid_spec())),
+            )
+            .await;
+            (handle, patch)
+        },
+    )
+    .await;
+    assert_eq!(action.expect("reconcile succeeds"), Action::await_change());
     assert!(
         patch
             .as_array()
@@ -224,68 +331,64 @@ async fn first_apply_creates_the_on_demand_and_spot_objects() {
     );
 
     let job_value = managed_job_json(valid_spec());
-    let job = Arc::new(managed_job(valid_spec()));
-    let server = tokio::spawn(async move {
-        let ns = NS;
-        expect(
-            &mut handle,
-            Method::GET,
-            &format!("{ns}/secrets/jacobi-secret"),
-            not_found,
-        )
-        .await;
-        let secret = expect(
-            &mut handle,
-            Method::POST,
-            &format!("{ns}/secrets"),
-            echo(StatusCode::CREATED),
-        )
-        .await;
-        assert_eq!(secret["metadata"]["name"], "jacobi-secret");
-        assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "u-1");
-        let hex = secret["data"]["secret"].as_str().unwrap();
-        assert!(!hex.is_empty());
-
-        let service = expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{ns}/services/jacobi"),
-            echo(StatusCode::OK),
-        )
-        .await;
-        assert_eq!(service["spec"]["clusterIP"], "None");
-        assert_eq!(service["spec"]["publishNotReadyAddresses"], true);
-
-        let empty = json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": []});
-        expect(&mut handle, Method::GET, &format!("{ns}/pods"), |_| {
-            (StatusCode::OK, empty)
-        })
-        .await;
-        let mut pods = Vec::new();
-        for _ in 0..3 {
-            let pod = expect(
+    let (action, _, (pods, status)) =
+        reconcile_against(&ctx, &job_value.clone(), handle, |mut handle| async move {
+            expect(
+                &mut handle,
+                Method::GET,
+                &format!("{NS}/secrets/jacobi-secret"),
+                not_found,
+            )
+            .await;
+            let secret = expect(
                 &mut handle,
                 Method::POST,
-                &format!("{ns}/pods"),
+                &format!("{NS}/secrets"),
                 echo(StatusCode::CREATED),
             )
             .await;
-            pods.push(pod);
-        }
-        let status = expect(
-            &mut handle,
-            Method::PATCH,
-            "/apis/ductile.dev/v1alpha1/namespaces/hpc/elasticjobs/jacobi/status",
-            job_with_status(job_value),
-        )
-        .await;
-        (pods, status)
-    });
+            assert_eq!(secret["metadata"]["name"], "jacobi-secret");
+            assert_eq!(secret["metadata"]["ownerReferences"][0]["uid"], "u-1");
+            let hex = secret["data"]["secret"].as_str().unwrap();
+            assert!(!hex.is_empty());
 
-    let action = reconcile(job, ctx).await.expect("reconcile succeeds");
+            let service = expect(
+                &mut handle,
+                Method::PATCH,
+                &format!("{NS}/services/jacobi"),
+                echo(StatusCode::OK),
+            )
+            .await;
+            assert_eq!(service["spec"]["clusterIP"], "None");
+            assert_eq!(service["spec"]["publishNotReadyAddresses"], true);
+
+            expect(
+                &mut handle,
+                Method::GET,
+                &format!("{NS}/pods"),
+                reply_with(pod_list(&[])),
+            )
+            .await;
+            let mut pods = Vec::new();
+            for _ in 0..3 {
+                let pod = expect(
+                    &mut handle,
+                    Method::POST,
+                    &format!("{NS}/pods"),
+                    echo(StatusCode::CREATED),
+                )
+                .await;
+                pods.push(pod);
+            }
+            let status = expect_status(&mut handle, &job_value).await;
+            (handle, (pods, status))
+        })
+        .await;
     // Node 0 is not running yet: look again soon for its control endpoint.
-    assert_eq!(action, Action::requeue(Duration::from_secs(5)));
-    let (pods, status) = server.await.unwrap();
+    assert_eq!(
+        action.expect("reconcile succeeds"),
+        Action::requeue(Duration::from_secs(5))
+    );
 
     // Node 0: on-demand, coordinator + node containers, control endpoint.
     let pod0 = &pods[0];
@@ -310,8 +413,12 @@ async fn first_apply_creates_the_on_demand_and_spot_objects() {
         Some("jacobi-0.jacobi.hpc.svc:7070")
     );
     assert_eq!(pod0["spec"]["restartPolicy"], "Never");
+    // Node 0 never leaves: no hook holds its pod, its grace period is the template's.
+    assert!(node0["lifecycle"].is_null(), "{node0}");
+    assert!(pod0["spec"]["terminationGracePeriodSeconds"].is_null());
 
-    // Nodes 1 and 2: spot, node container only, same contract.
+    // Nodes 1 and 2: spot, node container only, same contract, and a preStop
+    // hook that waits until the node has left the job.
     for (k, pod) in pods.iter().enumerate().skip(1) {
         assert_eq!(pod["metadata"]["name"], format!("jacobi-{k}"));
         assert_eq!(pod["metadata"]["labels"]["ductile.dev/capacity"], "spot");
@@ -325,44 +432,51 @@ async fn first_apply_creates_the_on_demand_and_spot_objects() {
         assert_eq!(env_of(&containers[0], "DUCTILE_PES").as_deref(), Some("2"));
         assert_eq!(env_of(&containers[0], "DUCTILE_CONTROL"), None);
         assert_eq!(pod["spec"]["subdomain"], "jacobi");
+        assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 120);
+        assert_eq!(
+            containers[0]["lifecycle"]["preStop"]["exec"]["command"],
+            json!([
+                "ductile",
+                "wait-left",
+                "--control",
+                "jacobi-0.jacobi.hpc.svc:7071",
+                "--timeout",
+                "115"
+            ])
+        );
     }
 
-    assert_eq!(status["status"]["phase"], "Launching");
-    assert_eq!(status["status"]["replicas"], 3);
-    assert_eq!(status["status"]["selector"], "ductile.dev/job=jacobi");
-    assert_eq!(status["status"]["conditions"][0]["type"], "SpecValid");
-    assert_eq!(status["status"]["conditions"][0]["status"], "True");
-    assert_eq!(status["status"]["conditions"][1]["type"], "Ready");
-    assert_eq!(status["status"]["conditions"][1]["status"], "False");
-    assert_eq!(status["status"]["conditions"][1]["observedGeneration"], 1);
+    assert_eq!(status["phase"], "Launching");
+    assert_eq!(status["replicas"], 3);
+    assert_eq!(status["selector"], "ductile.dev/job=jacobi");
+    assert_eq!(status["conditions"][0]["type"], "SpecValid");
+    assert_eq!(status["conditions"][0]["status"], "True");
+    assert_eq!(status["conditions"][1]["type"], "Ready");
+    assert_eq!(status["conditions"][1]["status"], "False");
+    assert_eq!(status["conditions"][1]["observedGeneration"], 1);
 }
 
 #[tokio::test]
 async fn an_invalid_spec_is_reported_in_a_condition_and_changes_nothing() {
-    let (harness, mut handle) = context();
-    let ctx = harness.ctx.clone();
+    let (harness, handle) = context();
     let mut spec = valid_spec();
     spec["minReplicas"] = 5.into();
-    let job_value = job_json(spec.clone());
-    let job = Arc::new(job(spec));
-    let server = tokio::spawn(async move {
-        let status = expect(
-            &mut handle,
-            Method::PATCH,
-            "/apis/ductile.dev/v1alpha1/namespaces/hpc/elasticjobs/jacobi/status",
-            job_with_status(job_value),
-        )
-        .await;
-        // Nothing else: the next request would be the reconciler's mistake.
-        drop(handle);
-        status
-    });
-    let action = reconcile(job, ctx)
-        .await
-        .expect("an invalid spec is not an error");
-    assert_eq!(action, Action::await_change());
-    let status = server.await.unwrap();
-    let condition = &status["status"]["conditions"][0];
+    let job_value = job_json(spec);
+    let (action, _, status) = reconcile_against(
+        &harness.ctx,
+        &job_value.clone(),
+        handle,
+        |mut handle| async move {
+            let status = expect_status(&mut handle, &job_value).await;
+            (handle, status)
+        },
+    )
+    .await;
+    assert_eq!(
+        action.expect("an invalid spec is not an error"),
+        Action::await_change()
+    );
+    let condition = &status["conditions"][0];
     assert_eq!(condition["type"], "SpecValid");
     assert_eq!(condition["status"], "False");
     assert_eq!(condition["reason"], "InvalidSpec");
@@ -395,7 +509,70 @@ fn objects_follow_user_placement_and_secret_ref() {
     assert_eq!(volume["items"][0]["key"], "hex");
 }
 
+#[test]
+fn a_template_keeps_its_own_grace_period_and_prestop_hook() {
+    let mut spec = valid_spec();
+    spec["rescalePolicy"] = json!({"interruptionDeadlineSeconds": 90});
+    let pod = |spec: Value| {
+        serde_json::to_value(objects::newcomer_pod(&job(spec), "jacobi-n0", None)).unwrap()
+    };
+    // The deadline sets the grace period; the hook stops 5 s before it.
+    let newcomer = pod(spec.clone());
+    assert_eq!(newcomer["spec"]["terminationGracePeriodSeconds"], 90);
+    assert_eq!(
+        newcomer["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][5],
+        "85"
+    );
+    // The template's grace period wins, and the hook follows it.
+    spec["template"]["spec"]["terminationGracePeriodSeconds"] = 30.into();
+    let newcomer = pod(spec.clone());
+    assert_eq!(newcomer["spec"]["terminationGracePeriodSeconds"], 30);
+    assert_eq!(
+        newcomer["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][5],
+        "25"
+    );
+    // A template's own hook is kept.
+    spec["template"]["spec"]["containers"][0]["lifecycle"] =
+        json!({"preStop": {"exec": {"command": ["/drain.sh"]}}});
+    let newcomer = pod(spec.clone());
+    assert_eq!(
+        newcomer["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"],
+        json!(["/drain.sh"])
+    );
+    // No grace period, no time to wait: no hook.
+    spec["template"]["spec"]["terminationGracePeriodSeconds"] = 0.into();
+    spec["template"]["spec"]["containers"][0]["lifecycle"] = Value::Null;
+    let newcomer = pod(spec);
+    assert!(
+        newcomer["spec"]["containers"][0]["lifecycle"].is_null(),
+        "{newcomer}"
+    );
+}
+
 // ---- A running job: a fake PE 0 behind a real control endpoint ----
+
+/// Holds PE 0's rescales until the test opens it (a long evacuation).
+#[derive(Default)]
+struct Gate {
+    closed: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn set_closed(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.opened.notify_all();
+    }
+
+    /// Waits until the gate opens (20 s at most: a failed test leaves it shut).
+    fn wait_open(&self) {
+        let closed = self.closed.lock().unwrap();
+        let _ = self
+            .opened
+            .wait_timeout_while(closed, Duration::from_secs(20), |closed| *closed)
+            .unwrap();
+    }
+}
 
 /// What the fake job holds: its view, newcomers waiting, and the requests it got.
 struct FakeJob {
@@ -403,7 +580,10 @@ struct FakeJob {
     members: Vec<String>,
     pending: Vec<String>,
     rescales: Vec<RescaleRequest>,
+    /// Status requests answered.
+    statuses: usize,
     refuse: Option<String>,
+    gate: Arc<Gate>,
 }
 
 fn member(node: usize, host: &str) -> Member {
@@ -418,7 +598,8 @@ fn member(node: usize, host: &str) -> Member {
 }
 
 impl FakeJob {
-    fn status(&self) -> JobStatus {
+    fn status(&mut self) -> JobStatus {
+        self.statuses += 1;
         JobStatus {
             epoch: self.epoch,
             members: self
@@ -445,7 +626,6 @@ impl FakeJob {
 
     /// A rescale as node 0 does it: survivors keep their order, newcomers follow.
     fn rescale(&mut self, request: &RescaleRequest) -> ControlReply {
-        self.rescales.push(request.clone());
         if let Some(message) = self.refuse.take() {
             return ControlReply::Error { message };
         }
@@ -466,6 +646,10 @@ impl FakeJob {
             .chain(admitted.iter().cloned())
             .collect();
         self.epoch += 1;
+        let stage = |stage: &str, ms: f64| StageTime {
+            stage: stage.into(),
+            ms,
+        };
         ControlReply::Rescaled(RescaleReport {
             epoch_before: before,
             epoch: self.epoch,
@@ -475,18 +659,9 @@ impl FakeJob {
             pes: 2 * self.members.len() as u32,
             migrations: 12,
             stages: vec![
-                StageTime {
-                    stage: "stop".into(),
-                    ms: 1.4,
-                },
-                StageTime {
-                    stage: "commit".into(),
-                    ms: 0.6,
-                },
-                StageTime {
-                    stage: "reconcile".into(),
-                    ms: 3.2,
-                },
+                stage("stop", 1.4),
+                stage("commit", 0.6),
+                stage("reconcile", 3.2),
             ],
             mechanism_ms: 5.2,
             total_ms: 9.7,
@@ -502,33 +677,37 @@ impl FakeJob {
 fn fake_job(secret: &Secret, members: &[&str]) -> (u16, Arc<Mutex<FakeJob>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
+    let gate = Arc::new(Gate::default());
     let job = Arc::new(Mutex::new(FakeJob {
         epoch: 1,
         members: members.iter().map(|m| (*m).to_owned()).collect(),
         pending: Vec::new(),
         rescales: Vec::new(),
+        statuses: 0,
         refuse: None,
+        gate: gate.clone(),
     }));
     let shared = job.clone();
     let secret = secret.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
-            let job = shared.clone();
-            let secret = secret.clone();
+            let (job, secret, gate) = (shared.clone(), secret.clone(), gate.clone());
             std::thread::spawn(move || {
-                let _ = serve_connection(stream, &secret, |request| {
-                    let mut job = job.lock().unwrap();
-                    match request {
-                        ControlRequest::Status => ControlReply::Status(job.status()),
-                        ControlRequest::Rescale(r) => job.rescale(r),
-                        ControlRequest::Checkpoint(_) => ControlReply::Error {
-                            message: "the operator never checkpoints".into(),
-                        },
-                        ControlRequest::Hello { .. } => ControlReply::Error {
-                            message: "hello twice".into(),
-                        },
+                let _ = serve_connection(stream, &secret, |request| match request {
+                    ControlRequest::Status => ControlReply::Status(job.lock().unwrap().status()),
+                    ControlRequest::Rescale(r) => {
+                        job.lock().unwrap().rescales.push(r.clone());
+                        // PE 0 evacuates for as long as the gate is closed.
+                        gate.wait_open();
+                        job.lock().unwrap().rescale(r)
                     }
+                    ControlRequest::Checkpoint(_) => ControlReply::Error {
+                        message: "the operator never checkpoints".into(),
+                    },
+                    ControlRequest::Hello { .. } => ControlReply::Error {
+                        message: "hello twice".into(),
+                    },
                 });
             });
         }
@@ -565,67 +744,50 @@ fn secret_object(secret: &Secret) -> Value {
            "data": {"secret": data}})
 }
 
-/// A running job at epoch 1 (its status says so) whose pod `jacobi-2` sits
-/// on a node with a rebalance recommendation.
+/// A running job at epoch 1 (its status says so).
 fn running_job_json() -> Value {
     let mut value = managed_job_json(valid_spec());
     value["status"] = json!({"phase": "Running", "epoch": 1, "replicas": 3, "readyReplicas": 3});
     value
 }
 
+/// Waits (bounded) for the operator's own request to reconcile the job.
+async fn next_requeue(requests: &mut (impl futures::Stream<Item = ObjectRef<ElasticJob>> + Unpin)) {
+    let job = tokio::time::timeout(Duration::from_secs(10), requests.next())
+        .await
+        .expect("the rescale task asks for a reconcile when PE 0 answers")
+        .expect("the request stream is open");
+    assert_eq!(
+        (job.name.as_str(), job.namespace.as_deref()),
+        ("jacobi", Some("hpc"))
+    );
+}
+
 /// The first reconcile of a running job whose pod `jacobi-2` is on a
 /// tainted node: returns the newcomer pod created and the status written.
 async fn reconcile_tainted(
-    ctx: Arc<Context>,
-    mut handle: ApiServerHandle,
+    ctx: &Arc<Context>,
+    handle: ApiServerHandle,
     secret: &Secret,
 ) -> (ApiServerHandle, Value, Value, Vec<(String, String)>, Action) {
-    let secret_value = secret_object(secret);
-    let server = tokio::spawn(async move {
-        expect(
-            &mut handle,
-            Method::GET,
-            &format!("{NS}/secrets/jacobi-secret"),
-            reply_with(secret_value),
-        )
+    let secret = secret.clone();
+    let (action, handle, (newcomer, status, events)) =
+        reconcile_against(ctx, &running_job_json(), handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &launch_pods()).await;
+            let mut events = vec![expect_event(&mut handle).await];
+            let newcomer = expect(
+                &mut handle,
+                Method::POST,
+                &format!("{NS}/pods"),
+                echo(StatusCode::CREATED),
+            )
+            .await;
+            events.push(expect_event(&mut handle).await);
+            let status = expect_status(&mut handle, &running_job_json()).await;
+            (handle, (newcomer, status, events))
+        })
         .await;
-        expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{NS}/services/jacobi"),
-            echo(StatusCode::OK),
-        )
-        .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            &format!("{NS}/pods"),
-            reply_with(pod_list(&launch_pods())),
-        )
-        .await;
-        let mut events = vec![expect_event(&mut handle).await];
-        let newcomer = expect(
-            &mut handle,
-            Method::POST,
-            &format!("{NS}/pods"),
-            echo(StatusCode::CREATED),
-        )
-        .await;
-        events.push(expect_event(&mut handle).await);
-        let status = expect(
-            &mut handle,
-            Method::PATCH,
-            JOB_STATUS_PATH,
-            job_with_status(running_job_json()),
-        )
-        .await;
-        (handle, newcomer, status, events)
-    });
-    let job: ElasticJob = serde_json::from_value(running_job_json()).unwrap();
-    let action = reconcile(Arc::new(job), ctx)
-        .await
-        .expect("reconcile succeeds");
-    let (handle, newcomer, status, events) = server.await.unwrap();
+    let action = action.expect("reconcile succeeds");
     (handle, newcomer, status, events, action)
 }
 
@@ -639,7 +801,7 @@ async fn a_taint_triggers_a_replacement() {
     let harness = harness.with_control(port);
 
     let (_handle, newcomer, status, events, action) =
-        reconcile_tainted(harness.ctx.clone(), handle, &secret).await;
+        reconcile_tainted(&harness.ctx, handle, &secret).await;
 
     assert_eq!(events[0].0, "Notice");
     assert!(
@@ -681,10 +843,13 @@ async fn a_taint_triggers_a_replacement() {
     );
     assert_eq!(env_of(&containers[0], "DUCTILE_LAUNCH_INDEX"), None);
     assert_eq!(env_of(&containers[0], "DUCTILE_CONTROL"), None);
+    assert_eq!(
+        containers[0]["lifecycle"]["preStop"]["exec"]["command"][1],
+        "wait-left"
+    );
 
     // Nothing asked of the job yet: complete replacement waits for the newcomer.
     assert!(fake.lock().unwrap().rescales.is_empty());
-    let status = &status["status"];
     assert_eq!(status["phase"], "Running");
     assert_eq!(status["epoch"], 1);
     assert_eq!(status["atRisk"], json!(["jacobi-2"]));
@@ -704,67 +869,103 @@ async fn a_taint_triggers_a_replacement() {
 }
 
 #[tokio::test]
-async fn a_committed_rescale_deletes_vacated_pods_and_patches_status() {
+async fn a_rescale_runs_in_the_background_and_its_commit_deletes_vacated_pods_and_patches_status() {
     let secret = Secret::generate();
     let (port, fake) = fake_job(&secret, &["jacobi-0", "jacobi-1", "jacobi-2"]);
     let (mut harness, handle) = context();
     harness.node("spot-2", json!([{"key": "aws-node-termination-handler/rebalance-recommendation", "effect": "NoSchedule"}]));
     let harness = harness.with_control(port);
     let ctx = harness.ctx.clone();
-    let (mut handle, _, _, _, _) = reconcile_tainted(ctx.clone(), handle, &secret).await;
+    let mut requeues = Box::pin(ctx.requeue.stream(Some("hpc".to_owned())));
+    let (handle, _, _, _, _) = reconcile_tainted(&ctx, handle, &secret).await;
 
-    // The replacement's pod runs and its node registered with the coordinator.
-    fake.lock().unwrap().pending.push("jacobi-n0".to_owned());
+    // The replacement's pod runs and its node registered with the coordinator;
+    // PE 0 will take its time over the rescale.
+    let gate = {
+        let mut job = fake.lock().unwrap();
+        job.pending.push("jacobi-n0".to_owned());
+        job.gate.set_closed(true);
+        job.gate.clone()
+    };
     let mut pods = launch_pods();
     pods.push(running_pod("jacobi-n0", "spot", "newcomer", "spot-3"));
-    let server = tokio::spawn(async move {
-        // The secret is known by now: no GET.
-        expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{NS}/services/jacobi"),
-            echo(StatusCode::OK),
-        )
+    let listed = pods.clone();
+    let asked = tokio::time::timeout(
+        Duration::from_secs(10),
+        reconcile_against(&ctx, &running_job_json(), handle, |mut handle| async move {
+            // The secret is known by now: no GET.
+            expect_objects(&mut handle, None, &listed).await;
+            let requested = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &running_job_json()).await;
+            (handle, (requested, status))
+        }),
+    )
+    .await
+    .expect("the reconcile does not wait for PE 0's rescale");
+    let (action, handle, (requested, rescaling)) = asked;
+    // Waiting newcomers are polled for; the rescale's end wakes the job sooner.
+    assert_eq!(
+        action.expect("reconcile succeeds"),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(requested.0, "RescaleRequested");
+    assert!(
+        requested
+            .1
+            .starts_with("CompleteReplacement: remove [jacobi-2], admit 1"),
+        "{requested:?}"
+    );
+    assert_eq!(rescaling["phase"], "Rescaling");
+    assert_eq!(rescaling["epoch"], 1);
+
+    // The request reaches PE 0 from the task, in its own time.
+    let asked_by = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.lock().unwrap().rescales.is_empty() {
+        assert!(
+            std::time::Instant::now() < asked_by,
+            "PE 0 never got the rescale"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Meanwhile the job is reconciled as usual, without asking PE 0 anything.
+    let statuses = fake.lock().unwrap().statuses;
+    let listed = pods.clone();
+    let (action, handle, status) =
+        reconcile_against(&ctx, &running_job_json(), handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &listed).await;
+            let status = expect_status(&mut handle, &running_job_json()).await;
+            (handle, status)
+        })
         .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            &format!("{NS}/pods"),
-            reply_with(pod_list(&pods)),
-        )
+    action.expect("reconcile succeeds");
+    assert_eq!(status["phase"], "Rescaling");
+    assert_eq!(fake.lock().unwrap().statuses, statuses, "PE 0 is busy");
+    assert_eq!(
+        fake.lock().unwrap().rescales.len(),
+        1,
+        "one rescale at a time"
+    );
+
+    // PE 0 commits: the task wakes the job, whose next reconcile takes the report.
+    gate.set_closed(false);
+    next_requeue(&mut requeues).await;
+    let (action, _, (events, status)) =
+        reconcile_against(&ctx, &running_job_json(), handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &pods).await;
+            let committed = expect_event(&mut handle).await;
+            expect(
+                &mut handle,
+                Method::DELETE,
+                &format!("{NS}/pods/jacobi-2"),
+                reply_with(running_pod("jacobi-2", "spot", "launch", "spot-2")),
+            )
+            .await;
+            let deleted = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &running_job_json()).await;
+            (handle, (vec![committed, deleted], status))
+        })
         .await;
-        let requested = expect_event(&mut handle).await;
-        let rescaling = expect(
-            &mut handle,
-            Method::PATCH,
-            JOB_STATUS_PATH,
-            job_with_status(running_job_json()),
-        )
-        .await;
-        let committed = expect_event(&mut handle).await;
-        expect(
-            &mut handle,
-            Method::DELETE,
-            &format!("{NS}/pods/jacobi-2"),
-            reply_with(running_pod("jacobi-2", "spot", "launch", "spot-2")),
-        )
-        .await;
-        let deleted = expect_event(&mut handle).await;
-        let status = expect(
-            &mut handle,
-            Method::PATCH,
-            JOB_STATUS_PATH,
-            job_with_status(running_job_json()),
-        )
-        .await;
-        drop(handle);
-        (vec![requested, committed, deleted], rescaling, status)
-    });
-    let job: ElasticJob = serde_json::from_value(running_job_json()).unwrap();
-    let action = reconcile(Arc::new(job), ctx.clone())
-        .await
-        .expect("reconcile succeeds");
-    let (events, rescaling, status) = server.await.unwrap();
 
     // One rescale reached PE 0: node 2 out, one newcomer in.
     assert_eq!(
@@ -774,36 +975,26 @@ async fn a_committed_rescale_deletes_vacated_pods_and_patches_status() {
             admit: 1
         }]
     );
-    assert_eq!(events[0].0, "RescaleRequested");
+    assert_eq!(events[0].0, "RescaleCommitted");
     assert!(
-        events[0]
-            .1
-            .starts_with("CompleteReplacement: remove [jacobi-2], admit 1"),
+        events[0].1.contains("epoch 1 -> 2") && events[0].1.contains("admitted [jacobi-n0]"),
         "{:?}",
         events[0]
     );
-    assert_eq!(events[1].0, "RescaleCommitted");
-    assert!(
-        events[1].1.contains("epoch 1 -> 2") && events[1].1.contains("admitted [jacobi-n0]"),
-        "{:?}",
-        events[1]
-    );
-    assert_eq!(events[2].0, "DeleteVacated");
-    assert_eq!(rescaling["status"]["phase"], "Rescaling");
+    assert_eq!(events[1].0, "DeleteVacated");
 
-    let status = &status["status"];
     assert_eq!(status["phase"], "Running");
     assert_eq!(status["epoch"], 2);
     assert_eq!(status["readyReplicas"], 3);
     assert_eq!(status["replicas"], 3, "the vacated pod is deleted");
     assert!(status["atRisk"].is_null(), "{status}");
-    let pods: Vec<&str> = status["members"]
+    let members: Vec<&str> = status["members"]
         .as_array()
         .unwrap()
         .iter()
         .map(|m| m["pod"].as_str().unwrap())
         .collect();
-    assert_eq!(pods, ["jacobi-0", "jacobi-1", "jacobi-n0"]);
+    assert_eq!(members, ["jacobi-0", "jacobi-1", "jacobi-n0"]);
     assert_eq!(status["members"][2]["nodeId"], 2);
     assert_eq!(status["members"][2]["node"], "spot-3");
     let last = &status["lastRescale"];
@@ -816,7 +1007,10 @@ async fn a_committed_rescale_deletes_vacated_pods_and_patches_status() {
         last["stageTimings"],
         json!({"stop": 1, "commit": 1, "reconcile": 3, "gpu_staging": 2})
     );
-    assert_eq!(action, Action::requeue(Duration::from_secs(60)));
+    assert_eq!(
+        action.expect("reconcile succeeds"),
+        Action::requeue(Duration::from_secs(60))
+    );
 
     let metrics = ctx.metrics.render();
     for line in [
@@ -836,68 +1030,46 @@ async fn an_interruption_notice_with_no_replacement_shrinks_at_once_and_a_refusa
     let secret = Secret::generate();
     let (port, fake) = fake_job(&secret, &["jacobi-0", "jacobi-1", "jacobi-2"]);
     fake.lock().unwrap().refuse = Some("a rescale is already in progress".to_owned());
-    let (mut harness, mut handle) = context();
+    let (mut harness, handle) = context();
     harness.node("spot-1", json!([{"key": "aws-node-termination-handler/spot-itn", "value": "itn-1", "effect": "NoSchedule"}]));
     let harness = harness.with_control(port);
     let ctx = harness.ctx.clone();
-    let secret_value = secret_object(&secret);
-    let server = tokio::spawn(async move {
-        expect(
-            &mut handle,
-            Method::GET,
-            &format!("{NS}/secrets/jacobi-secret"),
-            reply_with(secret_value),
-        )
+    let mut requeues = Box::pin(ctx.requeue.stream(None));
+    let (action, handle, (mut reasons, newcomer, rescaling)) =
+        reconcile_against(&ctx, &running_job_json(), handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &launch_pods()).await;
+            let mut reasons = vec![expect_event(&mut handle).await.0];
+            // Emergency: the replacement is launched and the shrink requested together.
+            let newcomer = expect(
+                &mut handle,
+                Method::POST,
+                &format!("{NS}/pods"),
+                echo(StatusCode::CREATED),
+            )
+            .await;
+            reasons.push(expect_event(&mut handle).await.0);
+            reasons.push(expect_event(&mut handle).await.0);
+            let status = expect_status(&mut handle, &running_job_json()).await;
+            (handle, (reasons, newcomer, status))
+        })
         .await;
-        expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{NS}/services/jacobi"),
-            echo(StatusCode::OK),
-        )
+    action.expect("reconcile succeeds");
+    assert_eq!(rescaling["phase"], "Rescaling");
+
+    // PE 0 refuses; the next reconcile reports it, and the policy waits
+    // before it tries again.
+    next_requeue(&mut requeues).await;
+    let mut pods = launch_pods();
+    pods.push(running_pod("jacobi-n0", "spot", "newcomer", "spot-3"));
+    let (action, _, (reason, status)) =
+        reconcile_against(&ctx, &running_job_json(), handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &pods).await;
+            let reason = expect_event(&mut handle).await.0;
+            let status = expect_status(&mut handle, &running_job_json()).await;
+            (handle, (reason, status))
+        })
         .await;
-        expect(
-            &mut handle,
-            Method::GET,
-            &format!("{NS}/pods"),
-            reply_with(pod_list(&launch_pods())),
-        )
-        .await;
-        let mut reasons = vec![expect_event(&mut handle).await.0];
-        // Emergency: the replacement is launched and the shrink requested together.
-        let newcomer = expect(
-            &mut handle,
-            Method::POST,
-            &format!("{NS}/pods"),
-            echo(StatusCode::CREATED),
-        )
-        .await;
-        reasons.push(expect_event(&mut handle).await.0);
-        reasons.push(expect_event(&mut handle).await.0);
-        expect(
-            &mut handle,
-            Method::PATCH,
-            JOB_STATUS_PATH,
-            job_with_status(running_job_json()),
-        )
-        .await;
-        // PE 0 refuses; the policy reports it and waits before trying again.
-        reasons.push(expect_event(&mut handle).await.0);
-        let status = expect(
-            &mut handle,
-            Method::PATCH,
-            JOB_STATUS_PATH,
-            job_with_status(running_job_json()),
-        )
-        .await;
-        drop(handle);
-        (reasons, newcomer, status)
-    });
-    let job: ElasticJob = serde_json::from_value(running_job_json()).unwrap();
-    let action = reconcile(Arc::new(job), ctx.clone())
-        .await
-        .expect("a refused rescale is not a reconcile error");
-    let (reasons, newcomer, status) = server.await.unwrap();
+    reasons.push(reason);
     assert_eq!(
         reasons,
         [
@@ -918,7 +1090,7 @@ async fn an_interruption_notice_with_no_replacement_shrinks_at_once_and_a_refusa
             admit: 0
         }]
     );
-    let last = &status["status"]["lastRescale"];
+    let last = &status["lastRescale"];
     assert!(
         last["reason"]
             .as_str()
@@ -927,10 +1099,14 @@ async fn an_interruption_notice_with_no_replacement_shrinks_at_once_and_a_refusa
         "{last}"
     );
     assert!(last["epoch"].is_null());
-    assert_eq!(status["status"]["atRisk"], json!(["jacobi-1"]));
-    assert_eq!(status["status"]["epoch"], 1);
+    assert_eq!(status["phase"], "Running");
+    assert_eq!(status["atRisk"], json!(["jacobi-1"]));
+    assert_eq!(status["epoch"], 1);
     // The retry comes after the policy's 10 s pause, or sooner to poll the newcomer.
-    assert_eq!(action, Action::requeue(Duration::from_secs(5)));
+    assert_eq!(
+        action.expect("a refused rescale is not a reconcile error"),
+        Action::requeue(Duration::from_secs(5))
+    );
     assert!(ctx
         .metrics
         .render()
@@ -938,40 +1114,365 @@ async fn an_interruption_notice_with_no_replacement_shrinks_at_once_and_a_refusa
 }
 
 #[tokio::test]
+async fn a_lowered_replicas_cancels_a_newcomer_not_yet_admitted() {
+    let secret = Secret::generate();
+    let (port, fake) = fake_job(&secret, &["jacobi-0", "jacobi-1", "jacobi-2"]);
+    let (harness, handle) = context();
+    let ctx = harness.with_control(port).ctx;
+    // `kubectl scale --replicas=4`: one newcomer is launched.
+    let mut grown = running_job_json();
+    grown["spec"]["replicas"] = 4.into();
+    let (action, handle, launched) =
+        reconcile_against(&ctx, &grown.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &launch_pods()).await;
+            let pod = expect(
+                &mut handle,
+                Method::POST,
+                &format!("{NS}/pods"),
+                echo(StatusCode::CREATED),
+            )
+            .await;
+            let event = expect_event(&mut handle).await;
+            expect_status(&mut handle, &grown).await;
+            (handle, (pod["metadata"]["name"].clone(), event.0))
+        })
+        .await;
+    action.expect("reconcile succeeds");
+    assert_eq!(launched, (json!("jacobi-n0"), "LaunchNewcomers".to_owned()));
+
+    // Back to 3 before it registered: its pod is deleted, nothing is rescaled.
+    let mut pods = launch_pods();
+    pods.push(running_pod("jacobi-n0", "spot", "newcomer", "spot-3"));
+    let (action, _, (event, status)) =
+        reconcile_against(&ctx, &running_job_json(), handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &pods).await;
+            expect(
+                &mut handle,
+                Method::DELETE,
+                &format!("{NS}/pods/jacobi-n0"),
+                reply_with(running_pod("jacobi-n0", "spot", "newcomer", "spot-3")),
+            )
+            .await;
+            let event = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &running_job_json()).await;
+            (handle, (event, status))
+        })
+        .await;
+    action.expect("reconcile succeeds");
+    assert_eq!(event.0, "CancelNewcomers");
+    assert!(
+        event.1.contains("jacobi-n0") && event.1.contains("more newcomers than the job needs"),
+        "{event:?}"
+    );
+    assert_eq!(status["replicas"], 3);
+    assert!(fake.lock().unwrap().rescales.is_empty());
+}
+
+#[tokio::test]
+async fn a_suspended_job_is_not_launched() {
+    let (harness, handle) = context();
+    let mut spec = valid_spec();
+    spec["suspend"] = true.into();
+    let job_value = managed_job_json(spec);
+    let (action, _, (reason, status)) = reconcile_against(
+        &harness.ctx,
+        &job_value.clone(),
+        handle,
+        |mut handle| async move {
+            expect(
+                &mut handle,
+                Method::GET,
+                &format!("{NS}/secrets/jacobi-secret"),
+                not_found,
+            )
+            .await;
+            expect(
+                &mut handle,
+                Method::POST,
+                &format!("{NS}/secrets"),
+                echo(StatusCode::CREATED),
+            )
+            .await;
+            expect_objects(&mut handle, None, &[]).await;
+            // No pod is created, none deleted.
+            let reason = expect_event(&mut handle).await.0;
+            let status = expect_status(&mut handle, &job_value).await;
+            (handle, (reason, status))
+        },
+    )
+    .await;
+    assert_eq!(action.expect("reconcile succeeds"), Action::await_change());
+    assert_eq!(reason, "Suspended");
+    assert_eq!(status["phase"], "Suspended");
+    assert_eq!(status["replicas"], 0);
+    assert_eq!(status["conditions"][1]["reason"], "Suspended");
+}
+
+#[tokio::test]
+async fn suspending_a_running_job_deletes_its_pods_and_resuming_relaunches_it() {
+    let secret = Secret::generate();
+    let (port, _fake) = fake_job(&secret, &["jacobi-0", "jacobi-1", "jacobi-2"]);
+    let (harness, handle) = context();
+    let ctx = harness.with_control(port).ctx;
+    let mut suspended = running_job_json();
+    suspended["spec"]["suspend"] = true.into();
+    suspended["status"]["lastRescale"] = json!({"reason": "ScaleUp", "epoch": 1});
+    let (action, handle, (reason, status)) =
+        reconcile_against(&ctx, &suspended.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &launch_pods()).await;
+            expect_pods_deleted(&mut handle).await;
+            let reason = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &suspended).await;
+            (handle, (reason, status))
+        })
+        .await;
+    assert_eq!(action.expect("reconcile succeeds"), Action::await_change());
+    assert_eq!(reason.0, "Suspended");
+    assert!(reason.1.contains("3 pod(s) deleted"), "{reason:?}");
+    assert_eq!(status["phase"], "Suspended");
+    assert!(status["epoch"].is_null(), "the run is over: {status}");
+    assert!(status["members"].is_null(), "{status}");
+    assert_eq!(
+        status["lastRescale"]["reason"], "ScaleUp",
+        "history is kept"
+    );
+
+    // Resumed while the old pods still terminate: wait for them, delete nothing twice.
+    let mut resumed = managed_job_json(valid_spec());
+    resumed["status"] = json!({"phase": "Suspended"});
+    let terminating: Vec<Value> = launch_pods()
+        .into_iter()
+        .map(|mut p| {
+            p["metadata"]["deletionTimestamp"] = json!("2025-06-01T12:00:30Z");
+            p
+        })
+        .collect();
+    let (action, handle, (reason, status)) =
+        reconcile_against(&ctx, &resumed.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &terminating).await;
+            let reason = expect_event(&mut handle).await.0;
+            let status = expect_status(&mut handle, &resumed).await;
+            (handle, (reason, status))
+        })
+        .await;
+    assert_eq!(
+        action.expect("reconcile succeeds"),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(reason, "Resumed");
+    assert_eq!(status["phase"], "Pending");
+    assert_eq!(status["conditions"][1]["reason"], "WaitingForPods");
+
+    // Once they are gone the launch pods are created again.
+    let mut pending = managed_job_json(valid_spec());
+    pending["status"] = json!({"phase": "Pending"});
+    let (action, _, (created, status)) =
+        reconcile_against(&ctx, &pending.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &[]).await;
+            let mut created = Vec::new();
+            for _ in 0..3 {
+                let pod = expect(
+                    &mut handle,
+                    Method::POST,
+                    &format!("{NS}/pods"),
+                    echo(StatusCode::CREATED),
+                )
+                .await;
+                created.push(pod["metadata"]["name"].as_str().unwrap().to_owned());
+            }
+            let status = expect_status(&mut handle, &pending).await;
+            (handle, (created, status))
+        })
+        .await;
+    assert_eq!(
+        action.expect("reconcile succeeds"),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(created, ["jacobi-0", "jacobi-1", "jacobi-2"]);
+    assert_eq!(status["phase"], "Launching");
+}
+
+fn failed_root() -> Value {
+    let mut pod = running_pod("jacobi-0", "on-demand", "launch", "od-1");
+    pod["status"] = json!({"phase": "Failed", "containerStatuses": [
+        {"name": "coordinator", "ready": false, "restartCount": 0, "image": "op:1", "imageID": "",
+         "state": {"terminated": {"exitCode": 0}}},
+        {"name": "node", "ready": false, "restartCount": 0, "image": "apps:1", "imageID": "",
+         "state": {"terminated": {"exitCode": 3}}}]});
+    pod
+}
+
+#[tokio::test]
+async fn a_failed_job_is_relaunched_until_the_backoff_limit_then_failed() {
+    let secret = Secret::generate();
+    let (harness, handle) = context();
+    let ctx = harness.ctx;
+    let mut job_value = running_job_json();
+    job_value["spec"]["restartPolicy"] = "OnFailure".into();
+    job_value["spec"]["backoffLimit"] = 1.into();
+    let mut pods = launch_pods();
+    pods[0] = failed_root();
+
+    // Node 0 failed: every pod goes, the job waits to start again.
+    let first = job_value.clone();
+    let listed = pods.clone();
+    let (action, handle, (event, status)) =
+        reconcile_against(&ctx, &first.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &listed).await;
+            expect_pods_deleted(&mut handle).await;
+            let event = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &first).await;
+            (handle, (event, status))
+        })
+        .await;
+    assert_eq!(
+        action.expect("reconcile succeeds"),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(event.0, "Relaunch");
+    assert!(
+        event.1.contains("container node exited with code 3")
+            && event.1.contains("relaunch 1 of 1"),
+        "{event:?}"
+    );
+    assert_eq!(status["phase"], "Pending");
+    assert_eq!(status["restarts"], 1);
+    assert!(status["epoch"].is_null(), "{status}");
+    assert_eq!(status["conditions"][1]["reason"], "Relaunching");
+
+    // A cached status from before the relaunch does not fail or relaunch
+    // the job again while the old pods terminate.
+    let stale = job_value.clone();
+    let terminating: Vec<Value> = pods
+        .iter()
+        .cloned()
+        .map(|mut p| {
+            p["metadata"]["deletionTimestamp"] = json!("2025-06-01T12:00:30Z");
+            p
+        })
+        .collect();
+    let (action, handle, status) =
+        reconcile_against(&ctx, &stale.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &terminating).await;
+            let status = expect_status(&mut handle, &stale).await;
+            (handle, status)
+        })
+        .await;
+    assert_eq!(
+        action.expect("reconcile succeeds"),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(status["phase"], "Pending");
+    assert_eq!(status["conditions"][1]["reason"], "WaitingForPods");
+
+    // They are gone: the launch pods are created again.
+    let mut pending = managed_job_json(job_value["spec"].clone());
+    pending["status"] = json!({"phase": "Pending", "restarts": 1});
+    let (action, handle, created) =
+        reconcile_against(&ctx, &pending.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &[]).await;
+            for _ in 0..3 {
+                expect(
+                    &mut handle,
+                    Method::POST,
+                    &format!("{NS}/pods"),
+                    echo(StatusCode::CREATED),
+                )
+                .await;
+            }
+            let status = expect_status(&mut handle, &pending).await;
+            (handle, status)
+        })
+        .await;
+    action.expect("reconcile succeeds");
+    assert_eq!(created["phase"], "Launching");
+    assert_eq!(created["restarts"], 1);
+
+    // The relaunched run failed too: the limit is reached, the job is Failed.
+    job_value["status"]["restarts"] = 1.into();
+    let second = job_value.clone();
+    let (action, _, (event, status)) =
+        reconcile_against(&ctx, &second.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &pods).await;
+            let event = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &second).await;
+            (handle, (event, status))
+        })
+        .await;
+    assert_eq!(action.expect("reconcile succeeds"), Action::await_change());
+    assert_eq!(event.0, "Failed");
+    assert_eq!(status["phase"], "Failed");
+    assert_eq!(status["restarts"], 1);
+    let failed = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Failed")
+        .expect("a Failed condition");
+    assert_eq!(failed["status"], "True");
+    assert_eq!(failed["reason"], "BackoffLimitExceeded");
+    assert!(
+        failed["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 relaunch(es) used of backoffLimit 1"),
+        "{failed}"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_job_under_restart_policy_never_is_failed_at_once() {
+    let secret = Secret::generate();
+    let (harness, handle) = context();
+    let mut pods = launch_pods();
+    pods[0] = failed_root();
+    let job_value = running_job_json();
+    let (action, _, (event, status)) = reconcile_against(
+        &harness.ctx,
+        &job_value.clone(),
+        handle,
+        |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &pods).await;
+            let event = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &job_value).await;
+            (handle, (event, status))
+        },
+    )
+    .await;
+    assert_eq!(action.expect("reconcile succeeds"), Action::await_change());
+    assert_eq!(event.0, "Failed");
+    assert_eq!(status["phase"], "Failed");
+    assert_eq!(status["restarts"], 0);
+    let failed = &status["conditions"][2];
+    assert_eq!(
+        (failed["type"].as_str(), failed["reason"].as_str()),
+        (Some("Failed"), Some("NodeZeroFailed"))
+    );
+}
+
+#[tokio::test]
 async fn deletion_runs_the_finalizer() {
-    let (harness, mut handle) = context();
+    let (harness, handle) = context();
     let ctx = harness.ctx.clone();
     let mut value = managed_job_json(valid_spec());
     value["metadata"]["deletionTimestamp"] = json!("2025-06-01T12:00:00Z");
     let job: ElasticJob = serde_json::from_value(value.clone()).unwrap();
     // The job had a policy in memory: teardown forgets it.
     ctx.put_runtime("hpc/jacobi".to_owned(), JobRuntime::new(&job, ctx.now()));
-    let server = tokio::spawn(async move {
-        expect_query(
-            &mut handle,
-            Method::DELETE,
-            &format!("{NS}/pods"),
-            |query| {
-                assert!(
-                    query.contains("labelSelector=ductile.dev%2Fjob%3Djacobi"),
-                    "{query}"
-                )
-            },
-            reply_with(pod_list(&[])),
-        )
-        .await;
-        let event = expect_event(&mut handle).await;
+    let gone = {
         let mut gone = value.clone();
         gone["metadata"]["finalizers"] = json!([]);
-        let patch = expect(&mut handle, Method::PATCH, JOB_PATH, reply_with(gone)).await;
-        drop(handle);
-        (event, patch)
-    });
-    let action = reconcile(Arc::new(job), ctx.clone())
-        .await
-        .expect("teardown succeeds");
-    assert_eq!(action, Action::await_change());
-    let (event, patch) = server.await.unwrap();
+        gone
+    };
+    let (action, _, (event, patch)) =
+        reconcile_against(&ctx, &value, handle, |mut handle| async move {
+            expect_pods_deleted(&mut handle).await;
+            let event = expect_event(&mut handle).await;
+            let patch = expect(&mut handle, Method::PATCH, JOB_PATH, reply_with(gone)).await;
+            (handle, (event, patch))
+        })
+        .await;
+    assert_eq!(action.expect("teardown succeeds"), Action::await_change());
     assert_eq!(event.0, "TornDown");
     let ops = patch.as_array().unwrap();
     assert!(
@@ -982,6 +1483,27 @@ async fn deletion_runs_the_finalizer() {
     assert!(
         ctx.jobs.lock().unwrap().is_empty(),
         "the job's policy is forgotten"
+    );
+}
+
+#[tokio::test]
+async fn one_request_too_many_fails_the_scenario() {
+    // The harness itself: a reconcile that goes on after the script ended
+    // is caught, with what it asked.
+    let (harness, handle) = context();
+    let ctx = harness.ctx.clone();
+    let outcome = tokio::spawn(async move {
+        reconcile_against(&ctx, &job_json(valid_spec()), handle, |handle| async move {
+            (handle, ())
+        })
+        .await
+    })
+    .await;
+    let panic = outcome.expect_err("the scenario fails").into_panic();
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains("PATCH /apis/ductile.dev/v1alpha1/namespaces/hpc/elasticjobs/jacobi"),
+        "{message}"
     );
 }
 

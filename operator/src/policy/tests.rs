@@ -79,6 +79,20 @@ fn rescale(remove: &[&str], admit: u32, reason: RescaleReason) -> Decision {
         reason,
     }
 }
+fn cancel(newcomers: &[&str], reason: CancelReason) -> Decision {
+    Decision::CancelNewcomers {
+        newcomers: ids(newcomers),
+        reason,
+    }
+}
+fn launch(newcomers: &[&str]) -> Decision {
+    Decision::LaunchNewcomers {
+        newcomers: ids(newcomers),
+    }
+}
+fn desired(replicas: u32) -> Event {
+    Event::DesiredReplicas { replicas }
+}
 fn vacated(member: &str) -> Decision {
     Decision::DeleteVacated { member: id(member) }
 }
@@ -120,8 +134,87 @@ fn run(scenario: Scenario) {
 }
 
 fn scenarios() -> Vec<Scenario> {
+    use CancelReason::{AtRisk, Surplus};
     use RescaleReason::*;
     vec![
+        Scenario {
+            name: "a lowered target cancels surplus launches, unregistered and newest first",
+            config: config(),
+            launch: 3,
+            on_demand: 1,
+            desired: 3,
+            steps: vec![
+                At(0, desired(6)),
+                Decide(0, vec![launch(&["job-n0", "job-n1", "job-n2"])]),
+                At(5, ready("job-n0")),
+                At(5, desired(4)),
+                Decide(
+                    5,
+                    vec![
+                        cancel(&["job-n2", "job-n1"], Surplus),
+                        rescale(&[], 1, ScaleUp),
+                    ],
+                ),
+                // A cancelled newcomer that registers anyway is not admitted.
+                At(6, ready("job-n2")),
+                At(6, committed(2, &["job-n0"])),
+                Decide(6, vec![]),
+                At(7, desired(3)),
+                Decide(7, vec![rescale(&["job-n0"], 0, ScaleDown)]),
+            ],
+        },
+        Scenario {
+            name: "waiting newcomers are cancelled too, but not while a rescale may admit them",
+            config: config(),
+            launch: 2,
+            on_demand: 1,
+            desired: 2,
+            steps: vec![
+                At(0, desired(4)),
+                Decide(0, vec![launch(&["job-n0", "job-n1"])]),
+                At(1, ready("job-n0")),
+                At(1, ready("job-n1")),
+                Decide(1, vec![rescale(&[], 2, ScaleUp)]),
+                At(2, desired(2)),
+                Decide(2, vec![]),
+                At(
+                    3,
+                    Event::RescaleFailed {
+                        reason: "busy".into(),
+                    },
+                ),
+                Decide(
+                    3,
+                    vec![
+                        Decision::Report(Report::RescaleFailed {
+                            reason: "busy".into(),
+                        }),
+                        cancel(&["job-n1", "job-n0"], Surplus),
+                    ],
+                ),
+            ],
+        },
+        Scenario {
+            name: "a newcomer whose own node gets a notice is cancelled and replaced",
+            config: config(),
+            launch: 3,
+            on_demand: 1,
+            desired: 3,
+            steps: vec![
+                At(0, rebalance("job-2")),
+                Decide(0, vec![replace("job-2", "job-n0")]),
+                At(5, ready("job-n0")),
+                At(6, rebalance("job-n0")),
+                Decide(
+                    6,
+                    vec![cancel(&["job-n0"], AtRisk), replace("job-2", "job-n1")],
+                ),
+                At(10, ready("job-n0")),
+                Decide(10, vec![]),
+                At(20, ready("job-n1")),
+                Decide(20, vec![rescale(&["job-2"], 1, CompleteReplacement)]),
+            ],
+        },
         Scenario {
             name: "complete replacement: one rescale once every at-risk member is replaced",
             config: config(),
@@ -432,6 +525,8 @@ fn scenarios() -> Vec<Scenario> {
                             requested: 0,
                             target: 2,
                         }),
+                        // The growth launch is no longer needed.
+                        cancel(&["job-n0"], CancelReason::Surplus),
                         rescale(&["job-3", "job-2"], 0, ScaleDown),
                     ],
                 ),
@@ -575,6 +670,7 @@ enum Op {
     Advance(u64),
     Rebalance(usize),
     Notice(usize, u64),
+    NewcomerAtRisk(usize),
     NewcomerUp(usize),
     NewcomerFails(usize),
     Desired(u32),
@@ -585,6 +681,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (1u64..90).prop_map(Op::Advance),
         2 => (0usize..16).prop_map(Op::Rebalance),
+        1 => (0usize..16).prop_map(Op::NewcomerAtRisk),
         2 => (0usize..16, 0u64..150).prop_map(|(m, d)| Op::Notice(m, d)),
         3 => (0usize..16).prop_map(Op::NewcomerUp),
         1 => (0usize..16).prop_map(Op::NewcomerFails),
@@ -604,6 +701,8 @@ struct Harness {
     /// Deadlines of interrupted members: they must be gone by then.
     deadlines: BTreeMap<MemberId, Time>,
     fail_next: bool,
+    /// Newcomers the policy cancelled.
+    cancelled: BTreeSet<MemberId>,
     members: BTreeSet<MemberId>,
     /// Node 0 and the other on-demand members.
     protected: BTreeSet<MemberId>,
@@ -641,6 +740,7 @@ impl Harness {
             pending: Vec::new(),
             deadlines: BTreeMap::new(),
             fail_next: false,
+            cancelled: BTreeSet::new(),
             members,
             protected,
         }
@@ -690,6 +790,10 @@ impl Harness {
                     .count();
                 let admitted: Vec<MemberId> =
                     self.pending.iter().take(admit as usize).cloned().collect();
+                prop_assert!(
+                    admitted.iter().all(|a| !self.cancelled.contains(a)),
+                    "a cancelled newcomer is admitted: {admitted:?}"
+                );
                 let after = before - remove.len() + admitted.len();
                 let max = self.config.max_replicas.unwrap_or(u32::MAX) as usize;
                 let min = self.config.min_replicas as usize;
@@ -722,6 +826,17 @@ impl Harness {
                 for member in remove {
                     self.policy.observe(self.now, Event::MemberGone { member });
                 }
+            }
+            Decision::CancelNewcomers { newcomers, .. } => {
+                for newcomer in &newcomers {
+                    prop_assert!(
+                        self.launched.contains(newcomer) || self.pending.contains(newcomer),
+                        "cancelled {newcomer}, which is neither launched nor waiting"
+                    );
+                }
+                self.launched.retain(|n| !newcomers.contains(n));
+                self.pending.retain(|n| !newcomers.contains(n));
+                self.cancelled.extend(newcomers);
             }
             Decision::DeleteVacated { .. } | Decision::Report(_) => {}
         }
@@ -761,6 +876,15 @@ impl Harness {
                             deadline: Some(deadline),
                         },
                     );
+                }
+            }
+            Op::NewcomerAtRisk(k) => {
+                let waiting: Vec<MemberId> =
+                    self.launched.iter().chain(&self.pending).cloned().collect();
+                if !waiting.is_empty() {
+                    let member = waiting[k % waiting.len()].clone();
+                    self.policy
+                        .observe(self.now, Event::RebalanceRecommendation { member });
                 }
             }
             Op::NewcomerUp(k) => {
