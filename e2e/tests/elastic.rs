@@ -431,3 +431,35 @@ fn restart_mode_replaces_every_process_and_keeps_the_checksum() {
     assert_eq!(job.members().len(), 4);
     completes_with(job, &want);
 }
+
+/// `--mode restart` keeps group, nodegroup and readonly state too: after a
+/// restart that drops members and one that adds some, every round still
+/// sees exactly the job's members, and the program's rescale callback runs.
+#[test]
+fn restart_mode_restores_groups_nodegroups_and_readonly() {
+    let job = Running::start(
+        3,
+        2,
+        "elastic_probe",
+        &["--rounds", "20000", "--sync-every", "20"],
+    );
+    let report = job.ductile(&["shrink", "--nodes", "1", "--mode", "restart"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (6, 4));
+    let report = job.ductile(&["expand", "--nodes", "2", "--mode", "restart"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (4, 8));
+    let (code, stdout, stderr) = job.finish();
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let ok = stdout
+        .lines()
+        .find(|l| l.starts_with("probe ok"))
+        .unwrap_or_else(|| panic!("no verdict\n{stdout}\n{stderr}"));
+    assert!(ok.contains("rescales=2") && ok.contains("pes=8"), "{ok}");
+    let rescaled: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("rescaled"))
+        .collect();
+    assert_eq!(
+        rescaled,
+        ["rescaled pes=4 nodes=2", "rescaled pes=8 nodes=4"]
+    );
+}

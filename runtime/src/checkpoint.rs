@@ -82,6 +82,8 @@ pub(crate) struct JobFile {
     pub synced: CollId,
     /// The main chare.
     pub main: SavedChare,
+    /// The program's rescale callbacks (`ctx.on_rescale`).
+    pub rescale_callbacks: Vec<crate::callback::CallbackSpec>,
 }
 
 /// A checkpoint file that cannot be used.

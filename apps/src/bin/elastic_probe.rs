@@ -1,6 +1,6 @@
 //! elastic_probe: group, nodegroup and readonly state across rescales.
 //!
-//! `elastic_probe [--rounds R] [--factor F]`. Main sets the readonly factor,
+//! `elastic_probe [--rounds R] [--factor F] [--sync-every S]`. Main sets the readonly factor,
 //! creates a group and a nodegroup, and runs R rounds: each round is a
 //! broadcast to both, answered by one sum reduction each of
 //! `[factor, PE (or node), 1]` per member. A round that began and ended in
@@ -11,6 +11,11 @@
 //! those of two views). Prints `rescaled pes=P nodes=N` per rescale (the
 //! program's rescale callback), and at the end
 //! `probe ok rounds=R rescales=K unchecked=U` or `probe FAILED: ...` (exit 1).
+//!
+//! With `--sync-every S`, every S rounds an array of one element per PE
+//! calls `at_sync` (nothing else is in flight then), which is where a
+//! `--mode restart` checkpoint is taken: the rounds after a restart check
+//! the restored group and nodegroup the same way.
 
 use ductile::prelude::*;
 use ductile::NodeGroupProxy;
@@ -56,10 +61,35 @@ impl Chare for PerNode {
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+enum SyncMsg {
+    Sync,
+}
+
+/// An element that only reaches sync points.
+#[derive(Serialize, Deserialize)]
+struct Syncer;
+impl Chare for Syncer {
+    const NAME: &'static str = "elastic_probe::Syncer";
+    type Index = u64;
+    type Init = ();
+    type Msg = SyncMsg;
+    fn new(_: (), _: &mut Ctx<'_, Self>) -> Self {
+        Syncer
+    }
+    fn handle(&mut self, SyncMsg::Sync: SyncMsg, ctx: &mut Ctx<'_, Self>) {
+        ctx.at_sync();
+    }
+    fn resume_from_sync(&mut self, ctx: &mut Ctx<'_, Self>) {
+        ctx.contribute(1u64, Reducer::Sum, Callback::main::<Main>(MainMsg::Synced));
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
 enum MainMsg {
     Group(Vec<u64>),
     Node(Vec<u64>),
     Rescaled(u32),
+    Synced(u64),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -74,6 +104,8 @@ struct Main {
     began_in: (u32, u32),
     rescales: u64,
     unchecked: u64,
+    sync_every: u64,
+    syncers: (ArrayProxy<Syncer>, u64),
 }
 
 fn fail(why: String) -> ! {
@@ -109,7 +141,9 @@ impl Chare for Main {
     fn new(a: Vec<String>, ctx: &mut Ctx<'_, Self>) -> Self {
         let rounds = args::parse(&a, "rounds", 2000u64).unwrap_or_else(|e| fail(e));
         let factor = args::parse(&a, "factor", 7u64).unwrap_or_else(|e| fail(e));
+        let sync_every = args::parse(&a, "sync-every", 0u64).unwrap_or_else(|e| fail(e));
         FACTOR.set(ctx, factor);
+        let elements = ctx.num_pes() as u64;
         let mut m = Main {
             rounds,
             round: 0,
@@ -120,6 +154,8 @@ impl Chare for Main {
             began_in: (0, 0),
             rescales: 0,
             unchecked: 0,
+            sync_every,
+            syncers: (ArrayProxy::create(ctx, elements, ()), elements),
         };
         ctx.on_rescale(Callback::main::<Main>(MainMsg::Rescaled));
         m.start_round(ctx);
@@ -138,6 +174,13 @@ impl Chare for Main {
                 }
                 println!("rescaled pes={pes} nodes={}", ctx.num_nodes());
                 self.rescales += 1;
+                return;
+            }
+            MainMsg::Synced(n) => {
+                if n != self.syncers.1 {
+                    fail(format!("{n} syncers resumed, want {}", self.syncers.1));
+                }
+                self.start_round(ctx);
                 return;
             }
             MainMsg::Group(v) => {
@@ -168,6 +211,8 @@ impl Chare for Main {
                 ctx.num_pes()
             );
             ctx.exit(0);
+        } else if self.sync_every > 0 && self.round % self.sync_every == 0 {
+            self.syncers.0.broadcast(ctx, SyncMsg::Sync);
         } else {
             self.start_round(ctx);
         }
@@ -179,6 +224,7 @@ fn main() {
         reg.main::<Main>()
             .chare::<PerPe>()
             .chare::<PerNode>()
+            .chare::<Syncer>()
             .readonly(&FACTOR);
     })
 }

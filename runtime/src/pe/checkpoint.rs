@@ -32,6 +32,7 @@ use crate::checkpoint::{
 use crate::collection::ElemMeta;
 use crate::msg::{CollId, Dest, MAIN_COLL};
 use crate::node::EXIT_STARTUP;
+use crate::reduce::Value;
 use crate::system::{AdoptedColl, Adoption, Shape, SysMsg};
 
 /// PE 0's bookkeeping of the checkpoint being taken.
@@ -329,6 +330,7 @@ impl Pe {
                 state,
                 meta,
             },
+            rescale_callbacks: self.ctx.rescale_callbacks.clone(),
         };
         write(&job_path(&dir), &job).map_err(|e| e.to_string())
     }
@@ -361,6 +363,7 @@ impl Pe {
         let topo = self.ctx.topo.clone();
         let (pes, nodes) = (topo.num_pes(), topo.num_nodes());
         self.ctx.specs = job.specs.clone();
+        self.ctx.rescale_callbacks = job.rescale_callbacks.clone();
         self.ctx.next_bcast = job.broadcasts.iter().copied().collect();
         self.ctx.lb_steps = job.lb_steps.iter().copied().collect();
         let mut populations: BTreeMap<CollId, Population> = job
@@ -555,6 +558,11 @@ impl Pe {
             "balance_ms": total_ms - r.placed_ms,
             "total_ms": total_ms,
         });
+        // The job runs at its new size: tell the program, as a live rescale does.
+        let pes = self.ctx.num_pes();
+        for cb in self.ctx.rescale_callbacks.clone() {
+            self.ctx.deliver_callback(&cb, &Value::U32(pes));
+        }
         let path = r.dir.join("restored.json");
         let tmp = path.with_extension("tmp");
         let written =
