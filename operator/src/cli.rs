@@ -819,24 +819,11 @@ pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
 
     let mut spawned: Vec<u32> = Vec::new();
     if add > 0 {
-        let socket = job.dir.join(LAUNCHER_SOCKET_FILE);
         let left = deadline.saturating_duration_since(Instant::now());
-        match channel::request(&socket, &Request::Spawn { count: add }, left) {
-            Ok(Reply::Ok(pids)) => spawned = pids,
-            Ok(Reply::Error(message)) => {
-                say(&format!(
-                    "the launcher did not start the newcomers: {message}"
-                ));
-                return EXIT_FAILED;
-            }
-            Err(err @ ChannelError::NoLauncher { .. }) => {
-                say(&err.to_string());
-                return EXIT_USAGE;
-            }
-            Err(err) => {
-                say(&err.to_string());
-                return EXIT_FAILED;
-            }
+        let asked = ask_launcher(&job.dir, &Request::Spawn { count: add }, left);
+        match asked {
+            Ok(pids) => spawned = pids,
+            Err(code) => return code,
         }
         say(&format!(
             "started {} newcomer{} (pid{} {}); waiting for {} to register",
@@ -887,6 +874,30 @@ pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
     print_report(&report, &spawned, options.json)
 }
 
+/// Sends `request` to the job's launcher (`STATE/launcher.sock`); its
+/// answer's pids, or the exit code after saying what went wrong.
+fn ask_launcher(dir: &Path, request: &Request, timeout: Duration) -> Result<Vec<u32>, i32> {
+    let socket = dir.join(LAUNCHER_SOCKET_FILE);
+    match channel::request(&socket, request, timeout) {
+        Ok(Reply::Ok(pids)) => Ok(pids),
+        Ok(Reply::Error(message)) => {
+            say(&format!(
+                "the launcher refused `{}`: {message}",
+                request.to_line().trim_end()
+            ));
+            Err(EXIT_FAILED)
+        }
+        Err(err @ ChannelError::NoLauncher { .. }) => {
+            say(&err.to_string());
+            Err(EXIT_USAGE)
+        }
+        Err(err) => {
+            say(&err.to_string());
+            Err(EXIT_FAILED)
+        }
+    }
+}
+
 /// Prints a rescale's report as a table or JSON; returns the exit code.
 fn print_report(report: &RescaleReport, spawned: &[u32], json: bool) -> i32 {
     if json {
@@ -935,25 +946,12 @@ fn rescale_by_restart(
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
     };
-    let socket = job.dir.join(LAUNCHER_SOCKET_FILE);
     let arranged = Request::Restart {
         nodes,
         dir: ckpt.clone(),
     };
-    match channel::request(&socket, &arranged, left()) {
-        Ok(Reply::Ok(_)) => {}
-        Ok(Reply::Error(message)) => {
-            say(&format!("the launcher cannot restart the job: {message}"));
-            return EXIT_FAILED;
-        }
-        Err(err @ ChannelError::NoLauncher { .. }) => {
-            say(&err.to_string());
-            return EXIT_USAGE;
-        }
-        Err(err) => {
-            say(&err.to_string());
-            return EXIT_FAILED;
-        }
+    if let Err(code) = ask_launcher(&job.dir, &arranged, left()) {
+        return code;
     }
     let checkpoint = CheckpointRequest {
         dir: ckpt.to_string_lossy().into_owned(),
