@@ -83,17 +83,7 @@ fn frames_arrive_in_order_with_the_sender_in_the_tag() {
 fn large_and_small_frames_keep_their_order() {
     let (a, b) = (node(1), node(2));
     a.t.reconcile(&view(1, &[&a, &b]), 0).unwrap();
-    let sizes = [
-        8usize,
-        4 << 20,
-        16,
-        EAGER_MAX,
-        EAGER_MAX + 1,
-        1 << 16,
-        0,
-        3 << 20,
-        1,
-    ];
+    let sizes = [8usize, 4 << 20, 16, 8192, 8193, 1 << 16, 0, 3 << 20, 1];
     for (i, &n) in sizes.iter().enumerate() {
         let body: Vec<u8> = (0..n).map(|k| (k as u8).wrapping_add(i as u8)).collect();
         a.t.send(1, Tag::new(0, 1, 1), &[&body[..n / 2], &body[n / 2..]])
@@ -154,7 +144,7 @@ fn reconcile_keeps_survivors_reindexed_closes_the_departed_and_opens_newcomers()
 }
 
 #[test]
-fn renumbering_changes_source_ids_without_reposting_receives() {
+fn renumbering_changes_source_ids_without_starting_receives() {
     let nodes = [node(100), node(101), node(102), node(103)];
     let all: Vec<&Node> = nodes.iter().collect();
     let v1 = view(1, &all);
@@ -175,7 +165,7 @@ fn renumbering_changes_source_ids_without_reposting_receives() {
     assert_eq!(seen, [1, 2, 3]);
 
     // Drop node 1; nodes 2 and 3 become 1 and 2.
-    let posts_before: Vec<u64> = nodes.iter().map(|n| n.t.posts()).collect();
+    let before: Vec<u64> = nodes.iter().map(|n| n.t.receives()).collect();
     let v2 = view(2, &[&nodes[0], &nodes[2], &nodes[3]]);
     for (new_id, old) in [(0u32, 0usize), (1, 2), (2, 3)] {
         let r = nodes[old].t.reconcile(&v2, new_id).unwrap();
@@ -183,9 +173,9 @@ fn renumbering_changes_source_ids_without_reposting_receives() {
     }
     for (i, n) in nodes.iter().enumerate() {
         assert_eq!(
-            n.t.posts(),
-            posts_before[i],
-            "reconcile re-posted receives on node {i}"
+            n.t.receives(),
+            before[i],
+            "reconcile started receives on node {i}"
         );
     }
 
@@ -204,11 +194,12 @@ fn renumbering_changes_source_ids_without_reposting_receives() {
         .collect();
     at0.sort();
     assert_eq!(at0, [(1, b"2->0".to_vec()), (2, b"3->0".to_vec())]);
-    // The ring was posted once; each delivered small frame re-posted one
-    // receive, and nothing else did.
-    assert_eq!(nodes[0].t.posts(), posts_before[0] + 2);
-    assert_eq!(nodes[2].t.posts(), posts_before[2] + 1);
-    assert_eq!(nodes[3].t.posts(), posts_before[3]);
+    // One receive per delivered frame, and nothing else: the departed
+    // node's BYEs are not frames.
+    assert_eq!(nodes[0].t.receives(), before[0] + 2);
+    assert_eq!(nodes[2].t.receives(), before[2] + 1);
+    assert_eq!(nodes[3].t.receives(), before[3]);
+    assert_eq!(nodes[1].t.receives(), before[1]);
     // Node 1 is gone from every survivor's table.
     assert!(matches!(
         nodes[0].t.send(3, Tag::new(0, 2, 1), &[b"x"]),
