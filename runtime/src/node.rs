@@ -121,6 +121,11 @@ impl NodeShared {
             .expect("topology installed before it is asked for")
     }
 
+    /// The transport, once there is one (a standalone node has none).
+    pub(crate) fn transport_if_any(&self) -> Option<Arc<dyn Transport>> {
+        self.transport.get().cloned()
+    }
+
     pub(crate) fn transport(&self) -> Arc<dyn Transport> {
         self.transport
             .get()

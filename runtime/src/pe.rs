@@ -883,7 +883,11 @@ impl Pe {
             // another node's PE that shares it is not starved.
             let until = now + spin;
             let hot_until = now + HOT_SPIN;
+            let transport = self.ctx.node.transport_if_any();
             while inbox.queue.is_empty() {
+                if transport.as_ref().is_some_and(|t| t.poll()) {
+                    continue;
+                }
                 let t = Instant::now();
                 if t >= until {
                     break;

@@ -124,6 +124,12 @@ pub trait Transport: Send + Sync + 'static {
     fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError>;
     /// Orderly shutdown: peers will not report this node as lost.
     fn shutdown(&self);
+    /// Called by an idle PE while it spins: a transport progressed from the
+    /// PE loop (UCX with `DUCTILE_UCX_PROGRESS=pe`) moves communication
+    /// along here. True when something happened. Default: nothing to do.
+    fn poll(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

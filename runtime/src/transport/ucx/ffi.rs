@@ -103,9 +103,10 @@ unsafe impl Sync for Worker {}
 
 impl Worker {
     /// Reads the UCX configuration from the environment (`UCX_TLS`,
-    /// `UCX_NET_DEVICES`, ...) and creates a context with tag matching and
+    /// `UCX_NET_DEVICES`, ...), applies `overrides` (names without the
+    /// `UCX_` prefix) on top, and creates a context with tag matching and
     /// wake-up, and one worker that many threads may call.
-    pub(super) fn new() -> UcxResult<Arc<Worker>> {
+    pub(super) fn new(overrides: &[(&str, &str)]) -> UcxResult<Arc<Worker>> {
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: null prefix and file mean "UCX_ variables and defaults";
         // `config` is a valid out-pointer.
@@ -113,6 +114,23 @@ impl Worker {
             unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) },
             "reading the UCX configuration",
         )?;
+        for (name, value) in overrides {
+            let (Ok(n), Ok(v)) = (
+                std::ffi::CString::new(*name),
+                std::ffi::CString::new(*value),
+            ) else {
+                // SAFETY: config came from ucp_config_read and is released once.
+                unsafe { sys::ucp_config_release(config) };
+                return Err(format!("UCX setting {name}={value} contains a NUL byte"));
+            };
+            // SAFETY: config is live; n and v are NUL-terminated and outlive the call.
+            let st = unsafe { sys::ucp_config_modify(config, n.as_ptr(), v.as_ptr()) };
+            if let Err(e) = check(st, &format!("setting UCX_{name}={value}")) {
+                // SAFETY: as above.
+                unsafe { sys::ucp_config_release(config) };
+                return Err(e);
+            }
+        }
         // SAFETY: ucp_params_t is a plain C struct of integers, pointers and
         // optional callbacks, for which all-zero bytes are valid (null/None).
         let mut params: sys::ucp_params_t = unsafe { std::mem::zeroed() };

@@ -59,6 +59,35 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// How long `shutdown` waits for its `BYE`s to leave.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
+/// Who progresses the worker when nothing is in flight
+/// (`DUCTILE_UCX_PROGRESS`, measured in docs/ucx.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Progress {
+    /// `thread` (default): the communication thread polls, spins briefly
+    /// when idle, then sleeps on the event fd.
+    Thread,
+    /// `pe`: idle PEs poll while they spin ([`Transport::poll`]); the
+    /// communication thread only finishes what is in flight and otherwise
+    /// sleeps on the event fd at once (it wakes for what arrives while
+    /// every PE is parked).
+    Pe,
+}
+
+impl Progress {
+    fn from_env() -> Result<Progress, TransportError> {
+        match std::env::var("DUCTILE_UCX_PROGRESS").ok().as_deref() {
+            None | Some("") | Some("thread") => Ok(Progress::Thread),
+            Some("pe") => Ok(Progress::Pe),
+            Some(other) => Err(TransportError::Io {
+                context: "DUCTILE_UCX_PROGRESS".into(),
+                source: std::io::Error::other(format!(
+                    "`{other}` is not a progress mode (thread or pe)"
+                )),
+            }),
+        }
+    }
+}
+
 fn ucx_err(context: impl Into<String>) -> impl FnOnce(String) -> TransportError {
     move |e| TransportError::Io {
         context: context.into(),
@@ -96,6 +125,9 @@ struct Shared {
 /// The UCX transport of one node.
 pub struct UcxTransport {
     worker: Arc<ffi::Worker>,
+    progress: Progress,
+    rx: Arc<Mutex<Rx>>,
+    sink: Arc<dyn Sink>,
     peers: RwLock<HashMap<NodeId, Peer>>,
     /// This node's uid in the last view that held it (`u64::MAX`: none yet),
     /// the body of its `BYE`s.
@@ -108,25 +140,36 @@ impl UcxTransport {
     /// Creates the worker (configured by `UCX_*` variables) and starts the
     /// communication thread, which hands frames to `sink`.
     pub fn new(sink: Arc<dyn Sink>) -> Result<Arc<Self>, TransportError> {
-        let worker = ffi::Worker::new().map_err(ucx_err("starting UCX"))?;
+        Self::with_ucx_settings(sink, &[])
+    }
+
+    /// As [`UcxTransport::new`], with UCX settings (names without the
+    /// `UCX_` prefix, e.g. `("TLS", "tcp")`) over the environment's.
+    pub fn with_ucx_settings(
+        sink: Arc<dyn Sink>,
+        settings: &[(&str, &str)],
+    ) -> Result<Arc<Self>, TransportError> {
+        let progress = Progress::from_env()?;
+        let worker = ffi::Worker::new(settings).map_err(ucx_err("starting UCX"))?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             receives: AtomicU64::new(0),
             leaving: Mutex::new(Vec::new()),
         });
-        let rx = Rx {
+        let rx = Arc::new(Mutex::new(Rx {
             worker: worker.clone(),
             pending: VecDeque::new(),
             said_bye: HashSet::new(),
             failures: Vec::new(),
             shared: shared.clone(),
-        };
+        }));
         let thread = {
-            let (worker, shared) = (worker.clone(), shared.clone());
+            let (worker, shared, rx, sink) =
+                (worker.clone(), shared.clone(), rx.clone(), sink.clone());
             std::thread::Builder::new()
                 .name("ductile-ucx".into())
-                .spawn(move || comm_loop(worker, shared, rx, sink))
+                .spawn(move || comm_loop(worker, shared, rx, sink, progress))
                 .map_err(|e| TransportError::Io {
                     context: "starting the UCX progress thread".into(),
                     source: e,
@@ -134,6 +177,9 @@ impl UcxTransport {
         };
         Ok(Arc::new(UcxTransport {
             worker,
+            progress,
+            rx,
+            sink,
             peers: RwLock::new(HashMap::new()),
             my_uid: AtomicU64::new(u64::MAX),
             shared,
@@ -293,6 +339,17 @@ impl Transport for UcxTransport {
         drop(leaving);
         self.stop();
     }
+
+    fn poll(&self) -> bool {
+        if self.progress != Progress::Pe {
+            return false;
+        }
+        let mut did = self.worker.progress();
+        if let Ok(mut rx) = self.rx.try_lock() {
+            did |= rx.poll(&*self.sink);
+        }
+        did
+    }
 }
 
 impl Drop for UcxTransport {
@@ -392,12 +449,22 @@ fn move_leaving(shared: &Shared) -> usize {
     leaving.len()
 }
 
-fn comm_loop(worker: Arc<ffi::Worker>, shared: Arc<Shared>, mut rx: Rx, sink: Arc<dyn Sink>) {
+fn comm_loop(
+    worker: Arc<ffi::Worker>,
+    shared: Arc<Shared>,
+    rx: Arc<Mutex<Rx>>,
+    sink: Arc<dyn Sink>,
+    progress: Progress,
+) {
     let mut idle_since = Instant::now();
     loop {
         let stopping = shared.stop.load(Ordering::SeqCst);
         let mut did = worker.progress();
-        did |= rx.poll(&*sink);
+        let receiving = {
+            let mut rx = rx.lock().expect("receive state poisoned");
+            did |= rx.poll(&*sink);
+            !rx.pending.is_empty()
+        };
         let leaving = move_leaving(&shared);
         if stopping && leaving == 0 {
             break;
@@ -410,17 +477,19 @@ fn comm_loop(worker: Arc<ffi::Worker>, shared: Arc<Shared>, mut rx: Rx, sink: Ar
         // polling but yield the core: on a small machine the thread that
         // must act next (a PE, the peer's communication thread doing a
         // rendezvous get) may be waiting for it. Sleep only when nothing is
-        // in flight.
-        let busy = ffi::SENDS_IN_FLIGHT.load(Ordering::SeqCst) > 0
-            || leaving > 0
-            || !rx.pending.is_empty();
+        // in flight (at once when idle PEs do the polling).
+        let busy = ffi::SENDS_IN_FLIGHT.load(Ordering::SeqCst) > 0 || leaving > 0 || receiving;
+        let spin = match progress {
+            Progress::Thread => SPIN,
+            Progress::Pe => Duration::ZERO,
+        };
         let idle_for = idle_since.elapsed();
-        if idle_for < HOT_SPIN {
-            std::hint::spin_loop();
-            continue;
-        }
-        if busy || idle_for < SPIN {
-            std::thread::yield_now();
+        if busy || idle_for < spin {
+            if idle_for < HOT_SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
             continue;
         }
         shared.sleeping.store(true, Ordering::SeqCst);
@@ -429,7 +498,8 @@ fn comm_loop(worker: Arc<ffi::Worker>, shared: Arc<Shared>, mut rx: Rx, sink: Ar
         }
         shared.sleeping.store(false, Ordering::SeqCst);
     }
-    drop(rx); // finishes or abandons receives while the worker is alive
+    // Finishes or abandons receives while the worker is alive.
+    rx.lock().expect("receive state poisoned").pending.clear();
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ impl Sink for Collect {
     fn deliver(&self, tag: Tag, frame: Vec<u8>) {
         let _ = self.0.send((tag, frame));
     }
-    fn lost(&self, _uid: u64, reason: String) {
-        let _ = self.1.send(reason);
+    fn lost(&self, uid: u64, reason: String) {
+        let _ = self.1.send(format!("uid {uid}: {reason}"));
     }
 }
 
@@ -24,9 +24,13 @@ struct Node {
 }
 
 fn node(uid: u64) -> Node {
+    node_with(uid, &[])
+}
+
+fn node_with(uid: u64, settings: &[(&str, &str)]) -> Node {
     let (ft, fr) = unbounded();
     let (lt, lr) = unbounded();
-    let t = UcxTransport::new(Arc::new(Collect(ft, lt))).unwrap();
+    let t = UcxTransport::with_ucx_settings(Arc::new(Collect(ft, lt)), settings).unwrap();
     Node {
         t,
         frames: fr,
@@ -224,4 +228,44 @@ fn an_unusable_address_is_an_error_not_a_crash() {
         a.t.reconcile(&v, 0),
         Err(TransportError::Address(1, _))
     ));
+}
+
+/// A peer that vanishes without shutting down (its worker destroyed, as when
+/// its process dies) is reported as lost; one that shut down is not. Over
+/// UCX's tcp on loopback, where the closed sockets show the loss at once
+/// (over shared memory UCX notices through its keepalive, within
+/// `UCX_KEEPALIVE_INTERVAL`, 20 s by default).
+#[test]
+fn a_vanished_peer_is_reported_lost_and_one_that_shut_down_is_not() {
+    let tcp = [("TLS", "tcp"), ("NET_DEVICES", "lo")];
+    let (a, b, c) = (node_with(1, &tcp), node_with(2, &tcp), node_with(3, &tcp));
+    let v = view(1, &[&a, &b, &c]);
+    for (i, n) in [&a, &b, &c].iter().enumerate() {
+        n.t.reconcile(&v, i as u32).unwrap();
+    }
+    // Traffic both ways, so every pair is wired up.
+    for (i, n) in [&a, &b, &c].iter().enumerate() {
+        for j in 0..3u32 {
+            if j != i as u32 {
+                n.t.send(j, Tag::new(i as u32, 1, 1), &[b"hi"]).unwrap();
+            }
+        }
+    }
+    for n in [&a, &b, &c] {
+        for _ in 0..2 {
+            n.frames.recv_timeout(WAIT).unwrap();
+        }
+    }
+    c.t.shutdown();
+    drop(c);
+    drop(b);
+    let why = a
+        .lost
+        .recv_timeout(WAIT)
+        .expect("the vanished peer was not reported");
+    assert!(why.starts_with("uid 2: UCX"), "{why}");
+    assert!(
+        a.lost.recv_timeout(Duration::from_millis(500)).is_err(),
+        "only the vanished peer is lost, not the one that shut down"
+    );
 }
