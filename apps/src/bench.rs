@@ -102,12 +102,26 @@ impl Env {
         program: &Path,
         prog_args: &[String],
     ) -> Result<ChildOut> {
+        self.run_with_env(tag, nodes, pes, program, prog_args, &[])
+    }
+
+    /// As [`Env::run`], with environment changes for the launcher and its
+    /// nodes: `(name, Some(value))` sets a variable, `(name, None)` removes it.
+    pub fn run_with_env(
+        &mut self,
+        tag: &str,
+        nodes: u32,
+        pes: u32,
+        program: &Path,
+        prog_args: &[String],
+        vars: &[(&str, Option<&str>)],
+    ) -> Result<ChildOut> {
         self.run_polled(
             tag,
-            nodes,
-            pes,
+            (nodes, pes),
             program,
             prog_args,
+            vars,
             Duration::from_millis(20),
         )
     }
@@ -124,25 +138,32 @@ impl Env {
     ) -> Result<ChildOut> {
         self.run_polled(
             tag,
-            nodes,
-            pes,
+            (nodes, pes),
             program,
             prog_args,
+            &[],
             Duration::from_millis(1),
         )
     }
 
+    /// `shape`: (nodes, PEs per node).
     fn run_polled(
         &mut self,
         tag: &str,
-        nodes: u32,
-        pes: u32,
+        (nodes, pes): (u32, u32),
         program: &Path,
         prog_args: &[String],
+        vars: &[(&str, Option<&str>)],
         poll: Duration,
     ) -> Result<ChildOut> {
         let (job, state_dir) = self.next_job(tag);
         let mut cmd = Command::new(&self.ductile);
+        for (name, value) in vars {
+            match value {
+                Some(v) => cmd.env(name, v),
+                None => cmd.env_remove(name),
+            };
+        }
         cmd.arg("run")
             .args([
                 "--nodes",

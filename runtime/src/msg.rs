@@ -44,14 +44,15 @@ pub(crate) enum Dest {
 
 /// A message value that can be encoded on demand and cloned for broadcasts.
 pub(crate) trait ErasedMsg: Send {
-    fn encode(&self) -> Vec<u8>;
+    /// Appends the encoding to `out` (one buffer for header and body).
+    fn encode_into(&self, out: Vec<u8>) -> Vec<u8>;
     fn clone_box(&self) -> Box<dyn ErasedMsg>;
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
 
 impl<T: Message> ErasedMsg for T {
-    fn encode(&self) -> Vec<u8> {
-        postcard::to_allocvec(self).expect("encoding into a Vec cannot fail")
+    fn encode_into(&self, out: Vec<u8>) -> Vec<u8> {
+        postcard::to_extend(self, out).expect("encoding into a Vec cannot fail")
     }
     fn clone_box(&self) -> Box<dyn ErasedMsg> {
         Box::new(self.clone())
@@ -124,14 +125,6 @@ impl Payload {
                 bytes: bytes.clone(),
                 offset: *offset,
             },
-        }
-    }
-
-    /// The encoded body, for sending to another node.
-    pub(crate) fn body(&self) -> std::borrow::Cow<'_, [u8]> {
-        match self {
-            Payload::Local(b) => std::borrow::Cow::Owned(b.encode()),
-            Payload::Wire { bytes, offset } => std::borrow::Cow::Borrowed(&bytes[*offset..]),
         }
     }
 }
@@ -207,15 +200,25 @@ pub(crate) fn decode_frame(
     Ok((rank, env))
 }
 
-/// Encodes the header of an envelope leaving for PE `dest_pe`; the body follows it.
-pub(crate) fn encode_header(dest_pe: Pe, env: &Envelope) -> Vec<u8> {
+/// Encodes an envelope leaving for PE `dest_pe` as one frame: the header,
+/// then the body, in one buffer, so that a transport can hand the buffer
+/// itself to the network (UCX) instead of gathering parts into a copy.
+pub(crate) fn encode_frame(dest_pe: Pe, env: &Envelope) -> Vec<u8> {
     let header = WireHeader {
         dest_pe,
         prio: env.prio,
         counted: env.counted,
         dest: env.dest.clone(),
     };
-    postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail")
+    let head = postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail");
+    match &env.payload {
+        Payload::Local(b) => b.encode_into(head),
+        Payload::Wire { bytes, offset } => {
+            let mut f = head;
+            f.extend_from_slice(&bytes[*offset..]);
+            f
+        }
+    }
 }
 
 #[cfg(test)]
@@ -243,9 +246,7 @@ mod tests {
     }
 
     fn frame(dest_pe: Pe, env: &Envelope) -> Vec<u8> {
-        let mut f = encode_header(dest_pe, env);
-        f.extend_from_slice(&env.payload.body());
-        f
+        encode_frame(dest_pe, env)
     }
 
     #[test]

@@ -121,6 +121,11 @@ impl NodeShared {
             .expect("topology installed before it is asked for")
     }
 
+    /// The transport, once there is one (a standalone node has none).
+    pub(crate) fn transport_if_any(&self) -> Option<Arc<dyn Transport>> {
+        self.transport.get().cloned()
+    }
+
     pub(crate) fn transport(&self) -> Arc<dyn Transport> {
         self.transport
             .get()
@@ -197,12 +202,8 @@ impl NodeShared {
         ((self.uid.load(Ordering::Relaxed) + 1) << 32) | n as u64
     }
 
-    pub(crate) fn send_to_node(
-        &self,
-        node: u32,
-        head: &[u8],
-        body: &[u8],
-    ) -> Result<(), TransportError> {
+    /// Sends an encoded envelope frame (see `msg::encode_frame`) to `node`.
+    pub(crate) fn send_to_node(&self, node: u32, frame: Vec<u8>) -> Result<(), TransportError> {
         let topo = self
             .topology(Duration::ZERO)
             .expect("sending before the topology is installed");
@@ -210,10 +211,10 @@ impl NodeShared {
             .transport
             .get()
             .ok_or(TransportError::NoEndpoint(node))?;
-        t.send(
+        t.send_frame(
             node,
             Tag::new(topo.my_node(), topo.epoch(), kind::ENVELOPE),
-            &[head, body],
+            frame,
         )?;
         *self
             .frames

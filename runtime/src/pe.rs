@@ -27,7 +27,7 @@ use crate::callback::{CallbackSpec, Target};
 use crate::chare::IndexKey;
 use crate::collection::{Departure, ElemMeta, Store};
 use crate::lb::stats::{ObjStat, PeStat};
-use crate::msg::{encode_header, CollId, Dest, Envelope, Payload, MAIN_COLL};
+use crate::msg::{encode_frame, CollId, Dest, Envelope, Payload, MAIN_COLL};
 use crate::node::NodeShared;
 use crate::reduce::{combine, Reducer, Value};
 use crate::registry::LinearFn;
@@ -622,10 +622,9 @@ impl PeCtx {
     }
 
     fn send_remote(&mut self, pe: PeId, env: Envelope) {
-        let head = encode_header(pe, &env);
-        let body = env.payload.body();
+        let frame = encode_frame(pe, &env);
         let node = self.topo.node_of(pe);
-        if let Err(e) = self.node.send_to_node(node, &head, &body) {
+        if let Err(e) = self.node.send_to_node(node, frame) {
             error!(
                 pe = self.pe,
                 to_node = node,
@@ -884,7 +883,11 @@ impl Pe {
             // another node's PE that shares it is not starved.
             let until = now + spin;
             let hot_until = now + HOT_SPIN;
+            let transport = self.ctx.node.transport_if_any();
             while inbox.queue.is_empty() {
+                if transport.as_ref().is_some_and(|t| t.poll()) {
+                    continue;
+                }
                 let t = Instant::now();
                 if t >= until {
                     break;

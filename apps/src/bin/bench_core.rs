@@ -9,8 +9,12 @@
 //! binaries (found next to this executable) as ordinary jobs:
 //!
 //! 1. pingpong one-way latency and bandwidth, same node (1 node x 2 PEs) and
-//!    across nodes (2 nodes x 1 PE, TCP loopback), median/min/max over `--reps`
-//!    jobs per layout;
+//!    across nodes (2 nodes x 1 PE) over the TCP transport on loopback and,
+//!    when the binaries were built with the `ucx` feature, over UCX shared
+//!    memory and UCX's tcp on loopback, median/min/max over `--reps` jobs per
+//!    layout; beside them `ucx_perftest` (ucx-utils) on the same machine:
+//!    `tag_lat` 8 B, `tag_lat` and `tag_bw` 4 MiB, server and client on
+//!    loopback, with the same `UCX_TLS`;
 //! 2. Jacobi2D time per iteration on a `--grid`² grid at 1 and 2 PEs with 1, 4
 //!    and 16 blocks per PE, median/min/max over `--reps` jobs, and checks that
 //!    every run printed the same checksum;
@@ -52,6 +56,13 @@ const TRIAD_BYTES_PER_ELEM: f64 = 24.0;
 // Targets.
 const TARGET_INTRA_8B_US: f64 = 1.0;
 const TARGET_CROSS_8B_US: f64 = 15.0;
+const TARGET_UCX_SHM_8B_US: f64 = 1.0;
+/// Pingpong bandwidth at the largest size over UCX / `ucx_perftest tag_bw`.
+const TARGET_UCX_VS_PERFTEST: f64 = 0.8;
+/// Size of the `ucx_perftest` bandwidth runs (and of the pingpong row compared with it).
+const PERFTEST_BIG: usize = 4 << 20;
+/// `ucx_perftest` prints MB/s as 2^20 bytes per second; this bench uses 10^6.
+const MIB_TO_MB: f64 = 1.048_576;
 const TARGET_JACOBI_VS_BOUND: f64 = 1.5;
 const TARGET_OVERDECOMP_4: f64 = 0.10;
 
@@ -120,10 +131,56 @@ impl Opts {
 
 // ---------------------------------------------------------------- pingpong
 
+/// How the nodes of a pingpong job talk: the runtime's transport and, for
+/// UCX, the UCX variables of the launcher and its nodes.
+#[derive(Clone, Copy, PartialEq)]
+enum Wire {
+    Tcp,
+    UcxShm,
+    UcxTcp,
+}
+
+impl Wire {
+    fn label(self) -> &'static str {
+        match self {
+            Wire::Tcp => "TCP transport",
+            Wire::UcxShm => "UCX shm",
+            Wire::UcxTcp => "UCX tcp on lo",
+        }
+    }
+
+    /// Variables for the job (`None`: removed), so the row measures what
+    /// it says whatever the caller's environment holds.
+    fn vars(self) -> Vec<(&'static str, Option<&'static str>)> {
+        match self {
+            Wire::Tcp => vec![("DUCTILE_TRANSPORT", Some("tcp"))],
+            Wire::UcxShm => vec![
+                ("DUCTILE_TRANSPORT", Some("ucx")),
+                ("UCX_TLS", None),
+                ("UCX_NET_DEVICES", None),
+            ],
+            Wire::UcxTcp => vec![
+                ("DUCTILE_TRANSPORT", Some("ucx")),
+                ("UCX_TLS", Some("tcp")),
+                ("UCX_NET_DEVICES", Some("lo")),
+            ],
+        }
+    }
+
+    /// The UCX variables alone (for `ucx_perftest`).
+    fn ucx_vars(self) -> Vec<(&'static str, Option<&'static str>)> {
+        self.vars()
+            .into_iter()
+            .filter(|(n, _)| n.starts_with("UCX_"))
+            .collect()
+    }
+}
+
 struct Layout {
     name: &'static str,
     nodes: u32,
     pes: u32,
+    wire: Wire,
 }
 
 const LAYOUTS: &[Layout] = &[
@@ -131,18 +188,186 @@ const LAYOUTS: &[Layout] = &[
         name: "same-node",
         nodes: 1,
         pes: 2,
+        wire: Wire::Tcp,
     },
     Layout {
         name: "cross-node",
         nodes: 2,
         pes: 1,
+        wire: Wire::Tcp,
+    },
+    Layout {
+        name: "cross-node-ucx-shm",
+        nodes: 2,
+        pes: 1,
+        wire: Wire::UcxShm,
+    },
+    Layout {
+        name: "cross-node-ucx-tcp",
+        nodes: 2,
+        pes: 1,
+        wire: Wire::UcxTcp,
     },
 ];
+
+/// Whether the nodes were built with the `ucx` feature: a one-round-trip
+/// job with `DUCTILE_TRANSPORT=ucx` either runs or is refused at startup
+/// with "not built into this program". Any other failure is an error.
+fn ucx_built(env: &mut Env, bin: &Path) -> Result<bool> {
+    let args: Vec<String> = ["--sizes", "8", "--min-iters", "1", "--budget-ms", "1"]
+        .map(String::from)
+        .into();
+    match env.run_with_env("ucx-probe", 2, 1, bin, &args, &Wire::UcxShm.vars()) {
+        Ok(_) => Ok(true),
+        Err(e) if format!("{e:#}").contains("not built into this program") => Ok(false),
+        Err(e) => Err(e.context("a UCX pingpong failed (not for want of the `ucx` feature)")),
+    }
+}
+
+// ---------------------------------------------------------------- ucx_perftest
+
+/// One `ucx_perftest` measurement.
+struct PerfSample {
+    wire: Wire,
+    test: &'static str,
+    size: usize,
+    /// One-way latency, µs (typical = median, as printed for `tag_lat`; average for `tag_bw`).
+    latency_us: f64,
+    /// Bandwidth in 10^6 bytes/s (converted from its MiB/s).
+    bandwidth_mbps: f64,
+    line: String,
+}
+
+/// The `ucx_perftest` runs of one repetition: (test, size, iterations, warm-up).
+fn perftest_plan(quick: bool) -> Vec<(&'static str, usize, u32, u32)> {
+    let k = if quick { 10 } else { 1 };
+    vec![
+        ("tag_lat", 8, 100_000 / k, 10_000 / k),
+        ("tag_lat", PERFTEST_BIG, 100 / k, 10 / k),
+        ("tag_bw", PERFTEST_BIG, 200 / k, 20 / k),
+    ]
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Runs a `ucx_perftest` server and client on loopback with `wire`'s UCX
+/// variables and parses the client's `Final:` line.
+fn run_perftest(
+    exe: &Path,
+    wire: Wire,
+    test: &'static str,
+    size: usize,
+    iters: u32,
+    warmup: u32,
+) -> Result<PerfSample> {
+    use std::process::{Command, Stdio};
+    let with_vars = |cmd: &mut Command| {
+        for (n, v) in wire.ucx_vars() {
+            match v {
+                Some(v) => cmd.env(n, v),
+                None => cmd.env_remove(n),
+            };
+        }
+    };
+    let mut last_err = String::new();
+    // The server must listen before the client connects: retry a few times.
+    for _ in 0..3 {
+        let port = free_port()?.to_string();
+        let mut server = Command::new(exe);
+        server
+            .args(["-p", &port])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        with_vars(&mut server);
+        let mut server = server.spawn().context("starting the ucx_perftest server")?;
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let mut client = Command::new(exe);
+        client.args([
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            test,
+            "-s",
+            &size.to_string(),
+            "-n",
+            &iters.to_string(),
+            "-w",
+            &warmup.to_string(),
+        ]);
+        with_vars(&mut client);
+        let shown = format!("{client:?}");
+        let out = client.output().context("running the ucx_perftest client")?;
+        let _ = server.kill();
+        let _ = server.wait();
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        let fin = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with("Final:"));
+        match fin {
+            Some(line) if out.status.success() => {
+                // Final: iters, typical lat, avg lat, overall lat (µs), avg bw, overall bw (MiB/s), ...
+                let f: Vec<f64> = line
+                    .split_whitespace()
+                    .skip(1)
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                if f.len() < 6 {
+                    bail!("cannot read `{line}` from {shown}");
+                }
+                let latency_us = if test == "tag_bw" { f[2] } else { f[1] };
+                return Ok(PerfSample {
+                    wire,
+                    test,
+                    size,
+                    latency_us,
+                    bandwidth_mbps: f[5] * MIB_TO_MB,
+                    line: line.trim().to_string(),
+                });
+            }
+            _ => {
+                last_err = format!(
+                    "{shown} exited with {}:
+{}
+{}",
+                    out.status,
+                    tail(&stdout, 5),
+                    tail(&String::from_utf8_lossy(&out.stderr), 5)
+                );
+            }
+        }
+    }
+    bail!("ucx_perftest failed three times; last: {last_err}")
+}
+
+/// `ucx_perftest` on the PATH, if installed.
+fn find_perftest() -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join("ucx_perftest"))
+        .find(|p| p.is_file())
+}
+
+/// A target: (name, measured value, unit, limit as text, passed; `None`: not judged).
+type TargetRow = (String, Option<f64>, &'static str, String, Option<bool>);
 
 /// Per layout, per size: (oneway_us samples, MB/s samples, iters samples).
 type PingSamples = Vec<Vec<(Vec<f64>, Vec<f64>, Vec<f64>)>>;
 
-fn run_pingpong(env: &mut Env, bin: &Path, o: &Opts, sizes: &[usize]) -> Result<PingSamples> {
+fn run_pingpong(
+    env: &mut Env,
+    bin: &Path,
+    o: &Opts,
+    sizes: &[usize],
+    with_ucx: bool,
+    perftest: Option<&Path>,
+    perf: &mut Vec<PerfSample>,
+) -> Result<PingSamples> {
     let mut samples: PingSamples = LAYOUTS
         .iter()
         .map(|_| sizes.iter().map(|_| Default::default()).collect())
@@ -166,13 +391,17 @@ fn run_pingpong(env: &mut Env, bin: &Path, o: &Opts, sizes: &[usize]) -> Result<
     // Reps outermost, so drift on a shared machine spreads over every layout.
     for rep in 0..o.reps {
         for (li, l) in LAYOUTS.iter().enumerate() {
+            if l.wire != Wire::Tcp && !with_ucx {
+                continue;
+            }
             eprintln!("bench_core: pingpong {} rep {}/{}", l.name, rep + 1, o.reps);
-            let out = env.run(
+            let out = env.run_with_env(
                 &format!("pingpong-{}", l.name),
                 l.nodes,
                 l.pes,
                 bin,
                 &prog_args,
+                &l.wire.vars(),
             )?;
             for (si, &size) in sizes.iter().enumerate() {
                 let line = out
@@ -192,6 +421,20 @@ fn run_pingpong(env: &mut Env, bin: &Path, o: &Opts, sizes: &[usize]) -> Result<
                 s.0.push(num(line, "oneway_us")?);
                 s.1.push(num(line, "bandwidth_MBps")?);
                 s.2.push(num(line, "iters")?);
+            }
+        }
+        // ucx_perftest in the same repetition, so drift spreads over both.
+        if let (true, Some(exe)) = (with_ucx, perftest) {
+            for wire in [Wire::UcxShm, Wire::UcxTcp] {
+                for (test, size, iters, warmup) in perftest_plan(o.quick) {
+                    eprintln!(
+                        "bench_core: ucx_perftest {test} {size} B {} rep {}/{}",
+                        wire.label(),
+                        rep + 1,
+                        o.reps
+                    );
+                    perf.push(run_perftest(exe, wire, test, size, iters, warmup)?);
+                }
             }
         }
     }
@@ -458,11 +701,28 @@ fn real_main() -> Result<ExitCode> {
         PINGPONG_SIZES
     };
     let cfgs = jacobi_configs(o.grid);
+    let mut with_ucx = false;
+    let perftest = find_perftest();
+    let mut perf = Vec::new();
     let children = (|| -> Result<_> {
         let ping = if o.skip_pingpong {
             None
         } else {
-            Some(run_pingpong(&mut env, &pingpong_bin, &o, sizes)?)
+            with_ucx = ucx_built(&mut env, &pingpong_bin)?;
+            if !with_ucx {
+                eprintln!("bench_core: UCX: not built (the nodes refuse DUCTILE_TRANSPORT=ucx); UCX rows skipped");
+            } else if perftest.is_none() {
+                eprintln!("bench_core: ucx_perftest not found on PATH (scripts/install-ucx installs ucx-utils); skipped");
+            }
+            Some(run_pingpong(
+                &mut env,
+                &pingpong_bin,
+                &o,
+                sizes,
+                with_ucx,
+                perftest.as_deref(),
+                &mut perf,
+            )?)
         };
         // 3. Jacobi.
         let jac = if o.skip_jacobi {
@@ -512,6 +772,9 @@ fn real_main() -> Result<ExitCode> {
     let mut ping_json = Vec::new();
     let mut intra_8b = None;
     let mut cross_8b = None;
+    let mut ucx_json = json!({ "built": with_ucx, "ucx_perftest": perftest.as_ref().map(|p| p.display().to_string()) });
+    // (name, value, unit, limit, pass) rows for UCX, added to the targets.
+    let mut ucx_targets: Vec<TargetRow> = Vec::new();
     if let Some(ping) = &ping {
         writeln!(w, "\nPingpong one-way latency, median of {} jobs [min..max]; bandwidth = size / one-way time", o.reps)?;
         writeln!(
@@ -521,7 +784,7 @@ fn real_main() -> Result<ExitCode> {
         )?;
         for (si, &size) in sizes.iter().enumerate() {
             let mut row = format!("  {:>7}", fmt_size(size));
-            for layout in ping.iter().take(LAYOUTS.len()) {
+            for layout in ping.iter().take(2) {
                 let (lat, bw, _) = &layout[si];
                 let (l, b) = (stats(lat), stats(bw));
                 let cell = format!("{:.3} [{:.3}..{:.3}]", l.median, l.min, l.max);
@@ -529,7 +792,11 @@ fn real_main() -> Result<ExitCode> {
             }
             writeln!(w, "{row}")?;
         }
-        for (li, l) in LAYOUTS.iter().enumerate() {
+        let active: Vec<usize> = (0..LAYOUTS.len())
+            .filter(|&li| !ping[li].iter().all(|s| s.0.is_empty()))
+            .collect();
+        for &li in &active {
+            let l = &LAYOUTS[li];
             let per_size: Vec<Value> = sizes
                 .iter()
                 .enumerate()
@@ -538,11 +805,110 @@ fn real_main() -> Result<ExitCode> {
                     json!({ "size_bytes": size, "oneway_us": stats_json(lat), "bandwidth_MBps": stats_json(bw), "iters": it })
                 })
                 .collect();
-            ping_json.push(json!({ "layout": l.name, "nodes": l.nodes, "pes_per_node": l.pes, "sizes": per_size }));
+            ping_json.push(json!({ "layout": l.name, "transport": l.wire.label(), "nodes": l.nodes, "pes_per_node": l.pes, "sizes": per_size }));
         }
         if let Some(si) = sizes.iter().position(|&s| s == 8) {
             intra_8b = Some(stats(&ping[0][si].0).median);
             cross_8b = Some(stats(&ping[1][si].0).median);
+        }
+
+        // Cross-node by transport, and ucx_perftest beside it.
+        if !with_ucx {
+            writeln!(w, "\nUCX: not built (nodes started with DUCTILE_TRANSPORT=ucx refuse it); UCX rows skipped")?;
+        } else {
+            writeln!(w, "\nCross-node pingpong (2 nodes x 1 PE) by transport, one-way µs median of {} jobs (MB/s)", o.reps)?;
+            let cross: Vec<usize> = (1..LAYOUTS.len()).collect();
+            let mut head = format!("  {:>7}", "size");
+            for &li in &cross {
+                write!(head, " | {:>24}", LAYOUTS[li].wire.label())?;
+            }
+            writeln!(w, "{head}")?;
+            for (si, &size) in sizes.iter().enumerate() {
+                let mut row = format!("  {:>7}", fmt_size(size));
+                for &li in &cross {
+                    let (lat, bw, _) = &ping[li][si];
+                    let cell = format!("{:.3} ({:.1})", stats(lat).median, stats(bw).median);
+                    write!(row, " | {cell:>24}")?;
+                }
+                writeln!(w, "{row}")?;
+            }
+            let median_of = |li: usize, size: usize, bw: bool| {
+                sizes.iter().position(|&s| s == size).map(|si| {
+                    let (lat, b, _) = &ping[li][si];
+                    stats(if bw { b } else { lat }).median
+                })
+            };
+            let perf_median = |wire: Wire, test: &str, size: usize, bw: bool| {
+                let v: Vec<f64> = perf
+                    .iter()
+                    .filter(|p| p.wire == wire && p.test == test && p.size == size)
+                    .map(|p| if bw { p.bandwidth_mbps } else { p.latency_us })
+                    .collect();
+                (!v.is_empty()).then(|| stats(&v).median)
+            };
+            if perftest.is_some() {
+                writeln!(w, "\nucx_perftest on loopback (server + client), median of {} runs; one-way µs (MB/s, 10^6 B/s)", o.reps)?;
+                writeln!(
+                    w,
+                    "  {:<16} | {:>24} | {:>24}",
+                    "test",
+                    Wire::UcxShm.label(),
+                    Wire::UcxTcp.label()
+                )?;
+                for (test, size, _, _) in perftest_plan(o.quick) {
+                    let mut row = format!("  {:<16}", format!("{test} {}", fmt_size(size)));
+                    for wire in [Wire::UcxShm, Wire::UcxTcp] {
+                        let cell = match (
+                            perf_median(wire, test, size, false),
+                            perf_median(wire, test, size, true),
+                        ) {
+                            (Some(l), Some(b)) => format!("{l:.3} ({b:.1})"),
+                            _ => "-".into(),
+                        };
+                        write!(row, " | {cell:>24}")?;
+                    }
+                    writeln!(w, "{row}")?;
+                }
+            } else {
+                writeln!(
+                    w,
+                    "\nucx_perftest: not found on PATH; its comparison is skipped"
+                )?;
+            }
+            let shm_8b = median_of(2, 8, false);
+            ucx_targets.push((
+                "UCX shm 8 B one-way".into(),
+                shm_8b,
+                "µs",
+                format!("< {TARGET_UCX_SHM_8B_US}"),
+                shm_8b.map(|v| v < TARGET_UCX_SHM_8B_US),
+            ));
+            for (li, wire) in [(2, Wire::UcxShm), (3, Wire::UcxTcp)] {
+                let ours = median_of(li, PERFTEST_BIG, true);
+                let theirs = perf_median(wire, "tag_bw", PERFTEST_BIG, true);
+                let ratio = ours.zip(theirs).map(|(a, b)| a / b);
+                ucx_targets.push((
+                    format!("{} 4 MiB bw / perftest tag_bw", wire.label()),
+                    ratio,
+                    "x",
+                    format!(">= {TARGET_UCX_VS_PERFTEST}"),
+                    ratio.map(|r| r >= TARGET_UCX_VS_PERFTEST),
+                ));
+                let lat_ratio = ours
+                    .zip(perf_median(wire, "tag_lat", PERFTEST_BIG, true))
+                    .map(|(a, b)| a / b);
+                ucx_targets.push((
+                    format!("{} 4 MiB bw / perftest tag_lat", wire.label()),
+                    lat_ratio,
+                    "x",
+                    "-".into(),
+                    None,
+                ));
+            }
+            ucx_json["perftest_samples"] = perf
+                .iter()
+                .map(|p| json!({ "ucx": p.wire.label(), "test": p.test, "size_bytes": p.size, "oneway_us": p.latency_us, "bandwidth_MBps": p.bandwidth_mbps, "final_line": p.line }))
+                .collect();
         }
     }
 
@@ -626,49 +992,48 @@ fn real_main() -> Result<ExitCode> {
 
     // Targets.
     let over4 = overhead.iter().find(|(b, _)| *b == 4).map(|(_, v)| *v);
-    // (name, measured value, unit, limit as text, passed)
-    type TargetRow<'a> = (&'a str, Option<f64>, &'a str, String, Option<bool>);
-    let targets: Vec<TargetRow<'_>> = vec![
+    let mut targets: Vec<TargetRow> = vec![
         (
-            "intra-node 8 B one-way",
+            "intra-node 8 B one-way".into(),
             intra_8b,
             "µs",
             format!("< {TARGET_INTRA_8B_US}"),
             intra_8b.map(|v| v < TARGET_INTRA_8B_US),
         ),
         (
-            "cross-node 8 B one-way",
+            "cross-node 8 B one-way".into(),
             cross_8b,
             "µs",
             format!("< {TARGET_CROSS_8B_US}"),
             cross_8b.map(|v| v < TARGET_CROSS_8B_US),
         ),
         (
-            "Jacobi 1 PE / bandwidth bound",
+            "Jacobi 1 PE / bandwidth bound".into(),
             ratio_1pe,
             "x",
             format!("<= {TARGET_JACOBI_VS_BOUND}"),
             ratio_1pe.map(|v| v <= TARGET_JACOBI_VS_BOUND),
         ),
         (
-            "4 blocks/PE overhead at 1 PE",
+            "4 blocks/PE overhead at 1 PE".into(),
             over4.map(|v| v * 100.0),
             "%",
             format!("< {}", TARGET_OVERDECOMP_4 * 100.0),
             over4.map(|v| v < TARGET_OVERDECOMP_4),
         ),
     ];
+    targets.extend(ucx_targets);
     writeln!(w, "\nTargets")?;
     writeln!(
         w,
-        "  {:<30} | {:>10} | {:>8} | result",
+        "  {:<40} | {:>10} | {:>8} | result",
         "target", "value", "limit"
     )?;
     for (name, v, unit, limit, pass) in &targets {
         let val = v.map_or("-".to_string(), |v| format!("{v:.3} {unit}"));
         writeln!(
             w,
-            "  {name:<30} | {val:>10} | {:>8} | {}",
+            "  {name:<40} | {val:>10} | {:>8} | {}",
             format!("{limit} {unit}"),
             pass_str(*pass)
         )?;
@@ -696,6 +1061,7 @@ fn real_main() -> Result<ExitCode> {
             "threads_2": { "best_GBps": bw2, "samples_GBps": bw2_samples },
         },
         "pingpong": ping_json,
+        "ucx": ucx_json,
         "jacobi": jac_json,
         "targets": targets.iter().map(|(name, v, unit, limit, pass)| json!({
             "name": name, "value": v, "unit": unit, "limit": limit, "pass": pass,

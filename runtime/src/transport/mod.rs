@@ -114,10 +114,22 @@ pub trait Transport: Send + Sync + 'static {
     fn address(&self) -> Vec<u8>;
     /// Sends the concatenation of `parts` to node `to` with tag `tag`.
     fn send(&self, to: NodeId, tag: Tag, parts: &[&[u8]]) -> Result<(), TransportError>;
+    /// Sends one frame whose buffer the caller hands over. A transport that
+    /// completes sends after returning (UCX) keeps the buffer until then
+    /// instead of copying it; the default sends it as one part.
+    fn send_frame(&self, to: NodeId, tag: Tag, frame: Vec<u8>) -> Result<(), TransportError> {
+        self.send(to, tag, &[&frame])
+    }
     /// Brings endpoints in line with `view`, in which this node is `me`.
     fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError>;
     /// Orderly shutdown: peers will not report this node as lost.
     fn shutdown(&self);
+    /// Called by an idle PE while it spins: a transport progressed from the
+    /// PE loop (UCX with `DUCTILE_UCX_PROGRESS=pe`) moves communication
+    /// along here. True when something happened. Default: nothing to do.
+    fn poll(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

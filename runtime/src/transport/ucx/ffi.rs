@@ -4,11 +4,13 @@
 //!
 //! Ownership rules the wrapper enforces:
 //! - [`Worker`] owns the UCP context and worker and destroys them on drop;
-//!   every object made from it ([`Ep`], [`RecvSlot`], [`Closing`]) holds an
+//!   every object made from it ([`Ep`], [`Incoming`], [`Closing`]) holds an
 //!   `Arc<Worker>`, so the worker outlives them.
 //! - A send owns its bytes (`Vec<u8>`) until UCX reports completion; a
-//!   receive owns its buffer until its request completed or was cancelled.
-//!   Buffers UCX may still write are leaked rather than freed.
+//!   receive owns its buffer until its request completed. Buffers UCX may
+//!   still write are leaked rather than freed.
+//! - Endpoints use `UCP_ERR_HANDLING_MODE_PEER`: a failed peer is queued by
+//!   the error callback and read with [`Worker::take_failed`].
 
 // The workspace denies unsafe code; this module is the one exception, because
 // UCX is a C library reached only through FFI. Nothing unsafe leaks out of it.
@@ -16,8 +18,8 @@
 
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ucx1_sys as sys;
 
@@ -79,6 +81,17 @@ pub(super) struct Worker {
     h: sys::ucp_worker_h,
     efd: i32,
     address: Vec<u8>,
+    /// Peers whose endpoint failed: (peer uid, why), queued by `ep_failed`.
+    failed: Arc<Mutex<Vec<(u64, String)>>>,
+    /// The error-callback arguments of every endpoint ever created, freed
+    /// with the worker (after which no callback can run).
+    ep_ctxs: Mutex<Vec<*mut EpCtx>>,
+}
+
+/// What an endpoint's error callback needs.
+struct EpCtx {
+    uid: u64,
+    failed: Arc<Mutex<Vec<(u64, String)>>>,
 }
 
 // SAFETY: the worker is created in UCS_THREAD_MODE_MULTI (checked in `new`),
@@ -90,9 +103,10 @@ unsafe impl Sync for Worker {}
 
 impl Worker {
     /// Reads the UCX configuration from the environment (`UCX_TLS`,
-    /// `UCX_NET_DEVICES`, ...) and creates a context with tag matching and
+    /// `UCX_NET_DEVICES`, ...), applies `overrides` (names without the
+    /// `UCX_` prefix) on top, and creates a context with tag matching and
     /// wake-up, and one worker that many threads may call.
-    pub(super) fn new() -> UcxResult<Arc<Worker>> {
+    pub(super) fn new(overrides: &[(&str, &str)]) -> UcxResult<Arc<Worker>> {
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: null prefix and file mean "UCX_ variables and defaults";
         // `config` is a valid out-pointer.
@@ -100,6 +114,23 @@ impl Worker {
             unsafe { sys::ucp_config_read(ptr::null(), ptr::null(), &mut config) },
             "reading the UCX configuration",
         )?;
+        for (name, value) in overrides {
+            let (Ok(n), Ok(v)) = (
+                std::ffi::CString::new(*name),
+                std::ffi::CString::new(*value),
+            ) else {
+                // SAFETY: config came from ucp_config_read and is released once.
+                unsafe { sys::ucp_config_release(config) };
+                return Err(format!("UCX setting {name}={value} contains a NUL byte"));
+            };
+            // SAFETY: config is live; n and v are NUL-terminated and outlive the call.
+            let st = unsafe { sys::ucp_config_modify(config, n.as_ptr(), v.as_ptr()) };
+            if let Err(e) = check(st, &format!("setting UCX_{name}={value}")) {
+                // SAFETY: as above.
+                unsafe { sys::ucp_config_release(config) };
+                return Err(e);
+            }
+        }
         // SAFETY: ucp_params_t is a plain C struct of integers, pointers and
         // optional callbacks, for which all-zero bytes are valid (null/None).
         let mut params: sys::ucp_params_t = unsafe { std::mem::zeroed() };
@@ -143,6 +174,8 @@ impl Worker {
             h,
             efd: -1,
             address: Vec::new(),
+            failed: Arc::new(Mutex::new(Vec::new())),
+            ep_ctxs: Mutex::new(Vec::new()),
         };
 
         // SAFETY: all-zero ucp_worker_attr_t is valid (see above).
@@ -218,23 +251,46 @@ impl Worker {
         unsafe { sys::ucp_worker_signal(self.h) };
     }
 
-    /// Opens an endpoint to the worker whose address is `remote`.
-    pub(super) fn connect(self: &Arc<Self>, remote: &[u8]) -> UcxResult<Ep> {
+    /// Peers whose endpoint failed since the last call: (uid, why).
+    pub(super) fn take_failed(&self) -> Vec<(u64, String)> {
+        std::mem::take(&mut *self.failed.lock().expect("failed list poisoned"))
+    }
+
+    /// Opens an endpoint to the worker whose address is `remote` (the peer
+    /// whose uid is `uid`), in `UCP_ERR_HANDLING_MODE_PEER`: if the peer
+    /// fails, UCX reports it (see [`Worker::take_failed`]) instead of
+    /// leaving sends hanging, and a forced close is allowed.
+    pub(super) fn connect(self: &Arc<Self>, remote: &[u8], uid: u64) -> UcxResult<Ep> {
         if remote.is_empty() {
             return Err("empty UCX worker address".into());
         }
-        // SAFETY: all-zero ucp_ep_params_t is valid (err_mode 0 = NONE).
+        let ctx = Box::into_raw(Box::new(EpCtx {
+            uid,
+            failed: self.failed.clone(),
+        }));
+        // Freed with the worker, whatever becomes of the endpoint.
+        self.ep_ctxs
+            .lock()
+            .expect("endpoint contexts poisoned")
+            .push(ctx);
+        // SAFETY: all-zero ucp_ep_params_t is valid (err_mode 0 = NONE, no
+        // callback); the fields used are set below.
         let mut p: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
         p.field_mask = (sys::ucp_ep_params_field::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
-            | sys::ucp_ep_params_field::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE)
+            | sys::ucp_ep_params_field::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+            | sys::ucp_ep_params_field::UCP_EP_PARAM_FIELD_ERR_HANDLER)
             .0 as u64;
         p.address = remote.as_ptr() as *const sys::ucp_address_t;
-        p.err_mode = sys::ucp_err_handling_mode_t::UCP_ERR_HANDLING_MODE_NONE;
+        p.err_mode = sys::ucp_err_handling_mode_t::UCP_ERR_HANDLING_MODE_PEER;
+        p.err_handler.cb = Some(ep_failed);
+        p.err_handler.arg = ctx as *mut c_void;
         let mut ep: sys::ucp_ep_h = ptr::null_mut();
         // SAFETY: the worker is live; `remote` stays borrowed for the call
-        // (UCX copies what it needs). The bytes come from the coordinator's
-        // view, which only authenticated members of the job write; UCX
-        // parses them and rejects malformed ones with an error status.
+        // (UCX copies what it needs); `ctx` lives until the worker is
+        // destroyed, so the callback never sees a dangling argument. The
+        // address bytes come from the coordinator's view, which only
+        // authenticated members of the job write; UCX parses them and
+        // rejects malformed ones with an error status.
         check(
             unsafe { sys::ucp_ep_create(self.h, &p, &mut ep) },
             "creating a UCX endpoint",
@@ -244,15 +300,90 @@ impl Worker {
             worker: self.clone(),
         })
     }
+
+    /// Takes the oldest message that arrived and starts receiving it into a
+    /// buffer of its exact size. Every message is received this way: UCX
+    /// chooses eager or rendezvous by size on the sending side, and a
+    /// rendezvous body lands straight in the buffer handed to the runtime.
+    /// Probing with an empty mask matches any source, epoch and kind, in
+    /// arrival order, so nothing depends on node numbering.
+    pub(super) fn receive_next(self: &Arc<Self>) -> Option<Incoming> {
+        let mut info = sys::ucp_tag_recv_info_t {
+            sender_tag: 0,
+            length: 0,
+        };
+        // SAFETY: the worker is live; `info` is a valid out-struct. With
+        // remove = 1 the handle becomes ours and is consumed just below.
+        let msg = unsafe { sys::ucp_tag_probe_nb(self.h, 0, 0, 1, &mut info) };
+        if msg.is_null() {
+            return None;
+        }
+        let len = info.length as usize;
+        let mut buf: Vec<u8> = Vec::with_capacity(len);
+        // SAFETY: all-zero ucp_request_param_t is valid (contiguous bytes,
+        // host memory, no callback).
+        let p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `msg` is the handle probed above, received exactly once;
+        // `buf` has room for `len` bytes and its heap block does not move
+        // (it is owned by the Incoming below and never reallocated) until
+        // the request completes.
+        let r = unsafe {
+            sys::ucp_tag_msg_recv_nbx(
+                self.h,
+                buf.as_mut_ptr() as *mut c_void,
+                len as sys::size_t,
+                msg,
+                &p,
+            )
+        };
+        let state = match status_ptr(r) {
+            StatusPtr::Done => {
+                // SAFETY: the receive completed inside the call, so UCX has
+                // written the whole message, `len` bytes, into `buf`.
+                unsafe { buf.set_len(len) };
+                RecvState::Done
+            }
+            StatusPtr::Pending(req) => RecvState::InFlight(req),
+            StatusPtr::Failed(code) => RecvState::Failed(status_text(code)),
+        };
+        Some(Incoming {
+            worker: self.clone(),
+            tag: info.sender_tag,
+            len,
+            buf,
+            state,
+        })
+    }
+}
+
+/// Queues the failure of the endpoint whose context is `arg`.
+unsafe extern "C" fn ep_failed(arg: *mut c_void, _ep: sys::ucp_ep_h, st: sys::ucs_status_t) {
+    // SAFETY: `arg` is the EpCtx registered with this endpoint, alive until
+    // the worker is destroyed (and no callback runs after that).
+    let ctx = unsafe { &*(arg as *const EpCtx) };
+    let why = status_text(st as i32 as isize);
+    if let Ok(mut failed) = ctx.failed.lock() {
+        failed.push((ctx.uid, why));
+    }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        // SAFETY: every Ep, RecvSlot and Closing holds an Arc<Worker>, so none
-        // is left; the worker and then the context are destroyed once.
+        // SAFETY: every Ep, Incoming and Closing holds an Arc<Worker>, so
+        // none is left; the worker and then the context are destroyed once.
         unsafe {
             sys::ucp_worker_destroy(self.h);
             sys::ucp_cleanup(self.ctx);
+        }
+        for ctx in self
+            .ep_ctxs
+            .get_mut()
+            .expect("endpoint contexts poisoned")
+            .drain(..)
+        {
+            // SAFETY: made by Box::into_raw in `connect`, freed once, after
+            // the worker whose error callbacks used it is gone.
+            drop(unsafe { Box::from_raw(ctx) });
         }
     }
 }
@@ -268,23 +399,44 @@ unsafe impl Send for Ep {}
 // SAFETY: as for Send.
 unsafe impl Sync for Ep {}
 
+/// What a send keeps alive until UCX is done with it.
+struct SendCtx {
+    /// Held, never read: UCX reads it through the pointer given to it.
+    _bytes: Vec<u8>,
+    done: Option<Arc<AtomicBool>>,
+}
+
 unsafe extern "C" fn send_done(request: *mut c_void, _st: sys::ucs_status_t, user: *mut c_void) {
-    // SAFETY: `user` is the Box<Vec<u8>> leaked by `Ep::send` for this
+    // SAFETY: `user` is the Box<SendCtx> leaked by `Ep::send` for this
     // request, reclaimed exactly once here; the request is ours to free.
-    unsafe {
-        drop(Box::from_raw(user as *mut Vec<u8>));
+    let ctx = unsafe {
         sys::ucp_request_free(request);
+        Box::from_raw(user as *mut SendCtx)
+    };
+    if let Some(done) = &ctx.done {
+        done.store(true, Ordering::SeqCst);
     }
+    drop(ctx);
     SENDS_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
 }
 
 impl Ep {
-    /// Sends `bytes` with `tag`. UCX picks eager or rendezvous by size; the
-    /// buffer is kept alive until it completes. Returns true when the send
-    /// is still in flight (someone must progress the worker).
-    pub(super) fn send(&self, tag: u64, bytes: Vec<u8>) -> UcxResult<bool> {
-        let len = bytes.len();
-        let data = Box::into_raw(Box::new(bytes));
+    /// Sends `bytes` with `tag`, keeping the buffer (no copy) until UCX
+    /// completes the send; UCX picks eager or rendezvous by size. Returns
+    /// true when the send is still in flight (someone must progress the
+    /// worker). `done`, if given, is set once the send completed, failed or
+    /// was cancelled.
+    pub(super) fn send(
+        &self,
+        tag: u64,
+        bytes: Vec<u8>,
+        done: Option<Arc<AtomicBool>>,
+    ) -> UcxResult<bool> {
+        let (ptr, len) = (bytes.as_ptr(), bytes.len());
+        let data = Box::into_raw(Box::new(SendCtx {
+            _bytes: bytes,
+            done,
+        }));
         // SAFETY: all-zero ucp_request_param_t is valid (memory type 0 = host).
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::ucp_op_attr_t::UCP_OP_ATTR_FIELD_CALLBACK as u32
@@ -292,25 +444,23 @@ impl Ep {
         p.cb.send = Some(send_done);
         p.user_data = data as *mut c_void;
         SENDS_IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
-        // SAFETY: the endpoint is live; `data` points to `len` bytes that stay
-        // allocated until send_done runs (or until we reclaim them below when
-        // UCX says it will not call it).
+        // SAFETY: the endpoint is live; `ptr` points to `len` bytes owned by
+        // the SendCtx (a Vec's heap block does not move with the Vec), which
+        // stays allocated until send_done runs (or until we reclaim it below
+        // when UCX says it will not call it).
         let r = unsafe {
-            sys::ucp_tag_send_nbx(
-                self.h,
-                (*data).as_ptr() as *const c_void,
-                len as sys::size_t,
-                tag,
-                &p,
-            )
+            sys::ucp_tag_send_nbx(self.h, ptr as *const c_void, len as sys::size_t, tag, &p)
         };
         match status_ptr(r) {
             StatusPtr::Pending(_) => Ok(true),
             done => {
                 SENDS_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
                 // SAFETY: completed at once or failed: UCX will not call
-                // send_done, so the buffer is ours again.
-                drop(unsafe { Box::from_raw(data) });
+                // send_done, so the context is ours again.
+                let ctx = unsafe { Box::from_raw(data) };
+                if let Some(d) = &ctx.done {
+                    d.store(true, Ordering::SeqCst);
+                }
                 match done {
                     StatusPtr::Failed(code) => Err(format!("sending: {}", status_text(code))),
                     _ => Ok(false),
@@ -322,7 +472,9 @@ impl Ep {
     /// Starts closing the endpoint without waiting and without a flush
     /// handshake with the peer (which may already be gone: a flush to an
     /// exited peer over tcp ends in an "Endpoint timeout" that UCX prints on
-    /// stdout). Callers close only when no frame is in flight to the peer.
+    /// stdout). A forced close needs `UCP_ERR_HANDLING_MODE_PEER` on both
+    /// sides, which every endpoint has. Sends still in flight are cancelled,
+    /// so callers close once what must arrive has been sent.
     pub(super) fn close(self) -> Option<Closing> {
         // SAFETY: all-zero ucp_request_param_t is valid (no callback).
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
@@ -375,67 +527,33 @@ impl Drop for Closing {
     }
 }
 
-/// A posted tag receive into a buffer it owns.
-pub(super) struct RecvSlot {
+/// A message taken by [`Worker::receive_next`], being received into a
+/// buffer of its exact size.
+pub(super) struct Incoming {
     worker: Arc<Worker>,
+    tag: u64,
+    len: usize,
     buf: Vec<u8>,
     state: RecvState,
 }
 
 enum RecvState {
     InFlight(*mut c_void),
-    Done(u64, usize),
+    Done,
     Failed(String),
-    Taken,
 }
 
 // SAFETY: the request belongs to a multi-threaded worker; the buffer is owned.
-unsafe impl Send for RecvSlot {}
+unsafe impl Send for Incoming {}
 
-impl RecvSlot {
-    /// Posts a receive into `buf` (its whole length) for messages whose tag
-    /// equals `tag` on the bits set in `mask`.
-    pub(super) fn post(worker: &Arc<Worker>, mut buf: Vec<u8>, tag: u64, mask: u64) -> RecvSlot {
-        let mut info = sys::ucp_tag_recv_info_t {
-            sender_tag: 0,
-            length: 0,
-        };
-        // SAFETY: all-zero ucp_request_param_t is valid.
-        let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        // Always get a request (NO_IMM_CMPL): with UCX 1.13 over tcp, receives
-        // re-posted onto an already-arrived message and completed inside the
-        // call were seen reporting a zero tag, so every completion goes
-        // through ucp_tag_recv_request_test instead.
-        p.op_attr_mask = sys::ucp_op_attr_t::UCP_OP_ATTR_FIELD_RECV_INFO as u32
-            | sys::ucp_op_attr_t::UCP_OP_ATTR_FLAG_NO_IMM_CMPL as u32;
-        p.recv_info.tag_info = &mut info;
-        // SAFETY: the worker is live; `buf` stays allocated (and is not moved:
-        // a Vec's heap buffer does not move with the Vec) until the request
-        // completes or is cancelled; `info` is written only during this call.
-        let r = unsafe {
-            sys::ucp_tag_recv_nbx(
-                worker.h,
-                buf.as_mut_ptr() as *mut c_void,
-                buf.len() as sys::size_t,
-                tag,
-                mask,
-                &p,
-            )
-        };
-        let state = match status_ptr(r) {
-            StatusPtr::Done => RecvState::Done(info.sender_tag, info.length as usize),
-            StatusPtr::Pending(req) => RecvState::InFlight(req),
-            StatusPtr::Failed(code) => RecvState::Failed(status_text(code)),
-        };
-        RecvSlot {
-            worker: worker.clone(),
-            buf,
-            state,
-        }
+impl Incoming {
+    /// The sender's tag.
+    pub(super) fn tag(&self) -> u64 {
+        self.tag
     }
 
-    /// `None` while in flight; then the matched tag and length, or why it failed.
-    pub(super) fn poll(&mut self) -> Option<UcxResult<(u64, usize)>> {
+    /// `None` while in flight; then whether it arrived whole.
+    pub(super) fn poll(&mut self) -> Option<UcxResult<()>> {
         if let RecvState::InFlight(req) = self.state {
             let mut info = sys::ucp_tag_recv_info_t {
                 sender_tag: 0,
@@ -449,45 +567,50 @@ impl RecvSlot {
             // SAFETY: completed: freed exactly once, state updated below.
             unsafe { sys::ucp_request_free(req) };
             self.state = match st {
-                sys::ucs_status_t::UCS_OK => RecvState::Done(info.sender_tag, info.length as usize),
+                sys::ucs_status_t::UCS_OK if info.length as usize == self.len => {
+                    // SAFETY: the receive completed successfully with the
+                    // probed length, so UCX wrote all `len` bytes of `buf`.
+                    unsafe { self.buf.set_len(self.len) };
+                    RecvState::Done
+                }
+                sys::ucs_status_t::UCS_OK => RecvState::Failed(format!(
+                    "received {} bytes of a {}-byte message",
+                    info.length, self.len
+                )),
                 other => RecvState::Failed(status_text(other as i32 as isize)),
             };
         }
         match &self.state {
-            RecvState::Done(t, l) => Some(Ok((*t, *l))),
+            RecvState::Done => Some(Ok(())),
             RecvState::Failed(e) => Some(Err(e.clone())),
-            RecvState::InFlight(_) | RecvState::Taken => None,
+            RecvState::InFlight(_) => None,
         }
     }
 
-    /// The buffer of a completed receive (its full length; the message is
-    /// the prefix `poll` reported).
-    pub(super) fn into_buf(mut self) -> Vec<u8> {
+    /// The received frame (empty unless `poll` reported success).
+    pub(super) fn into_frame(mut self) -> Vec<u8> {
         assert!(
             !matches!(self.state, RecvState::InFlight(_)),
             "taking the buffer of a receive in flight"
         );
-        self.state = RecvState::Taken;
         std::mem::take(&mut self.buf)
     }
 }
 
-impl Drop for RecvSlot {
+impl Drop for Incoming {
     fn drop(&mut self) {
         let RecvState::InFlight(req) = self.state else {
             return;
         };
-        // SAFETY: req is a live receive of this worker; cancelling an
-        // unmatched receive completes it with UCS_ERR_CANCELED.
-        unsafe { sys::ucp_request_cancel(self.worker.h, req) };
+        // A matched message cannot be cancelled: give it a moment to land.
         for _ in 0..1000 {
             self.worker.progress();
             if self.poll().is_some() {
                 return;
             }
         }
-        // Matched and still being written: leak the buffer rather than free
-        // memory UCX may write to, and let UCX release the request.
+        // Still being written: leak the buffer rather than free memory UCX
+        // may write to, and let UCX release the request.
         std::mem::forget(std::mem::take(&mut self.buf));
         // SAFETY: freeing an incomplete request is allowed; UCX releases it
         // when it completes.

@@ -2,33 +2,37 @@
 //! multi-threaded UCP worker per node.
 //!
 //! - Tags are the transport's [`Tag`]: `[source node | epoch | kind]`. The
-//!   receive side keeps a ring of [`RING`] receives posted once with a mask on
-//!   kind bits only, so they match whoever sent and survive renumbering; the
-//!   receiver reads the source from the matched tag. A reconciliation never
-//!   re-posts them ([`UcxTransport::posts`] counts posts).
-//! - Frames up to [`EAGER_MAX`] bytes go in one tagged send (UCX's eager
-//!   protocols). Larger frames send an 8-byte announcement in the same
-//!   ordered stream, then the body under the `BODY` kind bit; the receiver
-//!   posts an exact-size receive for it, so UCX's rendezvous lands the body
-//!   directly in the buffer that is handed to the runtime (no copy on receive).
-//! - Delivery follows match order (the ring is drained front first and a
-//!   frame waits behind an announced body), so frames between a pair of
-//!   nodes arrive in the order they were sent, whatever protocol UCX chose.
+//!   receiving side posts no receive in advance: the communication thread
+//!   probes for whatever arrived (`ucp_tag_probe_nb` with an empty mask:
+//!   any source, epoch and kind) and receives it into a buffer of its exact
+//!   size (`ucp_tag_msg_recv_nbx`). The receiver reads the source from the
+//!   matched tag, so nothing depends on node numbering and a reconciliation
+//!   starts no receive ([`UcxTransport::receives`] counts them).
+//! - UCX chooses eager or rendezvous by size. A frame handed over with
+//!   [`Transport::send_frame`] is sent from its own buffer (no copy on
+//!   either side: a rendezvous body lands in the buffer given to the
+//!   runtime); [`Transport::send`] gathers its parts into one buffer first.
+//! - Delivery follows probe order (arrival order, which UCX keeps per
+//!   sender), and a frame waits behind an earlier one still being received,
+//!   so frames between a pair of nodes arrive in the order they were sent.
 //! - Senders (the PE threads) call UCX directly; one communication thread
 //!   progresses the worker, spins briefly when idle and then sleeps on the
 //!   worker's event fd.
 //! - Endpoints are keyed by node id and carry the peer's uid:
-//!   [`Transport::reconcile`] keeps and re-indexes survivors, starts closing
-//!   removed ones without waiting (the communication thread finishes the
-//!   flush), and opens new ones from the view's opaque address bytes.
+//!   [`Transport::reconcile`] keeps and re-indexes survivors, sends a `BYE`
+//!   to removed ones and then closes them without waiting (the
+//!   communication thread finishes), and opens new ones from the view's
+//!   opaque address bytes.
+//! - Endpoints use `UCP_ERR_HANDLING_MODE_PEER`: a peer that fails without
+//!   having said `BYE` is reported to the sink as lost, as the TCP
+//!   transport reports a connection that ends without its `BYE`.
 //!
 //! UCX has no job-secret handshake: whoever has a worker address can send to
-//! it. Addresses only travel in the coordinator's authenticated view. Peer
-//! loss is reported by the coordinator, not by this transport.
+//! it. Addresses only travel in the coordinator's authenticated view.
 
 mod ffi;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -39,22 +43,50 @@ use tracing::{debug, error};
 
 use super::{Reconciled, Sink, Tag, Transport, TransportError, KIND_BITS};
 
-/// Largest frame sent in one eager message; larger ones use rendezvous.
-pub const EAGER_MAX: usize = 8192;
-/// Receives kept posted for small frames and announcements.
-pub const RING: usize = 64;
-/// Kind bit of a large frame's body (never matched by the ring).
-const BODY: u64 = 1 << (KIND_BITS - 1);
-/// Kind bit of the announcement that precedes a body.
-const ANNOUNCE: u64 = 1 << (KIND_BITS - 2);
+/// Kind bit of the frame a node sends before closing an endpoint on purpose
+/// (its body: the sender's uid). Runtime kinds stay below it.
+const BYE: u64 = 1 << (KIND_BITS - 1);
 /// How long the communication thread spins before sleeping on the event fd.
 const SPIN: Duration = Duration::from_micros(200);
 /// How long the communication thread busy-waits before it starts yielding its core.
 const HOT_SPIN: Duration = Duration::from_micros(5);
 /// Longest sleep on the event fd.
 const SLEEP_MS: i32 = 5;
-/// How long a closing endpoint may take to flush before it is abandoned.
+/// How long a departed peer's `BYE` may take before its endpoint is closed anyway.
+const BYE_GRACE: Duration = Duration::from_secs(1);
+/// How long a closing endpoint may take before it is abandoned.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// How long `shutdown` waits for its `BYE`s to leave.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
+
+/// Who progresses the worker when nothing is in flight
+/// (`DUCTILE_UCX_PROGRESS`, measured in docs/ucx.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Progress {
+    /// `thread` (default): the communication thread polls, spins briefly
+    /// when idle, then sleeps on the event fd.
+    Thread,
+    /// `pe`: idle PEs poll while they spin ([`Transport::poll`]); the
+    /// communication thread only finishes what is in flight and otherwise
+    /// sleeps on the event fd at once (it wakes for what arrives while
+    /// every PE is parked).
+    Pe,
+}
+
+impl Progress {
+    fn from_env() -> Result<Progress, TransportError> {
+        match std::env::var("DUCTILE_UCX_PROGRESS").ok().as_deref() {
+            None | Some("") | Some("thread") => Ok(Progress::Thread),
+            Some("pe") => Ok(Progress::Pe),
+            Some(other) => Err(TransportError::Io {
+                context: "DUCTILE_UCX_PROGRESS".into(),
+                source: std::io::Error::other(format!(
+                    "`{other}` is not a progress mode (thread or pe)"
+                )),
+            }),
+        }
+    }
+}
 
 fn ucx_err(context: impl Into<String>) -> impl FnOnce(String) -> TransportError {
     move |e| TransportError::Io {
@@ -66,52 +98,78 @@ fn ucx_err(context: impl Into<String>) -> impl FnOnce(String) -> TransportError 
 struct Peer {
     uid: u64,
     ep: ffi::Ep,
-    /// Held across an announcement and its body, so bodies to one peer go
-    /// out in the order of their announcements.
-    large: Mutex<()>,
+}
+
+/// An endpoint on its way out.
+enum Leaving {
+    /// Its `BYE` is in flight; close once it left (or at the deadline).
+    AfterBye {
+        ep: ffi::Ep,
+        bye: Arc<AtomicBool>,
+        deadline: Instant,
+    },
+    /// A close in progress.
+    Closing {
+        close: ffi::Closing,
+        deadline: Instant,
+    },
 }
 
 struct Shared {
     stop: AtomicBool,
     sleeping: AtomicBool,
-    posts: AtomicU64,
-    closing: Mutex<Vec<(Instant, ffi::Closing)>>,
+    receives: AtomicU64,
+    leaving: Mutex<Vec<Leaving>>,
 }
 
 /// The UCX transport of one node.
 pub struct UcxTransport {
     worker: Arc<ffi::Worker>,
+    progress: Progress,
+    rx: Arc<Mutex<Rx>>,
+    sink: Arc<dyn Sink>,
     peers: RwLock<HashMap<NodeId, Peer>>,
+    /// This node's uid in the last view that held it (`u64::MAX`: none yet),
+    /// the body of its `BYE`s.
+    my_uid: AtomicU64,
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl UcxTransport {
-    /// Creates the worker (configured by `UCX_*` variables), posts the
-    /// receive ring and starts the communication thread, which hands frames
-    /// to `sink`.
+    /// Creates the worker (configured by `UCX_*` variables) and starts the
+    /// communication thread, which hands frames to `sink`.
     pub fn new(sink: Arc<dyn Sink>) -> Result<Arc<Self>, TransportError> {
-        let worker = ffi::Worker::new().map_err(ucx_err("starting UCX"))?;
+        Self::with_ucx_settings(sink, &[])
+    }
+
+    /// As [`UcxTransport::new`], with UCX settings (names without the
+    /// `UCX_` prefix, e.g. `("TLS", "tcp")`) over the environment's.
+    pub fn with_ucx_settings(
+        sink: Arc<dyn Sink>,
+        settings: &[(&str, &str)],
+    ) -> Result<Arc<Self>, TransportError> {
+        let progress = Progress::from_env()?;
+        let worker = ffi::Worker::new(settings).map_err(ucx_err("starting UCX"))?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
-            posts: AtomicU64::new(0),
-            closing: Mutex::new(Vec::new()),
+            receives: AtomicU64::new(0),
+            leaving: Mutex::new(Vec::new()),
         });
-        let mut rx = Rx {
+        let rx = Arc::new(Mutex::new(Rx {
             worker: worker.clone(),
-            ring: VecDeque::with_capacity(RING),
             pending: VecDeque::new(),
+            said_bye: HashSet::new(),
+            failures: Vec::new(),
             shared: shared.clone(),
-        };
-        for _ in 0..RING {
-            rx.post(vec![0u8; EAGER_MAX]);
-        }
+        }));
         let thread = {
-            let (worker, shared) = (worker.clone(), shared.clone());
+            let (worker, shared, rx, sink) =
+                (worker.clone(), shared.clone(), rx.clone(), sink.clone());
             std::thread::Builder::new()
                 .name("ductile-ucx".into())
-                .spawn(move || comm_loop(worker, shared, rx, sink))
+                .spawn(move || comm_loop(worker, shared, rx, sink, progress))
                 .map_err(|e| TransportError::Io {
                     context: "starting the UCX progress thread".into(),
                     source: e,
@@ -119,22 +177,36 @@ impl UcxTransport {
         };
         Ok(Arc::new(UcxTransport {
             worker,
+            progress,
+            rx,
+            sink,
             peers: RwLock::new(HashMap::new()),
+            my_uid: AtomicU64::new(u64::MAX),
             shared,
             thread: Mutex::new(Some(thread)),
         }))
     }
 
-    /// Receives posted so far (the initial ring plus one re-post per
-    /// delivered small frame or announcement).
-    pub fn posts(&self) -> u64 {
-        self.shared.posts.load(Ordering::SeqCst)
+    /// Frame receives started so far: one per frame that arrived, none by
+    /// a reconciliation (`BYE`s are not counted).
+    pub fn receives(&self) -> u64 {
+        self.shared.receives.load(Ordering::SeqCst)
     }
 
     fn wake(&self) {
         if self.shared.sleeping.load(Ordering::SeqCst) {
             self.worker.signal();
         }
+    }
+
+    /// Sends a `BYE` on `ep`; the flag is set once it left.
+    fn bye(&self, ep: &ffi::Ep) -> Arc<AtomicBool> {
+        let done = Arc::new(AtomicBool::new(false));
+        let uid = self.my_uid.load(Ordering::SeqCst);
+        if let Err(e) = ep.send(BYE, uid.to_le_bytes().to_vec(), Some(done.clone())) {
+            debug!("a BYE was not sent: {e}");
+        }
+        done
     }
 
     fn stop(&self) {
@@ -146,44 +218,34 @@ impl UcxTransport {
     }
 }
 
-fn gather(parts: &[&[u8]], len: usize) -> Vec<u8> {
-    let mut v = Vec::with_capacity(len);
-    for p in parts {
-        v.extend_from_slice(p);
-    }
-    v
-}
-
 impl Transport for UcxTransport {
     fn address(&self) -> Vec<u8> {
         self.worker.address().to_vec()
     }
 
     fn send(&self, to: NodeId, tag: Tag, parts: &[&[u8]]) -> Result<(), TransportError> {
+        // UCX keeps the bytes until the send completes, after this returns:
+        // borrowed parts have to be copied into a buffer it can own.
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut frame = Vec::with_capacity(len);
+        for p in parts {
+            frame.extend_from_slice(p);
+        }
+        self.send_frame(to, tag, frame)
+    }
+
+    fn send_frame(&self, to: NodeId, tag: Tag, frame: Vec<u8>) -> Result<(), TransportError> {
         assert!(
-            (tag.kind() as u64) < ANNOUNCE,
-            "message kind {} collides with the UCX transport's reserved kind bits",
+            (tag.kind() as u64) < BYE,
+            "message kind {} collides with the UCX transport's reserved kind bit",
             tag.kind()
         );
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let peers = self.peers.read().expect("endpoint table poisoned");
-        let peer = peers.get(&to).ok_or(TransportError::NoEndpoint(to))?;
-        let context = || format!("sending to node {to}");
-        let pending = if len <= EAGER_MAX {
+        let pending = {
+            let peers = self.peers.read().expect("endpoint table poisoned");
+            let peer = peers.get(&to).ok_or(TransportError::NoEndpoint(to))?;
             peer.ep
-                .send(tag.0, gather(parts, len))
-                .map_err(ucx_err(context()))?
-        } else {
-            let _order = peer.large.lock().expect("endpoint lock poisoned");
-            let a = peer
-                .ep
-                .send(tag.0 | ANNOUNCE, (len as u64).to_le_bytes().to_vec())
-                .map_err(ucx_err(context()))?;
-            let b = peer
-                .ep
-                .send(tag.0 | BODY, gather(parts, len))
-                .map_err(ucx_err(context()))?;
-            a || b
+                .send(tag.0, frame, None)
+                .map_err(ucx_err(format!("sending to node {to}")))?
         };
         if pending {
             self.wake();
@@ -192,6 +254,9 @@ impl Transport for UcxTransport {
     }
 
     fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError> {
+        if let Some(m) = view.members.iter().find(|m| m.node == me) {
+            self.my_uid.store(m.uid, Ordering::SeqCst);
+        }
         let mut stats = Reconciled::default();
         let mut table = self.peers.write().expect("endpoint table poisoned");
         let mut by_uid: HashMap<u64, Peer> = table.drain().map(|(_, p)| (p.uid, p)).collect();
@@ -206,14 +271,10 @@ impl Transport for UcxTransport {
                     stats.kept += 1;
                     p
                 }
-                None => match self.worker.connect(&m.address) {
+                None => match self.worker.connect(&m.address, m.uid) {
                     Ok(ep) => {
                         stats.opened += 1;
-                        Peer {
-                            uid: m.uid,
-                            ep,
-                            large: Mutex::new(()),
-                        }
+                        Peer { uid: m.uid, ep }
                     }
                     Err(e) => {
                         failure = Some(TransportError::Address(m.node, e));
@@ -223,19 +284,29 @@ impl Transport for UcxTransport {
             };
             next.insert(m.node, peer);
         }
-        // Endpoints to nodes outside the view: start a flushing close and
-        // let the communication thread finish it.
-        let mut closing = self.shared.closing.lock().expect("closing list poisoned");
-        for (uid, p) in by_uid {
-            stats.closed += 1;
-            if let Some(c) = p.ep.close() {
-                closing.push((Instant::now() + CLOSE_GRACE, c));
-            }
-            debug!(uid, "closing the endpoint to a departed peer");
-        }
-        drop(closing);
+        // Endpoints to nodes outside the view: say BYE (so the peer does not
+        // report this side's close as a loss) and let the communication
+        // thread close them once it left, without waiting here.
+        let deadline = Instant::now() + BYE_GRACE;
+        let leaving: Vec<Leaving> = by_uid
+            .into_values()
+            .map(|p| {
+                stats.closed += 1;
+                debug!(uid = p.uid, "closing the endpoint to a departed peer");
+                Leaving::AfterBye {
+                    bye: self.bye(&p.ep),
+                    ep: p.ep,
+                    deadline,
+                }
+            })
+            .collect();
         *table = next;
         drop(table);
+        self.shared
+            .leaving
+            .lock()
+            .expect("leaving list poisoned")
+            .extend(leaving);
         self.wake();
         match failure {
             Some(e) => Err(e),
@@ -251,15 +322,33 @@ impl Transport for UcxTransport {
             .drain()
             .map(|(_, p)| p)
             .collect();
-        {
-            let mut closing = self.shared.closing.lock().expect("closing list poisoned");
-            for p in peers {
-                if let Some(c) = p.ep.close() {
-                    closing.push((Instant::now() + Duration::from_millis(500), c));
-                }
+        let byes: Vec<Arc<AtomicBool>> = peers.iter().map(|p| self.bye(&p.ep)).collect();
+        self.wake();
+        let until = Instant::now() + SHUTDOWN_GRACE;
+        while Instant::now() < until && !byes.iter().all(|b| b.load(Ordering::SeqCst)) {
+            std::thread::sleep(Duration::from_micros(100));
+            self.wake();
+        }
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        let mut leaving = self.shared.leaving.lock().expect("leaving list poisoned");
+        for p in peers {
+            if let Some(close) = p.ep.close() {
+                leaving.push(Leaving::Closing { close, deadline });
             }
         }
+        drop(leaving);
         self.stop();
+    }
+
+    fn poll(&self) -> bool {
+        if self.progress != Progress::Pe {
+            return false;
+        }
+        let mut did = self.worker.progress();
+        if let Ok(mut rx) = self.rx.try_lock() {
+            did |= rx.poll(&*self.sink);
+        }
+        did
     }
 }
 
@@ -269,111 +358,133 @@ impl Drop for UcxTransport {
     }
 }
 
-/// A frame waiting for delivery, in match order.
-enum Item {
-    Ready(Tag, Vec<u8>),
-    Body(Tag, ffi::RecvSlot),
-}
-
 /// Receive state, owned by the communication thread.
 struct Rx {
     worker: Arc<ffi::Worker>,
-    /// Posted receives, in post order (= match order).
-    ring: VecDeque<ffi::RecvSlot>,
-    pending: VecDeque<Item>,
+    /// Messages being received, in arrival order (= delivery order).
+    pending: VecDeque<ffi::Incoming>,
+    /// Peers (uids) that said BYE: their endpoint failing next is no loss.
+    said_bye: HashSet<u64>,
+    /// Endpoint failures not reported yet: (uid, why).
+    failures: Vec<(u64, String)>,
     shared: Arc<Shared>,
 }
 
 impl Rx {
-    fn post(&mut self, buf: Vec<u8>) {
-        // Match any source and epoch, any kind without the BODY bit.
-        self.ring
-            .push_back(ffi::RecvSlot::post(&self.worker, buf, 0, BODY));
-        self.shared.posts.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// Moves completed receives to the delivery queue and delivers what is
-    /// ready. True when something happened.
+    /// Starts receiving what arrived, delivers what is complete, in order,
+    /// and reports failed peers. True when something happened.
     fn poll(&mut self, sink: &dyn Sink) -> bool {
         let mut did = false;
-        while let Some(res) = self.ring.front_mut().and_then(|s| s.poll()) {
+        while let Some(incoming) = self.worker.receive_next() {
             did = true;
-            let slot = self.ring.pop_front().expect("front exists");
-            let buf = slot.into_buf();
-            match res {
-                Ok((raw, len)) if raw & ANNOUNCE != 0 => {
-                    let tag = Tag(raw & !ANNOUNCE);
-                    match buf.get(..8).filter(|_| len == 8) {
-                        Some(b) => {
-                            let n = u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize;
-                            let body = ffi::RecvSlot::post(
-                                &self.worker,
-                                vec![0u8; n],
-                                raw ^ ANNOUNCE | BODY,
-                                u64::MAX,
-                            );
-                            self.pending.push_back(Item::Body(tag, body));
-                        }
-                        None => error!(
-                            "dropping a malformed large-frame announcement from node {}",
-                            tag.src()
-                        ),
-                    }
-                }
-                Ok((raw, len)) => self
-                    .pending
-                    .push_back(Item::Ready(Tag(raw), buf[..len].to_vec())),
-                Err(e) => error!("a UCX receive failed: {e}"),
+            if incoming.tag() & BYE == 0 {
+                self.shared.receives.fetch_add(1, Ordering::SeqCst);
             }
-            self.post(buf);
+            self.pending.push_back(incoming);
         }
-        while let Some(front) = self.pending.front_mut() {
-            match front {
-                Item::Ready(..) => {}
-                Item::Body(_, slot) => match slot.poll() {
-                    None => break,
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        error!("a UCX large-frame receive failed: {e}");
-                        self.pending.pop_front();
-                        continue;
-                    }
-                },
-            }
+        while let Some(res) = self.pending.front_mut().and_then(|m| m.poll()) {
             did = true;
-            match self.pending.pop_front().expect("front exists") {
-                Item::Ready(tag, frame) => sink.deliver(tag, frame),
-                Item::Body(tag, slot) => sink.deliver(tag, slot.into_buf()),
+            let m = self.pending.pop_front().expect("front exists");
+            let tag = Tag(m.tag());
+            match res {
+                Ok(()) if tag.0 & BYE != 0 => match <[u8; 8]>::try_from(&m.into_frame()[..]) {
+                    Ok(b) => {
+                        let uid = u64::from_le_bytes(b);
+                        debug!(uid, "peer closed its endpoint");
+                        self.said_bye.insert(uid);
+                    }
+                    Err(_) => error!("dropping a malformed UCX BYE"),
+                },
+                Ok(()) => sink.deliver(tag, m.into_frame()),
+                Err(e) => error!("a UCX receive from node {} failed: {e}", tag.src()),
+            }
+        }
+        self.failures.extend(self.worker.take_failed());
+        // A failure is judged once everything that arrived before it was
+        // delivered, so a peer's BYE is always seen before its close.
+        if self.pending.is_empty() && !self.failures.is_empty() {
+            did = true;
+            for (uid, why) in self.failures.drain(..) {
+                if self.said_bye.contains(&uid) {
+                    debug!(uid, "endpoint to a peer that said BYE ended: {why}");
+                } else {
+                    sink.lost(uid, format!("UCX reported the endpoint failed: {why}"));
+                }
             }
         }
         did
     }
 }
 
-fn comm_loop(worker: Arc<ffi::Worker>, shared: Arc<Shared>, mut rx: Rx, sink: Arc<dyn Sink>) {
+/// Moves leaving endpoints along; returns how many are left.
+fn move_leaving(shared: &Shared) -> usize {
+    let mut leaving = shared.leaving.lock().expect("leaving list poisoned");
+    let now = Instant::now();
+    let mut next = Vec::with_capacity(leaving.len());
+    for l in leaving.drain(..) {
+        match l {
+            Leaving::AfterBye { ep, bye, deadline } => {
+                if bye.load(Ordering::SeqCst) || now >= deadline {
+                    if let Some(close) = ep.close() {
+                        next.push(Leaving::Closing {
+                            close,
+                            deadline: now + CLOSE_GRACE,
+                        });
+                    }
+                } else {
+                    next.push(Leaving::AfterBye { ep, bye, deadline });
+                }
+            }
+            Leaving::Closing {
+                mut close,
+                deadline,
+            } => {
+                if !close.done() && now < deadline {
+                    next.push(Leaving::Closing { close, deadline });
+                }
+            }
+        }
+    }
+    *leaving = next;
+    leaving.len()
+}
+
+fn comm_loop(
+    worker: Arc<ffi::Worker>,
+    shared: Arc<Shared>,
+    rx: Arc<Mutex<Rx>>,
+    sink: Arc<dyn Sink>,
+    progress: Progress,
+) {
     let mut idle_since = Instant::now();
     loop {
         let stopping = shared.stop.load(Ordering::SeqCst);
         let mut did = worker.progress();
-        did |= rx.poll(&*sink);
-        let closing_left = {
-            let mut closing = shared.closing.lock().expect("closing list poisoned");
-            let now = Instant::now();
-            closing.retain_mut(|(deadline, c)| !c.done() && now < *deadline);
-            closing.len()
+        let receiving = {
+            let mut rx = rx.lock().expect("receive state poisoned");
+            did |= rx.poll(&*sink);
+            !rx.pending.is_empty()
         };
-        if stopping && closing_left == 0 {
+        let leaving = move_leaving(&shared);
+        if stopping && leaving == 0 {
             break;
         }
-        let busy = ffi::SENDS_IN_FLIGHT.load(Ordering::SeqCst) > 0 || closing_left > 0;
-        if did || busy {
+        if did {
             idle_since = Instant::now();
             continue;
         }
+        // Nothing happened. Busy-wait for the first microseconds, then keep
+        // polling but yield the core: on a small machine the thread that
+        // must act next (a PE, the peer's communication thread doing a
+        // rendezvous get) may be waiting for it. Sleep only when nothing is
+        // in flight (at once when idle PEs do the polling).
+        let busy = ffi::SENDS_IN_FLIGHT.load(Ordering::SeqCst) > 0 || leaving > 0 || receiving;
+        let spin = match progress {
+            Progress::Thread => SPIN,
+            Progress::Pe => Duration::ZERO,
+        };
         let idle_for = idle_since.elapsed();
-        if idle_for < SPIN {
-            // Spin briefly, then keep polling but let the PE threads that
-            // share the core run (they are what will produce the next send).
+        if busy || idle_for < spin {
             if idle_for < HOT_SPIN {
                 std::hint::spin_loop();
             } else {
@@ -387,7 +498,8 @@ fn comm_loop(worker: Arc<ffi::Worker>, shared: Arc<Shared>, mut rx: Rx, sink: Ar
         }
         shared.sleeping.store(false, Ordering::SeqCst);
     }
-    drop(rx); // cancels the posted receives while the worker is alive
+    // Finishes or abandons receives while the worker is alive.
+    rx.lock().expect("receive state poisoned").pending.clear();
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ impl Sink for Collect {
     fn deliver(&self, tag: Tag, frame: Vec<u8>) {
         let _ = self.0.send((tag, frame));
     }
-    fn lost(&self, _uid: u64, reason: String) {
-        let _ = self.1.send(reason);
+    fn lost(&self, uid: u64, reason: String) {
+        let _ = self.1.send(format!("uid {uid}: {reason}"));
     }
 }
 
@@ -24,9 +24,13 @@ struct Node {
 }
 
 fn node(uid: u64) -> Node {
+    node_with(uid, &[])
+}
+
+fn node_with(uid: u64, settings: &[(&str, &str)]) -> Node {
     let (ft, fr) = unbounded();
     let (lt, lr) = unbounded();
-    let t = UcxTransport::new(Arc::new(Collect(ft, lt))).unwrap();
+    let t = UcxTransport::with_ucx_settings(Arc::new(Collect(ft, lt)), settings).unwrap();
     Node {
         t,
         frames: fr,
@@ -83,17 +87,7 @@ fn frames_arrive_in_order_with_the_sender_in_the_tag() {
 fn large_and_small_frames_keep_their_order() {
     let (a, b) = (node(1), node(2));
     a.t.reconcile(&view(1, &[&a, &b]), 0).unwrap();
-    let sizes = [
-        8usize,
-        4 << 20,
-        16,
-        EAGER_MAX,
-        EAGER_MAX + 1,
-        1 << 16,
-        0,
-        3 << 20,
-        1,
-    ];
+    let sizes = [8usize, 4 << 20, 16, 8192, 8193, 1 << 16, 0, 3 << 20, 1];
     for (i, &n) in sizes.iter().enumerate() {
         let body: Vec<u8> = (0..n).map(|k| (k as u8).wrapping_add(i as u8)).collect();
         a.t.send(1, Tag::new(0, 1, 1), &[&body[..n / 2], &body[n / 2..]])
@@ -154,7 +148,7 @@ fn reconcile_keeps_survivors_reindexed_closes_the_departed_and_opens_newcomers()
 }
 
 #[test]
-fn renumbering_changes_source_ids_without_reposting_receives() {
+fn renumbering_changes_source_ids_without_starting_receives() {
     let nodes = [node(100), node(101), node(102), node(103)];
     let all: Vec<&Node> = nodes.iter().collect();
     let v1 = view(1, &all);
@@ -175,7 +169,7 @@ fn renumbering_changes_source_ids_without_reposting_receives() {
     assert_eq!(seen, [1, 2, 3]);
 
     // Drop node 1; nodes 2 and 3 become 1 and 2.
-    let posts_before: Vec<u64> = nodes.iter().map(|n| n.t.posts()).collect();
+    let before: Vec<u64> = nodes.iter().map(|n| n.t.receives()).collect();
     let v2 = view(2, &[&nodes[0], &nodes[2], &nodes[3]]);
     for (new_id, old) in [(0u32, 0usize), (1, 2), (2, 3)] {
         let r = nodes[old].t.reconcile(&v2, new_id).unwrap();
@@ -183,9 +177,9 @@ fn renumbering_changes_source_ids_without_reposting_receives() {
     }
     for (i, n) in nodes.iter().enumerate() {
         assert_eq!(
-            n.t.posts(),
-            posts_before[i],
-            "reconcile re-posted receives on node {i}"
+            n.t.receives(),
+            before[i],
+            "reconcile started receives on node {i}"
         );
     }
 
@@ -204,11 +198,12 @@ fn renumbering_changes_source_ids_without_reposting_receives() {
         .collect();
     at0.sort();
     assert_eq!(at0, [(1, b"2->0".to_vec()), (2, b"3->0".to_vec())]);
-    // The ring was posted once; each delivered small frame re-posted one
-    // receive, and nothing else did.
-    assert_eq!(nodes[0].t.posts(), posts_before[0] + 2);
-    assert_eq!(nodes[2].t.posts(), posts_before[2] + 1);
-    assert_eq!(nodes[3].t.posts(), posts_before[3]);
+    // One receive per delivered frame, and nothing else: the departed
+    // node's BYEs are not frames.
+    assert_eq!(nodes[0].t.receives(), before[0] + 2);
+    assert_eq!(nodes[2].t.receives(), before[2] + 1);
+    assert_eq!(nodes[3].t.receives(), before[3]);
+    assert_eq!(nodes[1].t.receives(), before[1]);
     // Node 1 is gone from every survivor's table.
     assert!(matches!(
         nodes[0].t.send(3, Tag::new(0, 2, 1), &[b"x"]),
@@ -233,4 +228,44 @@ fn an_unusable_address_is_an_error_not_a_crash() {
         a.t.reconcile(&v, 0),
         Err(TransportError::Address(1, _))
     ));
+}
+
+/// A peer that vanishes without shutting down (its worker destroyed, as when
+/// its process dies) is reported as lost; one that shut down is not. Over
+/// UCX's tcp on loopback, where the closed sockets show the loss at once
+/// (over shared memory UCX notices through its keepalive, within
+/// `UCX_KEEPALIVE_INTERVAL`, 20 s by default).
+#[test]
+fn a_vanished_peer_is_reported_lost_and_one_that_shut_down_is_not() {
+    let tcp = [("TLS", "tcp"), ("NET_DEVICES", "lo")];
+    let (a, b, c) = (node_with(1, &tcp), node_with(2, &tcp), node_with(3, &tcp));
+    let v = view(1, &[&a, &b, &c]);
+    for (i, n) in [&a, &b, &c].iter().enumerate() {
+        n.t.reconcile(&v, i as u32).unwrap();
+    }
+    // Traffic both ways, so every pair is wired up.
+    for (i, n) in [&a, &b, &c].iter().enumerate() {
+        for j in 0..3u32 {
+            if j != i as u32 {
+                n.t.send(j, Tag::new(i as u32, 1, 1), &[b"hi"]).unwrap();
+            }
+        }
+    }
+    for n in [&a, &b, &c] {
+        for _ in 0..2 {
+            n.frames.recv_timeout(WAIT).unwrap();
+        }
+    }
+    c.t.shutdown();
+    drop(c);
+    drop(b);
+    let why = a
+        .lost
+        .recv_timeout(WAIT)
+        .expect("the vanished peer was not reported");
+    assert!(why.starts_with("uid 2: UCX"), "{why}");
+    assert!(
+        a.lost.recv_timeout(Duration::from_millis(500)).is_err(),
+        "only the vanished peer is lost, not the one that shut down"
+    );
 }
