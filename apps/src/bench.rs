@@ -88,7 +88,9 @@ impl Env {
     pub fn next_job(&mut self, tag: &str) -> (String, PathBuf) {
         self.runs += 1;
         let job = format!("{}-{}-{tag}-{}", self.prefix, std::process::id(), self.runs);
-        let state_dir = self.state_base.join(&job);
+        // Short: the job's `launcher.sock` lives there, and `ductile run`
+        // refuses a directory whose socket path would not fit in 107 bytes.
+        let state_dir = self.state_base.join(format!("j{}", self.runs));
         (job, state_dir)
     }
 

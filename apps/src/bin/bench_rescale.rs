@@ -970,9 +970,9 @@ fn real_main() -> Result<ExitCode> {
     let date = utc_date(now.as_secs());
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
     let model = cpu_model();
-    // Short: a job's `launcher.sock` lives in its state directory, and a
-    // Unix socket path must fit in 108 bytes, or the launcher runs without
-    // its request channel and `ductile expand` cannot work.
+    // Short: a job's `launcher.sock` lives in its state directory, and
+    // `ductile run` refuses one whose socket path would not fit a Unix
+    // socket address (107 bytes).
     let state_base = std::env::temp_dir().join(format!(
         "ductile-rescale-{}-{}",
         std::process::id(),
