@@ -183,6 +183,19 @@ fn num(report: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("{key} missing in {report}"))
 }
 
+/// Ends an `elastic_probe` job, which must exit 0; its stdout and its
+/// `probe ok ...` line.
+fn probe_verdict(job: Running) -> (String, String) {
+    let (code, stdout, stderr) = job.finish();
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let ok = stdout
+        .lines()
+        .find(|l| l.starts_with("probe ok"))
+        .unwrap_or_else(|| panic!("no verdict\n{stdout}\n{stderr}"))
+        .to_string();
+    (stdout, ok)
+}
+
 fn reference(args: &[String]) -> String {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let job = run(1, 1, "jacobi2d", &args);
@@ -363,15 +376,11 @@ fn groups_nodegroups_and_readonly_follow_every_rescale() {
     let report = job.ductile(&["rescale", "--remove", "1", "--add", "2"]);
     assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (6, 8));
     assert_eq!(job.members()[0].pid, first[0].pid);
-    let (code, stdout, stderr) = job.finish();
-    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     // Every round that began and ended in one view saw exactly its members
     // (newcomers' group and nodegroup members included, reading the
     // readonly they adopted); at most one round per rescale straddled it.
-    let ok = stdout
-        .lines()
-        .find(|l| l.starts_with("probe ok"))
-        .unwrap_or_else(|| panic!("no verdict\n{stdout}\n{stderr}"));
+    let (stdout, ok) = probe_verdict(job);
+    let ok = ok.as_str();
     assert!(ok.contains("rescales=3"), "the rescale callback ran {ok}");
     let unchecked: u64 = ok
         .split_whitespace()
@@ -447,12 +456,7 @@ fn restart_mode_restores_groups_nodegroups_and_readonly() {
     assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (6, 4));
     let report = job.ductile(&["expand", "--nodes", "2", "--mode", "restart"]);
     assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (4, 8));
-    let (code, stdout, stderr) = job.finish();
-    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    let ok = stdout
-        .lines()
-        .find(|l| l.starts_with("probe ok"))
-        .unwrap_or_else(|| panic!("no verdict\n{stdout}\n{stderr}"));
+    let (stdout, ok) = probe_verdict(job);
     assert!(ok.contains("rescales=2") && ok.contains("pes=8"), "{ok}");
     let rescaled: Vec<&str> = stdout
         .lines()
