@@ -125,6 +125,31 @@ pub fn sweep(cur: &[f64], next: &mut [f64], w: usize, h: usize, residual: bool) 
     res
 }
 
+/// The edge of a padded `w x h` grid that a neighbour whose halo is
+/// `their_halo` needs (our first row fills the south halo of the block above).
+pub fn edge_of(cur: &[f64], w: usize, h: usize, their_halo: Side) -> Vec<f64> {
+    let stride = w + 2;
+    match their_halo {
+        Side::South => cur[stride + 1..stride + 1 + w].to_vec(),
+        Side::North => cur[h * stride + 1..h * stride + 1 + w].to_vec(),
+        Side::East => (1..=h).map(|y| cur[y * stride + 1]).collect(),
+        Side::West => (1..=h).map(|y| cur[y * stride + w]).collect(),
+    }
+}
+
+/// Writes a received ghost layer into the `side` halo of a padded `w x h` grid.
+pub fn fill_halo(cur: &mut [f64], w: usize, h: usize, side: Side, data: &[f64]) {
+    let stride = w + 2;
+    match side {
+        Side::North => cur[1..1 + w].copy_from_slice(data),
+        Side::South => cur[(h + 1) * stride + 1..(h + 1) * stride + 1 + w].copy_from_slice(data),
+        Side::West => (1..=h).zip(data).for_each(|(y, v)| cur[y * stride] = *v),
+        Side::East => (1..=h)
+            .zip(data)
+            .for_each(|(y, v)| cur[y * stride + w + 1] = *v),
+    }
+}
+
 /// A padded block of the grid covering `[x0, x0+w) x [y0, y0+h)`, halo filled
 /// with boundary values where the block touches the grid's edge.
 fn padded(spec: &Spec, x0: u32, y0: u32, w: usize, h: usize) -> Vec<f64> {
@@ -250,15 +275,7 @@ impl Block {
         if let Some(dev) = &self.dev {
             return dev.edge(their_halo).to_vec();
         }
-        let stride = self.w + 2;
-        match their_halo {
-            Side::South => self.cur[stride + 1..stride + 1 + self.w].to_vec(),
-            Side::North => self.cur[self.h * stride + 1..self.h * stride + 1 + self.w].to_vec(),
-            Side::East => (1..=self.h).map(|y| self.cur[y * stride + 1]).collect(),
-            Side::West => (1..=self.h)
-                .map(|y| self.cur[y * stride + self.w])
-                .collect(),
-        }
+        edge_of(&self.cur, self.w, self.h, their_halo)
     }
 
     fn fill(&mut self, side: Side, data: &[f64]) {
@@ -267,18 +284,7 @@ impl Block {
             dev.stage_ghost(side, data);
             return;
         }
-        let stride = self.w + 2;
-        match side {
-            Side::North => self.cur[1..1 + self.w].copy_from_slice(data),
-            Side::South => self.cur[(self.h + 1) * stride + 1..(self.h + 1) * stride + 1 + self.w]
-                .copy_from_slice(data),
-            Side::West => (1..=self.h)
-                .zip(data)
-                .for_each(|(y, v)| self.cur[y * stride] = *v),
-            Side::East => (1..=self.h)
-                .zip(data)
-                .for_each(|(y, v)| self.cur[y * stride + self.w + 1] = *v),
-        }
+        fill_halo(&mut self.cur, self.w, self.h, side, data);
     }
 
     fn send_ghosts(&mut self, ctx: &mut Ctx<'_, Self>) {

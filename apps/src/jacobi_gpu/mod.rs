@@ -26,7 +26,7 @@ use crate::jacobi::Side;
 /// The module's name.
 pub const MODULE: &str = "jacobi2d";
 
-const SOURCE: &str = r#"
+pub(crate) const SOURCE: &str = r#"
 // Jacobi2D on a padded (w+2) x (h+2) row-major grid of doubles.
 
 extern "C" __global__ void jacobi_sweep(const double* cur, double* next, int w, int h,
@@ -147,6 +147,21 @@ fn edge_range(their_halo: Side, w: usize, h: usize) -> std::ops::Range<usize> {
     }
 }
 
+/// The sweep's launch: a thread per interior point, blocks of 32 x 8 (one
+/// warp per row of a block, which the residual's warp reduction relies on).
+fn sweep_config(w: usize, h: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (w.div_ceil(32) as u32, h.div_ceil(8) as u32, 1),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Packing and unpacking: a thread per edge value.
+fn edges_config(w: usize, h: usize) -> LaunchConfig {
+    LaunchConfig::for_num_elems((2 * w + 2 * h) as u32)
+}
+
 fn dim(n: usize) -> Result<i32, GpuError> {
     i32::try_from(n).map_err(|_| GpuError::BadLaunch {
         kernel: MODULE.into(),
@@ -213,10 +228,9 @@ impl DeviceGrid {
         self.scratch(gpu)?;
         let (w, h) = (dim(self.w)?, dim(self.h)?);
         let s = self.scratch.as_mut().expect("scratch was just made");
-        let n = (2 * self.w + 2 * self.h) as u32;
         gpu.launch(
             gpu.kernel(MODULE, "jacobi_pack")?,
-            LaunchConfig::for_num_elems(n),
+            edges_config(self.w, self.h),
             &mut [self.cur.arg(), s.edges.arg_mut(), w.into(), h.into()],
         )?;
         s.edges.copy_to_host(&mut s.edges_host)
@@ -245,7 +259,7 @@ impl DeviceGrid {
             s.halo.copy_from_host(&self.halo)?;
             gpu.launch(
                 gpu.kernel(MODULE, "jacobi_unpack")?,
-                LaunchConfig::for_num_elems((2 * self.w + 2 * self.h) as u32),
+                edges_config(self.w, self.h),
                 &mut [
                     self.cur.arg_mut(),
                     s.halo.arg(),
@@ -259,14 +273,9 @@ impl DeviceGrid {
         if residual {
             s.residual.zero()?;
         }
-        let cfg = LaunchConfig {
-            grid_dim: (self.w.div_ceil(32) as u32, self.h.div_ceil(8) as u32, 1),
-            block_dim: (32, 8, 1),
-            shared_mem_bytes: 0,
-        };
         gpu.launch(
             gpu.kernel(MODULE, "jacobi_sweep")?,
-            cfg,
+            sweep_config(self.w, self.h),
             &mut [
                 self.cur.arg(),
                 s.next.arg_mut(),
@@ -290,6 +299,9 @@ impl DeviceGrid {
         self.cur.to_host()
     }
 }
+
+#[cfg(test)]
+mod emulated;
 
 #[cfg(test)]
 mod tests {
