@@ -9,3 +9,9 @@ pub mod jacobi;
 #[cfg(feature = "cuda")]
 pub mod jacobi_gpu;
 pub mod megatest;
+
+/// Every GPU module of these programs (what `gpu_probe --emit-ptx` compiles).
+#[cfg(feature = "cuda")]
+pub fn gpu_modules() -> Vec<ductile::gpu::GpuModule> {
+    vec![jacobi_gpu::module()]
+}

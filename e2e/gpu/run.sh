@@ -24,7 +24,7 @@
 # It writes summary.md, results.json, run.log and logs.tar.gz under the
 # output folder, prints the summary, and exits 1 if a check failed.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
 OUT="${OUT:-$ROOT/target/gpu-run}"
 mkdir -p "$OUT"
@@ -67,6 +67,20 @@ for b in jacobi2d ductile bench_rescale gpu_probe; do
   [ -x "$BIN/$b" ] || { say "missing $BIN/$b"; exit 2; }
 done
 say "binaries: $BIN"
+# The kernels: compiled by NVRTC at node start where the machine has NVRTC,
+# else loaded from the PTX that bundle.sh made (DUCTILE_GPU_PTX_DIR).
+KERNELS="NVRTC at node start"
+if ! ldconfig -p 2>/dev/null | grep -q libnvrtc &&
+  ! find ${LD_LIBRARY_PATH//:/ } -maxdepth 1 -name 'libnvrtc.so*' 2>/dev/null | grep -q .; then
+  if [ -f "$BIN/ptx/jacobi2d.ptx" ]; then
+    export DUCTILE_GPU_PTX_DIR="$BIN/ptx"
+    KERNELS="shipped PTX ($DUCTILE_GPU_PTX_DIR, made by NVRTC 12.4 on the build machine)"
+  else
+    say "no NVRTC on this machine and no shipped PTX in $BIN/ptx: the GPU programs cannot load their kernels"
+  fi
+fi
+say "kernels: $KERNELS"
+echo "$KERNELS" >"$WORK/kernels.txt"
 export DUCTILE_LOG="${DUCTILE_LOG:-warn,ductile::gpu=info}"
 FAILED=0
 fail() { say "FAILED: $*"; FAILED=1; }

@@ -45,6 +45,9 @@ try:
 except (ValueError, IndexError):
     pass
 results["bandwidth"] = bw
+kernels = read(f"{work}/kernels.txt").strip()
+results["kernels"] = kernels
+md += [f"Kernels: {kernels or 'unknown'}", ""]
 check("bandwidth measured", bool(bw), "gpu_probe printed nothing")
 if bw:
     md += [

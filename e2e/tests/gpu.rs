@@ -76,3 +76,78 @@ fn a_gpu_job_fails_at_start_on_every_node_without_a_gpu_or_matches_the_cpu() {
         assert_eq!(job.value("checksum"), Some(cpu_checksum()));
     }
 }
+
+/// The CUDA compile tools of `scripts/install-cuda-tools` (NVRTC, ptxas).
+fn cuda_tools() -> std::path::PathBuf {
+    let dir = std::env::var_os("DUCTILE_CUDA_TOOLS")
+        .expect("DUCTILE_CUDA_TOOLS: where scripts/install-cuda-tools put NVRTC and ptxas");
+    std::path::PathBuf::from(dir)
+}
+
+#[test]
+#[ignore = "needs NVRTC and ptxas: scripts/install-cuda-tools and DUCTILE_CUDA_TOOLS (scripts/test runs it)"]
+fn nvrtc_compiles_the_programs_gpu_modules_into_ptx_that_ptxas_assembles() {
+    let tools = cuda_tools();
+    let dir = tempfile::tempdir().expect("temporary directory");
+    for (cc, sm) in [("8.0", "sm_80"), ("9.0", "sm_90")] {
+        let out_dir = dir.path().join(sm);
+        let out = Command::new(bin("gpu_probe"))
+            .args(["--emit-ptx"])
+            .arg(&out_dir)
+            .args(["--cc", cc])
+            .env("LD_LIBRARY_PATH", tools.join("lib"))
+            .output()
+            .expect("gpu_probe runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "gpu_probe --emit-ptx: {stderr}");
+        let ptx_path = out_dir.join("jacobi2d.ptx");
+        let ptx = std::fs::read_to_string(&ptx_path).expect("the Jacobi2D module's PTX");
+        let header = ptx.lines().next().unwrap_or_default();
+        assert!(
+            header.starts_with("// ductile gpu module jacobi2d source="),
+            "{header}"
+        );
+        assert!(ptx.contains(&format!(".target {sm}")), "{sm}");
+        for k in ["jacobi_sweep", "jacobi_pack", "jacobi_unpack"] {
+            assert!(ptx.contains(&format!(".entry {k}(")), "{k} in the PTX");
+        }
+        // The sweep's four additions, its multiply and the residual's
+        // subtraction, each rounded on its own: no fused multiply-add.
+        assert!(ptx.matches("add.rn.f64").count() >= 4, "{ptx}");
+        assert!(
+            ptx.contains("mul.rn.f64") && ptx.contains("sub.rn.f64"),
+            "{ptx}"
+        );
+        assert!(!ptx.contains("fma."), "{ptx}");
+        // What a driver's JIT does with it, done by ptxas: PTX valid for the device.
+        let cubin = out_dir.join("jacobi2d.cubin");
+        let asm = Command::new(tools.join("bin/ptxas"))
+            .arg(format!("-arch={sm}"))
+            .arg(&ptx_path)
+            .arg("-o")
+            .arg(&cubin)
+            .output()
+            .expect("ptxas runs");
+        assert!(
+            asm.status.success(),
+            "ptxas -arch={sm}: {}",
+            String::from_utf8_lossy(&asm.stderr)
+        );
+        assert!(std::fs::metadata(&cubin).expect("a cubin").len() > 0);
+    }
+    // Without the tools on its path the same command says what is missing
+    // and exits 2 (unless this machine has an NVRTC of its own).
+    let out = Command::new(bin("gpu_probe"))
+        .args(["--emit-ptx"])
+        .arg(dir.path().join("own"))
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .expect("gpu_probe runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        assert!(dir.path().join("own/jacobi2d.ptx").exists(), "{stderr}");
+    } else {
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("no NVRTC library"), "{stderr}");
+    }
+}

@@ -27,7 +27,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tracing::{error, info, warn};
 
 use super::staged::{self, DeviceElem, ElemKind, HEADER_LEN};
-use super::{add_staging, GpuError, GpuSpec, Param, ENV_CONTEXT_ON_REENTRY};
+use super::{
+    add_staging, GpuError, GpuModule, GpuSpec, Param, ENV_CONTEXT_ON_REENTRY, ENV_PTX_DIR,
+};
 use crate::pe::PeCtx;
 
 /// The node's GPU state, created once at node start.
@@ -138,7 +140,63 @@ fn no_driver() -> GpuError {
     )
 }
 
+/// Compiles `module` to PTX with NVRTC, as a node does at start, for a
+/// device of compute capability `cc` (NVRTC's default architecture when
+/// `None` or unknown). Needs NVRTC, not a driver or a device: this is how
+/// PTX is made for [`ENV_PTX_DIR`](super::ENV_PTX_DIR) on a build machine.
+pub fn compile_ptx(module: &GpuModule, cc: Option<(i32, i32)>) -> Result<String, GpuError> {
+    // SAFETY: as for the driver: a dlopen() of NVRTC by name, nothing called.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(GpuError::NoNvrtc);
+    }
+    let opts = CompileOptions {
+        // No contraction of a*b+c into one FMA: results are exactly the
+        // operations as written, as on the CPU.
+        fmad: Some(false),
+        arch: cc.and_then(arch_of),
+        options: module.options.clone(),
+        name: Some(format!("{}.cu", module.name)),
+        ..Default::default()
+    };
+    guarded("compiling with NVRTC", || {
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(module.source, opts).map_err(|e| {
+            GpuError::Compile {
+                module: module.name.into(),
+                log: match e {
+                    CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+                    other => other.to_string(),
+                },
+            }
+        })?;
+        Ok(ptx.to_src())
+    })
+}
+
+/// Runs `f`, turning a panic of the CUDA bindings into an error: with
+/// dynamic loading, cudarc panics when the driver lacks an entry point its
+/// bindings (the CUDA 13.0 API) name, as a driver older than 12.5 lacks
+/// `cuCtxCreate_v4`. A node then exits with a message instead of a panic.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("(no message)");
+        Err(GpuError::Cuda {
+            what: what.into(),
+            detail: format!(
+                "the CUDA bindings failed: {message} (is the library older than the entry points the bindings expect?)"
+            ),
+        })
+    })
+}
+
 pub(super) fn start(spec: &GpuSpec, pes: u32) -> Result<(), GpuError> {
+    guarded("starting the node's GPUs", || start_unguarded(spec, pes))
+}
+
+fn start_unguarded(spec: &GpuSpec, pes: u32) -> Result<(), GpuError> {
     let started = Instant::now();
     if !driver_present() {
         return Err(no_driver());
@@ -164,37 +222,14 @@ pub(super) fn start(spec: &GpuSpec, pes: u32) -> Result<(), GpuError> {
         .ctx
         .compute_capability()
         .map_err(cuda("reading the compute capability"))?;
+    let shipped = std::env::var_os(ENV_PTX_DIR);
     let mut modules = Vec::new();
-    if !spec.modules.is_empty() {
-        // SAFETY: as for the driver: a dlopen() of NVRTC by name, nothing called.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(GpuError::NoNvrtc);
-        }
-    }
     for m in &spec.modules {
-        let opts = CompileOptions {
-            // No contraction of a*b+c into one FMA: results are exactly the
-            // operations as written, as on the CPU.
-            fmad: Some(false),
-            arch: arch_of(cc),
-            options: m.options.clone(),
-            name: Some(format!("{}.cu", m.name)),
-            ..Default::default()
+        let ptx = match &shipped {
+            Some(dir) => super::read_shipped_ptx(std::path::Path::new(dir), m)?,
+            None => compile_ptx(m, Some(cc))?,
         };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(m.source, opts).map_err(|e| {
-            GpuError::Compile {
-                module: m.name.into(),
-                log: match e {
-                    CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-                    other => other.to_string(),
-                },
-            }
-        })?;
-        modules.push((
-            m.name,
-            ptx.to_src(),
-            m.kernels.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
-        ));
+        modules.push((m.name, ptx, m.kernel_names()));
     }
     let compile_ms = ms_since(t);
 
@@ -314,7 +349,10 @@ pub(super) fn context_on_reentry() -> Option<f64> {
     let node = NODE.get()?;
     let t = Instant::now();
     for d in &node.devices {
-        if let Err(e) = fresh_context(d.ordinal, &node.modules) {
+        let fresh = guarded("creating a fresh context", || {
+            fresh_context(d.ordinal, &node.modules)
+        });
+        if let Err(e) = fresh {
             warn!(
                 "{ENV_CONTEXT_ON_REENTRY}: creating a context on device {} failed: {e}",
                 d.ordinal
@@ -878,6 +916,12 @@ pub struct Bandwidth {
 /// the median of `reps` each after one warm-up. For benchmarks; a process
 /// that is not a node.
 pub fn probe_bandwidth(ordinal: usize, bytes: usize, reps: usize) -> Result<Bandwidth, GpuError> {
+    guarded("probing the copy bandwidth", || {
+        probe_unguarded(ordinal, bytes, reps)
+    })
+}
+
+fn probe_unguarded(ordinal: usize, bytes: usize, reps: usize) -> Result<Bandwidth, GpuError> {
     if !driver_present() {
         return Err(no_driver());
     }
@@ -974,6 +1018,17 @@ mod tests {
     }
 
     #[test]
+    fn a_panic_in_the_bindings_becomes_an_error() {
+        let e = guarded::<()>("starting", || panic!("Missing symbol cuCtxCreate_v4")).unwrap_err();
+        assert!(
+            e.to_string().contains("while starting")
+                && e.to_string().contains("Missing symbol cuCtxCreate_v4"),
+            "{e}"
+        );
+        assert_eq!(guarded("x", || Ok(7)).unwrap(), 7);
+    }
+
+    #[test]
     fn without_a_driver_start_fails_cleanly() {
         if driver_present() {
             return; // a machine with a driver: covered by e2e/gpu/run.sh
@@ -982,5 +1037,60 @@ mod tests {
         assert!(matches!(e, GpuError::NoDriver(_)), "{e}");
         assert!(e.to_string().contains("libcuda.so"), "{e}");
         assert!(probe_bandwidth(0, 1 << 20, 1).is_err());
+    }
+
+    // The two tests below need NVRTC on the loader's path:
+    // `scripts/install-cuda-tools` and LD_LIBRARY_PATH=target/cuda-tools/lib
+    // (scripts/test runs them so). No driver or device is needed.
+
+    #[test]
+    #[ignore = "needs NVRTC on LD_LIBRARY_PATH (scripts/install-cuda-tools; scripts/test runs it)"]
+    fn nvrtc_compiles_a_module_for_the_device_and_without_contraction() {
+        let m = GpuModule::new(
+            "axpy",
+            r#"extern "C" __global__ void axpy(const double* x, double* y, double a, int n) {
+                int i = blockIdx.x * blockDim.x + threadIdx.x;
+                if (i < n) y[i] = a * x[i] + y[i];
+            }"#,
+        )
+        .kernel(
+            "axpy",
+            &[
+                Param::In(ElemKind::F64),
+                Param::Out(ElemKind::F64),
+                Param::F64,
+                Param::I32,
+            ],
+        );
+        let ptx = compile_ptx(&m, Some((9, 0))).expect("NVRTC compiles it");
+        assert!(ptx.contains(".target sm_90"), "{ptx}");
+        assert!(ptx.contains(".entry axpy"), "{ptx}");
+        // `a * x + y` as written: a multiply and an add, never one FMA.
+        assert!(
+            ptx.contains("mul.rn.f64") && ptx.contains("add.rn.f64"),
+            "{ptx}"
+        );
+        assert!(!ptx.contains("fma."), "{ptx}");
+        // An architecture NVRTC has no name for: its default, still PTX.
+        let default = compile_ptx(&m, Some((1, 0))).expect("default architecture");
+        assert!(default.contains(".entry axpy"), "{default}");
+    }
+
+    #[test]
+    #[ignore = "needs NVRTC on LD_LIBRARY_PATH (scripts/install-cuda-tools; scripts/test runs it)"]
+    fn nvrtc_refuses_a_broken_module_with_its_log() {
+        let m = GpuModule::new(
+            "broken",
+            r#"extern "C" __global__ void k(int* p) { *p = undeclared; }"#,
+        );
+        let e = compile_ptx(&m, Some((8, 0))).expect_err("does not compile");
+        let GpuError::Compile { module, log } = &e else {
+            panic!("not a compile error: {e}")
+        };
+        assert_eq!(module, "broken");
+        assert!(
+            log.contains("broken.cu") && log.contains("undeclared"),
+            "{log}"
+        );
     }
 }

@@ -17,6 +17,7 @@
 //! buffer format ([`staged`]) and the counters rescales report.
 
 use std::cell::Cell;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use thiserror::Error;
@@ -31,7 +32,7 @@ mod device;
 #[cfg(feature = "cuda")]
 pub use cudarc;
 #[cfg(feature = "cuda")]
-pub use device::{probe_bandwidth, Bandwidth, DeviceBuffer, Kernel, KernelArg, PeGpu};
+pub use device::{compile_ptx, probe_bandwidth, Bandwidth, DeviceBuffer, Kernel, KernelArg, PeGpu};
 pub use staged::{DeviceElem, ElemKind, StagedError};
 
 /// Measurement only: when `1`, every surviving node creates (and destroys) a
@@ -39,6 +40,13 @@ pub use staged::{DeviceElem, ElemKind, StagedError};
 /// rescale pays context creation on its critical path the way a runtime that
 /// drops contexts would. The report's `gpu` entry `context` shows the cost.
 pub const ENV_CONTEXT_ON_REENTRY: &str = "DUCTILE_GPU_CONTEXT_ON_REENTRY";
+
+/// A directory of PTX files made beforehand (`<module>.ptx`, written by
+/// [`write_shipped_ptx`]): when set, a node loads its modules from there
+/// instead of compiling them with NVRTC, for machines that have a driver
+/// but no CUDA toolkit. Each file names the source and options it was
+/// compiled from; one made from another source is refused.
+pub const ENV_PTX_DIR: &str = "DUCTILE_GPU_PTX_DIR";
 
 /// What went wrong with a GPU.
 #[derive(Debug, Error)]
@@ -53,8 +61,17 @@ pub enum GpuError {
     #[error("no CUDA device: {0}")]
     NoDevice(String),
     /// NVRTC (the run-time compiler) could not be loaded.
-    #[error("no NVRTC library (libnvrtc.so): the program compiles its GPU kernels at start and needs the CUDA toolkit's NVRTC on the library path (LD_LIBRARY_PATH)")]
+    #[error("no NVRTC library (libnvrtc.so): the program compiles its GPU kernels at start and needs the CUDA toolkit's NVRTC on the library path (LD_LIBRARY_PATH), or PTX made beforehand in {ENV_PTX_DIR}")]
     NoNvrtc,
+    /// A shipped PTX file (see [`ENV_PTX_DIR`]) is missing or was not made
+    /// from this program's module.
+    #[error("shipped PTX {path}: {detail}")]
+    ShippedPtx {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// This PE has no GPU: the job was not started with GPUs.
     #[error("this PE has no GPU: the program did not ask for GPUs at registration (`Registry::gpus` or `Registry::gpu_module`), or this thread is not a PE")]
     NotStarted,
@@ -176,6 +193,45 @@ impl GpuModule {
     }
 }
 
+/// The first line of a shipped PTX file: a PTX comment naming the module's
+/// source (its hash), options and kernels.
+fn ptx_header(module: &GpuModule) -> String {
+    format!("// ductile {}", module.signature())
+}
+
+/// Where `module`'s shipped PTX lives in `dir`.
+pub fn shipped_ptx_path(dir: &Path, module: &GpuModule) -> PathBuf {
+    dir.join(format!("{}.ptx", module.name))
+}
+
+/// Writes `ptx` (from [`compile_ptx`]) as `module`'s shipped PTX in `dir`,
+/// headed by the line that ties it to the module's source.
+pub fn write_shipped_ptx(dir: &Path, module: &GpuModule, ptx: &str) -> std::io::Result<PathBuf> {
+    let path = shipped_ptx_path(dir, module);
+    std::fs::write(&path, format!("{}\n{ptx}", ptx_header(module)))?;
+    Ok(path)
+}
+
+/// Reads `module`'s shipped PTX from `dir`; refuses a file made from
+/// another source, other options or other kernels.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn read_shipped_ptx(dir: &Path, module: &GpuModule) -> Result<String, GpuError> {
+    let path = shipped_ptx_path(dir, module);
+    let fail = |detail: String| GpuError::ShippedPtx {
+        path: path.display().to_string(),
+        detail,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| fail(format!("cannot be read: {e}")))?;
+    let (first, _) = text.split_once('\n').unwrap_or((&text, ""));
+    let want = ptx_header(module);
+    if first != want {
+        return Err(fail(format!(
+            "was not made from this program's module (it says {first:?}, the program has {want:?}); make it again"
+        )));
+    }
+    Ok(text)
+}
+
 /// What a program's registration asks of GPUs.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct GpuSpec {
@@ -244,6 +300,47 @@ pub(crate) fn at_exit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shipped_ptx_is_tied_to_its_module() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let m = GpuModule::new(
+            "stencil",
+            "extern \"C\" __global__ void k(int* p) { *p = 1; }",
+        )
+        .kernel("k", &[Param::Out(ElemKind::I32)]);
+        let ptx = ".version 8.4\n.target sm_80\n";
+        let path = write_shipped_ptx(dir.path(), &m, ptx).expect("written");
+        assert_eq!(path, dir.path().join("stencil.ptx"));
+        let read = read_shipped_ptx(dir.path(), &m).expect("the same module reads it");
+        assert!(read.ends_with(ptx) && read.starts_with("// ductile gpu module stencil"));
+
+        // Another source, another option or another kernel list: refused.
+        let others = [
+            GpuModule::new(
+                "stencil",
+                "extern \"C\" __global__ void k(int* p) { *p = 2; }",
+            )
+            .kernel("k", &[Param::Out(ElemKind::I32)]),
+            m.clone().option("-DX=1"),
+            m.clone().kernel("j", &[]),
+        ];
+        for other in &others {
+            let e = read_shipped_ptx(dir.path(), other).expect_err("stale PTX");
+            assert!(
+                e.to_string()
+                    .contains("was not made from this program's module"),
+                "{e}"
+            );
+        }
+        // A module with no file: the path is named.
+        let missing = GpuModule::new("other", "");
+        let e = read_shipped_ptx(dir.path(), &missing).expect_err("no file");
+        assert!(
+            e.to_string().contains("other.ptx") && e.to_string().contains("cannot be read"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn staging_time_is_taken_once() {
