@@ -19,7 +19,8 @@
 #     had the same context handle and intact device memory (canary);
 #  4. rescale mechanism time, GPU job vs CPU job vs GPU job with context
 #     creation forced onto the critical path (DUCTILE_GPU_CONTEXT_ON_REENTRY=1),
-#     and newcomers' context creation time;
+#     the CPU and GPU jobs' same rescales by --mode restart (checkpoint,
+#     relaunch, restore), and newcomers' context creation time;
 #  5. Jacobi2D GPU throughput against the measured copy bandwidth.
 # It writes summary.md, results.json, run.log and logs.tar.gz under the
 # output folder, prints the summary, and exits 1 if a check failed.
@@ -114,7 +115,8 @@ check_pair() { # name, runner (alone|job), args...
   gpu=$(grep -o 'checksum=[0-9a-f]*' "$WORK/$name.gpu.out" | tail -1)
   local same_res=yes
   cmp -s <(grep '^iteration' "$WORK/$name.cpu.out") <(grep '^iteration' "$WORK/$name.gpu.out") || same_res=no
-  echo "$name ${cpu#checksum=} ${gpu#checksum=} $same_res" >>"$WORK/checksums.txt"
+  local c=${cpu#checksum=} g=${gpu#checksum=}
+  echo "$name ${c:--} ${g:--} $same_res" >>"$WORK/checksums.txt"
   if [ -z "$cpu" ] || [ "$cpu" != "$gpu" ] || [ $same_res != yes ]; then
     fail "$name: cpu $cpu, gpu $gpu, residual lines equal: $same_res"
   fi
@@ -140,12 +142,12 @@ bench() { # name, extra bench_rescale args...
 }
 say "3. 20 rescales of a GPU job (3 nodes, shrink+expand x10)"
 bench survive --nodes 3 --reps $((QUICK == 1 ? 3 : 10)) --grid 2048 --block 256 --job-seconds 20 \
-  --program-args "--gpu"
+  --program-args "--gpu" --no-restart
 say "4. rescale mechanism: CPU job, GPU job, GPU job with contexts on the critical path"
 bench cpu --nodes 4 --reps $REPS --grid 4096 --block 512 --job-seconds 15
 bench gpu --nodes 4 --reps $REPS --grid 4096 --block 512 --job-seconds 15 --program-args "--gpu"
 DUCTILE_GPU_CONTEXT_ON_REENTRY=1 bench gpu-ctx --nodes 4 --reps $REPS --grid 4096 --block 512 \
-  --job-seconds 15 --program-args "--gpu"
+  --job-seconds 15 --program-args "--gpu" --no-restart
 
 # ---------------------------------------------------------------- 5. throughput
 say "5. Jacobi2D GPU throughput"

@@ -4,12 +4,13 @@
 //! ```text
 //! bench_rescale [--nodes 4,8,16] [--step K] [--reps R] [--grid G] [--block B] [--job-seconds S]
 //!               [--quick] [--child-timeout SECS] [--out PATH]
-//!               [--program-args "ARGS"] [--keep-logs DIR]
+//!               [--program-args "ARGS"] [--keep-logs DIR] [--no-restart]
 //! ```
 //!
 //! `--program-args` adds arguments to every `jacobi2d` it starts (e.g.
 //! `--gpu`, which `e2e/gpu/run.sh` uses to measure the same rescales with
-//! the blocks on GPUs); `--keep-logs` copies the jobs' logs to `DIR` at the end.
+//! the blocks on GPUs); `--keep-logs` copies the jobs' logs to `DIR` at the end;
+//! `--no-restart` skips step 3 (restart columns empty).
 //!
 //! For each node count `N` (1 PE per node) it launches the sibling `ductile`
 //! and `jacobi2d` binaries (found next to this executable):
@@ -65,8 +66,8 @@ use serde_json::{json, Value};
 
 const USAGE: &str =
     "usage: bench_rescale [--nodes 4,8,16] [--step K] [--reps R] [--grid G] [--block B] [--job-seconds S] \
-                     [--quick] [--child-timeout SECS] [--out PATH] [--program-args \"ARGS\"] [--keep-logs DIR]";
-const FLAGS: &[&str] = &["quick", "help"];
+                     [--quick] [--child-timeout SECS] [--out PATH] [--program-args \"ARGS\"] [--keep-logs DIR] [--no-restart]";
+const FLAGS: &[&str] = &["quick", "help", "no-restart"];
 const VALUED: &[&str] = &[
     "nodes",
     "step",
@@ -130,6 +131,8 @@ struct Opts {
     program_args: Vec<String>,
     /// Where to copy the jobs' logs at the end.
     keep_logs: Option<PathBuf>,
+    /// Measure `--mode restart` too (not with `--no-restart`).
+    restart: bool,
 }
 
 impl Opts {
@@ -205,6 +208,7 @@ impl Opts {
                 .map(str::to_string)
                 .collect(),
             keep_logs: args::value(a, "keep-logs").map(PathBuf::from),
+            restart: !args::flag(a, "no-restart"),
         })
     }
 
@@ -797,7 +801,11 @@ fn measure(env: &mut Env, o: &Opts, n: u32, jacobi: &Path, logs: &Path) -> Resul
     let sync_every = ((RESTART_SYNC_MS / ms_per_iter).round() as u64).max(1);
     let mut restart_args = job_args.clone();
     restart_args.extend(strs(&["--lb-every", &sync_every.to_string()]));
-    let restarts = measure_restarts(env, o, n, jacobi, logs, &restart_args, &reference_checksum);
+    let restarts = if o.restart {
+        measure_restarts(env, o, n, jacobi, logs, &restart_args, &reference_checksum)
+    } else {
+        Ok(Default::default())
+    };
     let (restart_ms, restart_failure) = match restarts {
         Ok(samples) => (samples, None),
         Err((samples, e)) => {
