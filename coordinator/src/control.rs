@@ -43,6 +43,10 @@ pub enum ControlRequest {
     Checkpoint(CheckpointRequest),
 }
 
+/// How much sooner than a client's timeout the node withdraws a checkpoint
+/// that found no sync point, so that its answer arrives in time.
+const CHECKPOINT_REPLY_MARGIN: Duration = Duration::from_secs(2);
+
 /// A checkpoint as a tool asks for it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointRequest {
@@ -51,6 +55,11 @@ pub struct CheckpointRequest {
     /// End the job afterwards (every process exits with the
     /// checkpointed code) instead of going on.
     pub exit: bool,
+    /// How long PE 0 may wait for a sync point, in ms (0: the node's own
+    /// limit). When no sync point came by then, the request is withdrawn,
+    /// so it cannot fire after the tool gave up. [`ControlClient::checkpoint`]
+    /// sets it a little below its own timeout.
+    pub wait_ms: u64,
 }
 
 /// What a checkpoint wrote, as PE 0 reports it.
@@ -328,6 +337,15 @@ impl ControlClient {
         timeout: Duration,
     ) -> Result<CheckpointReport, ControlError> {
         self.stream.set_read_timeout(Some(timeout))?;
+        // The node gives up (and says so) before this client would.
+        let own = timeout.saturating_sub(CHECKPOINT_REPLY_MARGIN.min(timeout / 4));
+        let own = own.as_millis().max(1) as u64;
+        let mut req = req;
+        req.wait_ms = if req.wait_ms == 0 {
+            own
+        } else {
+            req.wait_ms.min(own)
+        };
         send(&mut self.stream, &ControlRequest::Checkpoint(req))?;
         match recv::<ControlReply>(&mut self.stream)? {
             ControlReply::Checkpointed(r) => Ok(r),

@@ -107,6 +107,24 @@ impl Running {
         serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
     }
 
+    /// Runs a `ductile` command that must fail (exit 1); its stderr.
+    fn ductile_fails(&self, args: &[&str]) -> String {
+        let out = Command::new(bin("ductile"))
+            .args(args)
+            .arg("--state-dir")
+            .arg(self.state.path())
+            .output()
+            .expect("running ductile");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "ductile {args:?} should fail\n{}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        stderr
+    }
+
     /// Starts `k` newcomer processes of the job's program outside the
     /// launcher and waits until the coordinator lists them as pending.
     fn start_strays(&mut self, k: usize) {
@@ -466,4 +484,38 @@ fn restart_mode_restores_groups_nodegroups_and_readonly() {
         rescaled,
         ["rescaled pes=4 nodes=2", "rescaled pes=8 nodes=4"]
     );
+}
+
+/// A `--mode restart` rescale of a job that never reaches a sync point (no
+/// `--lb-every`): the node withdraws the checkpoint before the CLI's
+/// timeout and says why, the CLI cancels the relaunch it arranged, and the
+/// job goes on with the same processes: a later live rescale works (no
+/// checkpoint left queued) and the checksum is the reference's.
+#[test]
+fn a_restart_that_finds_no_sync_point_is_withdrawn_and_the_job_goes_on() {
+    let spec = ductile_e2e::jacobi_args(40_000);
+    let want = reference(&spec);
+    let job = start_jacobi(3, 1, &spec);
+    let first = pids(&job.members());
+    let stderr = job.ductile_fails(&[
+        "shrink",
+        "--nodes",
+        "1",
+        "--mode",
+        "restart",
+        "--timeout",
+        "4",
+    ]);
+    assert!(
+        stderr.contains("no sync point within") && stderr.contains("withdrawn"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the arranged relaunch was cancelled"),
+        "{stderr}"
+    );
+    assert_eq!(pids(&job.members()), first, "the job was relaunched");
+    let report = job.ductile(&["shrink", "--nodes", "1"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (3, 2));
+    completes_with(job, &want);
 }

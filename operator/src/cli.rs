@@ -956,11 +956,25 @@ fn rescale_by_restart(
     let checkpoint = CheckpointRequest {
         dir: ckpt.to_string_lossy().into_owned(),
         exit: true,
+        wait_ms: 0, // the client sets it from its timeout
     };
     let written = match job.client.checkpoint(checkpoint, left()) {
         Ok(written) => written,
-        Err(e) => {
+        Err(e @ ControlError::Refused(_)) => {
+            // Nothing was checkpointed and the job goes on: the relaunch
+            // arranged above must not fire later.
             say(&format!("the checkpoint failed: {e}"));
+            let cancel = ask_launcher(&job.dir, &Request::CancelRestart, Duration::from_secs(5));
+            if cancel.is_ok() {
+                say("the job goes on at its size; the arranged relaunch was cancelled");
+            }
+            return EXIT_FAILED;
+        }
+        Err(e) => {
+            say(&format!(
+                "no answer to the checkpoint: {e}; the job may still checkpoint at its next sync point \
+                 and be relaunched with {nodes} node(s) (see `ductile status`)"
+            ));
             return EXIT_FAILED;
         }
     };

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use ductile_coordinator::control::{CheckpointReport, CheckpointRequest, ControlReply};
 use serde::{Deserialize, Serialize};
+use tracing::warn;
 
 use crate::chare::IndexKey;
 use crate::collection::ElemMeta;
@@ -35,8 +36,12 @@ use crate::system::{CreateSpec, SysMsg};
 pub const MAGIC: &[u8; 8] = b"DUCTCKPT";
 /// Format version; bumped on any change of the types below.
 pub const VERSION: u32 = 1;
-/// How long the control endpoint waits for a checkpoint to be written.
+/// The longest a checkpoint request waits for a sync point (a request's
+/// `wait_ms` may ask for less).
 const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long a checkpoint whose files are being written may still take.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// One chare as written.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -204,11 +209,36 @@ pub(crate) fn serve_request(node: &Arc<NodeShared>, req: CheckpointRequest) -> C
         payload: Payload::local(SysMsg::CheckpointBegin),
         counted: false,
     });
-    match rx.recv_timeout(CHECKPOINT_TIMEOUT) {
-        Ok(Ok(report)) => ControlReply::Checkpointed(report),
-        Ok(Err(e)) => refuse(format!("the checkpoint failed: {e}")),
+    let wait = match req.wait_ms {
+        0 => CHECKPOINT_TIMEOUT,
+        ms => Duration::from_millis(ms).min(CHECKPOINT_TIMEOUT),
+    };
+    let answer = |r: Result<CheckpointReport, String>| match r {
+        Ok(report) => ControlReply::Checkpointed(report),
+        Err(e) => refuse(format!("the checkpoint failed: {e}")),
+    };
+    if let Ok(r) = rx.recv_timeout(wait) {
+        return answer(r);
+    }
+    // No answer in time. Before PE 0 began writing, the request is
+    // withdrawn (PE 0 finds no desk and goes on from its sync point), so
+    // it cannot end the job after the tool gave up; once it writes, it is
+    // finished and answered.
+    {
+        let mut desk = node.checkpoint.lock().expect("checkpoint desk poisoned");
+        if desk.as_ref().is_some_and(|d| d.writing_from.is_none()) {
+            *desk = None;
+            warn!("checkpoint withdrawn: no sync point within {wait:?}");
+            return refuse(format!(
+                "no sync point within {wait:?}: a checkpoint is taken when an array calls at_sync; \
+                 the request was withdrawn and the job goes on"
+            ));
+        }
+    }
+    match rx.recv_timeout(WRITE_TIMEOUT) {
+        Ok(r) => answer(r),
         Err(_) => refuse(format!(
-            "no sync point within {CHECKPOINT_TIMEOUT:?}: a checkpoint is taken when an array calls at_sync"
+            "the checkpoint began writing but did not finish within {WRITE_TIMEOUT:?}"
         )),
     }
 }

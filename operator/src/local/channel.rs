@@ -60,6 +60,8 @@ pub enum Request {
         /// The checkpoint directory.
         dir: PathBuf,
     },
+    /// Forget the arranged restart (its checkpoint was withdrawn).
+    CancelRestart,
 }
 
 /// The launcher's answer.
@@ -97,6 +99,7 @@ impl Request {
             Request::Spawn { count } => format!("spawn {count}\n"),
             Request::Stop { pids } => format!("stop {}\n", join_pids(pids)),
             Request::Restart { nodes, dir } => format!("restart {nodes} {}\n", dir.display()),
+            Request::CancelRestart => "cancel-restart\n".to_owned(),
         }
     }
 }
@@ -141,8 +144,10 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
                 )),
             }
         }
+        "cancel-restart" if rest.is_empty() => Ok(Request::CancelRestart),
+        "cancel-restart" => Err(format!("cancel-restart takes nothing, not {rest:?}")),
         _ => Err(format!(
-            "unknown request {verb:?}: expected `spawn K`, `stop PID,...` or `restart N DIR`"
+            "unknown request {verb:?}: expected `spawn K`, `stop PID,...`, `restart N DIR` or `cancel-restart`"
         )),
     }
 }
@@ -371,11 +376,11 @@ mod tests {
             ("stop 1\n", Err("\"1\" is not a pid")),
             (
                 "SPAWN 1\n",
-                Err("unknown request \"SPAWN\": expected `spawn K`, `stop PID,...` or `restart N DIR`"),
+                Err("unknown request \"SPAWN\": expected `spawn K`, `stop PID,...`, `restart N DIR` or `cancel-restart`"),
             ),
             (
                 "",
-                Err("unknown request \"\": expected `spawn K`, `stop PID,...` or `restart N DIR`"),
+                Err("unknown request \"\": expected `spawn K`, `stop PID,...`, `restart N DIR` or `cancel-restart`"),
             ),
             (
                 "restart 3 /tmp/job/ckpt\n",
@@ -391,6 +396,11 @@ mod tests {
             (
                 "restart 2\n",
                 Err("restart takes a node count of at least 1 and a directory, not \"2\""),
+            ),
+            ("cancel-restart\n", Ok(Request::CancelRestart)),
+            (
+                "cancel-restart 3\n",
+                Err("cancel-restart takes nothing, not \"3\""),
             ),
         ];
         for (line, want) in table {

@@ -1076,6 +1076,13 @@ fn supervise(
                         Reply::Ok(Vec::new())
                     }
                 }
+                Request::CancelRestart => match restart.take() {
+                    Some((nodes, dir)) => {
+                        tracing::info!(nodes, dir = %dir.display(), "arranged restart cancelled");
+                        Reply::Ok(Vec::new())
+                    }
+                    None => Reply::Error("no restart is arranged".to_owned()),
+                },
             };
             request.answer(reply);
         }

@@ -70,6 +70,17 @@ impl PeCtx {
     /// Root: every element of `coll` is at sync. Returns whether a waiting
     /// checkpoint took the sync point (its step runs after the checkpoint).
     pub(super) fn checkpoint_at_sync(&mut self, coll: CollId) -> bool {
+        if self.checkpoint.is_some()
+            && self
+                .node
+                .checkpoint
+                .lock()
+                .expect("checkpoint desk poisoned")
+                .is_none()
+        {
+            info!("the checkpoint request was withdrawn before a sync point came");
+            self.checkpoint = None;
+        }
         match &mut self.checkpoint {
             Some(c) if c.synced.is_none() => c.synced = Some(coll),
             _ => return false,
@@ -100,7 +111,7 @@ impl PeCtx {
                 d.dir.to_string_lossy().into_owned()
             });
         let Some(dir) = dir else {
-            error!("quiescence for a checkpoint nobody waits for; resuming {coll:#x}");
+            info!("the checkpoint request was withdrawn; resuming {coll:#x}");
             self.checkpoint = None;
             self.lb_start(coll, false, Vec::new());
             return;
