@@ -156,6 +156,15 @@ impl NodeShared {
         f.received.get(&node).copied().unwrap_or(0)
     }
 
+    /// Envelope frames received in this epoch from all of `peers`.
+    pub(crate) fn frames_received_from_all(&self, peers: &[u32]) -> u64 {
+        let f = self.frames.lock().expect("frame counts poisoned");
+        peers
+            .iter()
+            .map(|p| f.received.get(p).copied().unwrap_or(0))
+            .sum()
+    }
+
     pub(crate) fn set_draining(&self, on: bool) {
         self.draining.store(on, Ordering::SeqCst);
     }

@@ -188,9 +188,15 @@ impl Desk {
 /// [`crate::transport::kind::CONTROL`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) enum ControlFrame {
-    /// Drain round `round`: the sender sent `sent` envelope frames to the
-    /// receiver in this epoch.
+    /// Drain round `round`, all-to-all: the sender sent `sent` envelope
+    /// frames to the receiver in this epoch.
     Drain { round: u8, sent: u64 },
+    /// Drain round `round`, up the node tree: the envelope frames the
+    /// sender's subtree sent to each node of the epoch (`sent[n]` to node n).
+    DrainUp { round: u8, sent: Vec<u64> },
+    /// Drain round `round`, down the node tree: the envelope frames sent to
+    /// each node of the epoch by all the others.
+    DrainDown { round: u8, totals: Vec<u64> },
     /// From node 0 to each survivor: the committed view.
     View(View),
     /// Barrier, up the node tree of the new view: this subtree is ready.
@@ -225,7 +231,10 @@ pub(crate) enum Pick<T> {
     Keep,
     /// Consumed; keep waiting.
     Took,
-    /// Consumed; the wait is over.
+    /// Consumed; the wait is over. Only for an event the wait consumes (or
+    /// `None`): a wait whose condition became true by itself must `Keep` an
+    /// event meant for another, and finish on the next `None` poll, or that
+    /// event is lost.
     Done(T),
 }
 
@@ -532,9 +541,21 @@ impl Driver {
         Ok(())
     }
 
-    /// Tells every peer of `topo` how many frames it was sent, and waits
-    /// until as many arrived here from each.
+    /// Waits until every envelope frame sent in `topo`'s epoch, before this
+    /// round, has arrived. By default over the node tree
+    /// ([`Self::drain_tree`]); `DUCTILE_DRAIN=all` (measurement only) has
+    /// every node tell every peer ([`Self::drain_all_to_all`]).
     fn drain(&mut self, round: u8, topo: &Topology) -> Result<(), String> {
+        if std::env::var("DUCTILE_DRAIN").ok().as_deref() == Some("all") {
+            self.drain_all_to_all(round, topo)
+        } else {
+            self.drain_tree(round, topo)
+        }
+    }
+
+    /// Tells every peer of `topo` how many frames it was sent, and waits
+    /// until as many arrived here from each: N-1 frames out and in per node.
+    fn drain_all_to_all(&mut self, round: u8, topo: &Topology) -> Result<(), String> {
         let node = self.node.clone();
         let me = topo.my_node();
         let peers: Vec<NodeId> = (0..topo.num_nodes()).filter(|&n| n != me).collect();
@@ -564,9 +585,101 @@ impl Driver {
                     .iter()
                     .all(|(&src, &n)| node.frames_received_from(src) >= n);
             match (complete, took) {
-                (true, _) => Pick::Done(()),
+                (true, true) => Pick::Done(()),
                 (false, true) => Pick::Took,
-                (false, false) => Pick::Keep,
+                // Done or not, another wait's event is kept for it.
+                (_, false) => Pick::Keep,
+            }
+        })
+    }
+
+    /// The drain over the node tree of `topo`: each subtree's counts of
+    /// frames sent to every node are summed on the way up, the totals come
+    /// back down, and each node waits until it has received its total. A
+    /// node sends and receives one frame per tree edge, not one per peer.
+    ///
+    /// Sums suffice: from each peer a node receives at most what that peer
+    /// sent it (PEs are stopped, so the counts taken here are final until
+    /// the next round), so a total received equal to the total sent means
+    /// every peer's frames arrived.
+    fn drain_tree(&mut self, round: u8, topo: &Topology) -> Result<(), String> {
+        let node = self.node.clone();
+        let (me, epoch, n) = (topo.my_node(), topo.epoch(), topo.num_nodes());
+        let bits = epoch & 0xffff;
+        let mut sum: Vec<u64> = (0..n)
+            .map(|p| if p == me { 0 } else { node.frames_sent_to(p) })
+            .collect();
+        let children = topo.node_children(me);
+        if !children.is_empty() {
+            let mut heard = 0;
+            let what = format!("drain round {round} (the counts of node {me}'s subtree)");
+            self.wait_for(&what, STEP_TIMEOUT, |e| match e {
+                Some(NodeEvent::Frame {
+                    src,
+                    epoch_bits,
+                    frame: ControlFrame::DrainUp { round: r, sent },
+                }) if *r == round && *epoch_bits == bits => {
+                    heard += 1;
+                    if let Err(e) = add_counts(&mut sum, sent) {
+                        return Pick::Done(Err(format!("drain: node {src}: {e}")));
+                    }
+                    if heard == children.len() {
+                        Pick::Done(Ok(()))
+                    } else {
+                        Pick::Took
+                    }
+                }
+                _ => Pick::Keep,
+            })??;
+        }
+        let totals = match topo.node_parent(me) {
+            Some(parent) => {
+                node.send_control(parent, epoch, &ControlFrame::DrainUp { round, sent: sum })
+                    .map_err(|e| format!("drain: {e}"))?;
+                let what = format!("drain round {round} (the totals from node {parent})");
+                self.wait_for(&what, STEP_TIMEOUT, |e| match e {
+                    Some(NodeEvent::Frame {
+                        epoch_bits,
+                        frame: ControlFrame::DrainDown { round: r, totals },
+                        ..
+                    }) if *r == round && *epoch_bits == bits => Pick::Done(totals.clone()),
+                    _ => Pick::Keep,
+                })?
+            }
+            None => sum,
+        };
+        let Some(&expect) = totals
+            .get(me as usize)
+            .filter(|_| totals.len() == n as usize)
+        else {
+            return Err(format!(
+                "drain: {} totals for a view of {n} nodes",
+                totals.len()
+            ));
+        };
+        for &c in &children {
+            node.send_control(
+                c,
+                epoch,
+                &ControlFrame::DrainDown {
+                    round,
+                    totals: totals.clone(),
+                },
+            )
+            .map_err(|e| format!("drain: {e}"))?;
+        }
+        let peers: Vec<NodeId> = (0..n).filter(|&p| p != me).collect();
+        let what = format!("drain round {round} ({expect} frames)");
+        self.wait_for(&what, STEP_TIMEOUT, |e| {
+            // Another wait's event (a DrainUp of the next round, the new
+            // view) is kept even when the count is complete: the next
+            // `None` poll ends this wait.
+            if !matches!(e, Some(NodeEvent::Counted) | None) {
+                Pick::Keep
+            } else if node.frames_received_from_all(&peers) >= expect {
+                Pick::Done(())
+            } else {
+                Pick::Took
             }
         })
     }
@@ -606,6 +719,23 @@ impl Driver {
     }
 }
 
+/// Adds a subtree's per-node counts into `sum`.
+fn add_counts(sum: &mut [u64], counts: &[u64]) -> Result<(), String> {
+    if counts.len() != sum.len() {
+        return Err(format!(
+            "{} counts for a view of {} nodes",
+            counts.len(),
+            sum.len()
+        ));
+    }
+    for (s, c) in sum.iter_mut().zip(counts) {
+        *s = s
+            .checked_add(*c)
+            .ok_or_else(|| "frame counts overflow".to_string())?;
+    }
+    Ok(())
+}
+
 fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
@@ -622,4 +752,57 @@ fn combine(exits: impl Iterator<Item = LoopExit>) -> LoopExit {
         };
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// Summing the rows of any tree shape gives the column totals that
+        /// the all-to-all drain would have compared one by one.
+        #[test]
+        fn tree_sums_are_the_column_totals(
+            rows in proptest::collection::vec(proptest::collection::vec(0u64..1 << 40, 6), 1..12),
+            split in 0usize..12,
+        ) {
+            let n = rows[0].len();
+            let split = split.min(rows.len());
+            let mut left = vec![0; n];
+            let mut right = vec![0; n];
+            rows[..split].iter().try_for_each(|r| add_counts(&mut left, r)).unwrap();
+            rows[split..].iter().try_for_each(|r| add_counts(&mut right, r)).unwrap();
+            add_counts(&mut left, &right).unwrap();
+            for (col, total) in left.iter().enumerate() {
+                proptest::prop_assert_eq!(*total, rows.iter().map(|r| r[col]).sum::<u64>());
+            }
+        }
+    }
+
+    #[test]
+    fn counts_of_another_view_or_that_overflow_are_refused() {
+        let mut sum = vec![1, 2, 3];
+        let e = add_counts(&mut sum, &[1, 2]).unwrap_err();
+        assert!(e.contains("2 counts for a view of 3 nodes"), "{e}");
+        assert!(add_counts(&mut sum, &[0, u64::MAX, 0]).is_err());
+        add_counts(&mut sum, &[1, 0, 1]).unwrap();
+        assert_eq!(sum[0], 2);
+    }
+
+    #[test]
+    fn drain_frames_round_trip() {
+        for f in [
+            ControlFrame::DrainUp {
+                round: 1,
+                sent: vec![0, 5, 7],
+            },
+            ControlFrame::DrainDown {
+                round: 2,
+                totals: vec![9, 0, 1 << 50],
+            },
+        ] {
+            let bytes = postcard::to_allocvec(&f).unwrap();
+            assert_eq!(postcard::from_bytes::<ControlFrame>(&bytes).unwrap(), f);
+        }
+    }
 }
