@@ -80,6 +80,27 @@ if ! ldconfig -p 2>/dev/null | grep -q libnvrtc &&
     say "no NVRTC on this machine and no shipped PTX in $BIN/ptx: the GPU programs cannot load their kernels"
   fi
 fi
+# Preflight: one tiny GPU run. If NVRTC's PTX is newer than the driver can
+# JIT (CUDA_ERROR_UNSUPPORTED_PTX_VERSION) or NVRTC fails, fall back to the
+# shipped PTX (ISA 8.4) rather than lose every GPU check.
+preflight() {
+  DUCTILE_PES=1 timeout 120 "$BIN/jacobi2d" --gpu --grid 64 --block 32 --iters 2 --quiet \
+    >"$WORK/preflight.out" 2>"$WORK/preflight.err"
+}
+if ! preflight; then
+  say "preflight GPU run failed: $(tail -c 400 "$WORK/preflight.err")"
+  if [ -z "${DUCTILE_GPU_PTX_DIR:-}" ] && [ -f "$BIN/ptx/jacobi2d.ptx" ] &&
+    grep -qiE "ptx|nvrtc|compile" "$WORK/preflight.err"; then
+    export DUCTILE_GPU_PTX_DIR="$BIN/ptx"
+    KERNELS="shipped PTX ($DUCTILE_GPU_PTX_DIR), after NVRTC's failed: $(grep -oiE '[^ ]*(ptx|nvrtc)[^.]*' "$WORK/preflight.err" | head -1)"
+    preflight || say "preflight with shipped PTX failed too: $(tail -c 400 "$WORK/preflight.err")"
+  fi
+fi
+cat "$WORK/preflight.err" >>"$LOG"
+if grep -qE "no CUDA driver|no CUDA device" "$WORK/preflight.err"; then
+  say "no usable GPU here (see above): nothing to check"
+  exit 2
+fi
 say "kernels: $KERNELS"
 echo "$KERNELS" >"$WORK/kernels.txt"
 export DUCTILE_LOG="${DUCTILE_LOG:-warn,ductile::gpu=info}"
