@@ -140,7 +140,9 @@ pub fn best_with_budget(stats: &LbStats, model: CostModel, budget: u64) -> Resul
     }
     Ok(Best {
         ideal,
-        lower,
+        // The bound and the makespan sum the same loads in different orders:
+        // when the search meets the bound they may differ in the last bit.
+        lower: lower.min(upper),
         upper,
         exact: !s.aborted,
         nodes: s.nodes,

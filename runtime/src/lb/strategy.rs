@@ -281,8 +281,10 @@ impl Strategy for Refine {
                 .collect();
             mine.sort_by(|&a, &b| p.cost(b, d).total_cmp(&p.cost(a, d)).then(a.cmp(&b)));
             // First only moves that keep the receiver under the limit; then, if the
-            // donor is still over (objects too coarse to fit), moves that at least
-            // lower the pair's maximum.
+            // donor is still over (objects too coarse to fit), moves to a PE not
+            // over the limit that at least lower the pair's maximum. Never onto a
+            // PE over the limit: a donor that received would pass on more than it
+            // started with, and a receiver could end above every donor's load.
             for fits_under_limit in [true, false] {
                 for &o in &mine {
                     if loads[d] <= limit {
@@ -296,7 +298,7 @@ impl Strategy for Refine {
                     let accept = if fits_under_limit {
                         after <= limit
                     } else {
-                        after < loads[d]
+                        loads[q] <= limit && after < loads[d]
                     };
                     if q != d && accept {
                         loads[d] -= p.cost(o, d);
