@@ -174,8 +174,8 @@ pub fn compile_ptx(module: &GpuModule, cc: Option<(i32, i32)>) -> Result<String,
 
 /// Runs `f`, turning a panic of the CUDA bindings into an error: with
 /// dynamic loading, cudarc panics when the driver lacks an entry point its
-/// bindings (the CUDA 13.0 API) name, as a driver older than 12.5 lacks
-/// `cuCtxCreate_v4`. A node then exits with a message instead of a panic.
+/// bindings (the CUDA 12.4 API) name, as a driver older than 12.4 may. A
+/// node then exits with a message instead of a panic.
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, GpuError>) -> Result<T, GpuError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
         let message = panic
