@@ -27,6 +27,11 @@ pub const ENV_CONTROL: &str = "DUCTILE_CONTROL";
 /// File node 0 writes its bound control address to (local fleets, where the
 /// port is chosen by the OS).
 pub const ENV_CONTROL_FILE: &str = "DUCTILE_CONTROL_FILE";
+/// Listen address of the node's Prometheus endpoint (`GET /metrics`, every
+/// node, docs/metrics.md). Unset: none. A port of 0 lets the OS choose.
+pub const ENV_METRICS: &str = "DUCTILE_METRICS";
+/// File the node writes its bound metrics address to (local fleets).
+pub const ENV_METRICS_FILE: &str = "DUCTILE_METRICS_FILE";
 /// Transport the nodes use: `tcp` or `ucx`.
 pub const ENV_TRANSPORT: &str = "DUCTILE_TRANSPORT";
 /// A launch member restores the job from this checkpoint directory instead

@@ -11,7 +11,8 @@
 //! * [`secret`], [`contract`]: the job secret and the environment contract;
 //! * [`core`]: the sans-IO state machine (all protocol rules live here);
 //! * [`server`]: the tokio layer that drives it; [`cli`]: the command line;
-//! * [`client`]: the blocking client the runtime's nodes use.
+//! * [`client`]: the blocking client the runtime's nodes use;
+//! * [`metrics`]: the Prometheus text format, for the runtime and the operator.
 //!
 //! It does not depend on the runtime. See `docs/coordinator.md`.
 
@@ -20,6 +21,7 @@ pub mod client;
 pub mod contract;
 pub mod control;
 pub mod core;
+pub mod metrics;
 pub mod proto;
 pub mod secret;
 pub mod server;

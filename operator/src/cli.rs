@@ -265,6 +265,10 @@ pub struct RunArgs {
     /// in recovery mode) if it is lost while the job runs; 0: never.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub coordinator_restarts: u32,
+    /// Node 0 serves Prometheus metrics on this port of --bind (0: any free
+    /// port; the address is written to metrics.addr in the state directory).
+    #[arg(long, value_name = "PORT")]
+    pub metrics_port: Option<u16>,
     /// The program every node runs, and its arguments (after `--`).
     #[arg(
         required = true,
@@ -1105,6 +1109,7 @@ pub fn run(args: RunArgs) -> i32 {
     spec.timeout = args.timeout;
     spec.exit_grace = args.exit_grace;
     spec.coordinator_restarts = args.coordinator_restarts;
+    spec.metrics_port = args.metrics_port;
     match std::env::current_exe() {
         Ok(exe) => spec.coordinator_exe = exe,
         Err(err) => {

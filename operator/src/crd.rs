@@ -581,6 +581,9 @@ pub enum SpecProblem {
     /// Metrics port out of range.
     #[error("metrics.port is {0}; it must be in 1..=65535")]
     MetricsPort(i32),
+    /// Metrics port taken by the coordinator or the control endpoint.
+    #[error("metrics.port is {0}, which node 0's pod uses already (coordinator 7070, control endpoint 7071)")]
+    MetricsPortTaken(i32),
     /// Empty secret name.
     #[error("secretRef.name is empty")]
     SecretName,
@@ -679,6 +682,13 @@ impl ElasticJobSpec {
         if let Some(metrics) = &self.metrics {
             if !(1..=65535).contains(&metrics.port) {
                 problems.push(P::MetricsPort(metrics.port));
+            } else if [
+                crate::k8s::objects::COORDINATOR_PORT,
+                crate::k8s::objects::CONTROL_PORT,
+            ]
+            .contains(&metrics.port)
+            {
+                problems.push(P::MetricsPortTaken(metrics.port));
             }
         }
         if let Some(secret) = &self.secret_ref {
@@ -882,6 +892,22 @@ mod tests {
             text.contains("replicas (9) is above maxReplicas (8)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_metrics_port_must_be_a_port_and_not_one_of_node_0s() {
+        let mut s = spec(4, 2, None);
+        for (port, problem) in [
+            (0, SpecProblem::MetricsPort(0)),
+            (70000, SpecProblem::MetricsPort(70000)),
+            (7070, SpecProblem::MetricsPortTaken(7070)),
+            (7071, SpecProblem::MetricsPortTaken(7071)),
+        ] {
+            s.metrics = Some(MetricsSpec { port });
+            assert_eq!(s.validate().unwrap_err().problems, vec![problem]);
+        }
+        s.metrics = Some(MetricsSpec { port: 9464 });
+        assert_eq!(s.validate(), Ok(()));
     }
 
     #[test]

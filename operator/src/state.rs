@@ -39,6 +39,8 @@ pub const LAUNCHER_SOCKET_FILE: &str = "launcher.sock";
 pub const COORDINATOR_ADDR_FILE: &str = "coordinator.addr";
 /// File node 0 writes its control endpoint's address to.
 pub const CONTROL_ADDR_FILE: &str = "control.addr";
+/// Node 0's metrics address (`ductile run --metrics-port`).
+pub const METRICS_ADDR_FILE: &str = "metrics.addr";
 /// The job secret (hex, mode 0600), for tools that talk to the running job.
 pub const SECRET_FILE: &str = "secret";
 /// The coordinator's output.
@@ -237,6 +239,11 @@ impl StateDir {
         self.dir.join(CONTROL_ADDR_FILE)
     }
 
+    /// Path of node 0's metrics address file.
+    pub fn metrics_file(&self) -> PathBuf {
+        self.dir.join(METRICS_ADDR_FILE)
+    }
+
     /// Path of the launcher's request channel (a Unix-domain socket).
     pub fn launcher_socket(&self) -> PathBuf {
         self.dir.join(LAUNCHER_SOCKET_FILE)
@@ -285,6 +292,7 @@ impl StateDir {
         if self.locked {
             self.remove_file(COORDINATOR_ADDR_FILE);
             self.remove_file(CONTROL_ADDR_FILE);
+            self.remove_file(METRICS_ADDR_FILE);
             self.remove_file(SECRET_FILE);
             self.remove_file(LAUNCHER_SOCKET_FILE);
             self.remove_file(LAUNCHER_PID_FILE);
@@ -298,6 +306,7 @@ impl StateDir {
     pub fn forget_processes(&self) {
         self.remove_file(COORDINATOR_ADDR_FILE);
         self.remove_file(CONTROL_ADDR_FILE);
+        self.remove_file(METRICS_ADDR_FILE);
         self.remove_file(SECRET_FILE);
     }
 

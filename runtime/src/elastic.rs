@@ -13,10 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ductile_coordinator::client::Client;
-use ductile_coordinator::control::ControlReply;
 pub use ductile_coordinator::control::RescaleRequest;
+use ductile_coordinator::control::{ControlReply, RescaleReport};
 use ductile_coordinator::proto::{NodeId, View};
 
+use crate::metrics::{self, Outcome};
 use crate::msg::{Dest, Envelope, Payload};
 use crate::node::NodeShared;
 use crate::rescale::Desk;
@@ -124,7 +125,24 @@ pub(crate) fn serve_request(
     coordinator: &Client,
     req: RescaleRequest,
 ) -> ControlReply {
-    let refuse = |message: String| ControlReply::Error { message };
+    match serve(node, coordinator, req) {
+        Ok(report) => {
+            metrics::rescale_committed(&report);
+            ControlReply::Rescaled(report)
+        }
+        Err((outcome, message)) => {
+            metrics::rescale_ended(outcome);
+            ControlReply::Error { message }
+        }
+    }
+}
+
+fn serve(
+    node: &Arc<NodeShared>,
+    coordinator: &Client,
+    req: RescaleRequest,
+) -> Result<RescaleReport, (Outcome, String)> {
+    let refuse = |message: String| Err((Outcome::Refused, message));
     let Some(view) = node.view() else {
         return refuse("the job has no view yet".into());
     };
@@ -174,10 +192,11 @@ pub(crate) fn serve_request(
         counted: false,
     });
     match rx.recv_timeout(RESCALE_TIMEOUT) {
-        Ok(Ok(report)) => ControlReply::Rescaled(report),
-        Ok(Err(e)) => refuse(format!("the rescale failed: {e}")),
-        Err(_) => refuse(format!(
-            "the rescale did not complete within {RESCALE_TIMEOUT:?}"
+        Ok(Ok(report)) => Ok(report),
+        Ok(Err(e)) => Err((Outcome::Failed, format!("the rescale failed: {e}"))),
+        Err(_) => Err((
+            Outcome::Failed,
+            format!("the rescale did not complete within {RESCALE_TIMEOUT:?}"),
         )),
     }
 }

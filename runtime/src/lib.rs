@@ -28,6 +28,7 @@ pub mod elastic;
 pub mod gpu;
 pub mod lb;
 mod link;
+mod metrics;
 mod msg;
 pub mod node;
 pub mod options;

@@ -115,6 +115,11 @@ impl NodeShared {
         topo
     }
 
+    /// The installed topology, if there is one yet (a newcomer waiting has none).
+    pub(crate) fn topology_now(&self) -> Option<Arc<Topology>> {
+        self.topo.lock().expect("topology lock poisoned").clone()
+    }
+
     /// The installed topology.
     pub(crate) fn current_topology(&self) -> Arc<Topology> {
         self.topology(Duration::ZERO)
@@ -422,6 +427,16 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
         options,
         events,
     ));
+    if let Some(listen) = env_var(contract::ENV_METRICS) {
+        let listen = listen
+            .parse()
+            .unwrap_or_else(|e| fail_startup(format!("{}={listen}: {e}", contract::ENV_METRICS)));
+        let file = env_var(contract::ENV_METRICS_FILE).map(std::path::PathBuf::from);
+        match crate::metrics::start(listen, file, node.clone()) {
+            Ok(addr) => info!(%addr, "metrics on /metrics"),
+            Err(e) => fail_startup(format!("cannot serve metrics on {listen}: {e}")),
+        }
+    }
     let coordinator = options_coordinator.or_else(|| env_var(contract::ENV_COORDINATOR));
     let code = match coordinator {
         None => {

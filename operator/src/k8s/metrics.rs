@@ -1,15 +1,16 @@
-//! The operator's Prometheus metrics, in the text exposition format (0.0.4),
-//! and the small HTTP server that serves them with `/healthz` and `/readyz`.
-//!
-//! Hand-written rather than through the `prometheus` crate: a handful of
-//! counters and one histogram, no dependency, and the format is simple.
+//! The operator's Prometheus metrics and the small HTTP server that serves
+//! them with `/healthz` and `/readyz`. The text format is
+//! `ductile_coordinator::metrics`, shared with the job's nodes.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use ductile_coordinator::metrics::{
+    head_complete, parse_request, reply, Exposition, Histogram, Request, CONTENT_TYPE,
+    MAX_REQUEST_HEAD,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -17,14 +18,6 @@ use tokio::net::TcpListener;
 pub const NOTICE_TO_COMMIT_BUCKETS: [f64; 10] =
     [1.0, 5.0, 10.0, 20.0, 30.0, 60.0, 90.0, 120.0, 300.0, 600.0];
 
-#[derive(Default)]
-struct Histogram {
-    counts: [u64; NOTICE_TO_COMMIT_BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
-
-#[derive(Default)]
 struct Inner {
     reconciles: u64,
     errors: BTreeMap<String, u64>,
@@ -33,6 +26,20 @@ struct Inner {
     committed: BTreeMap<String, u64>,
     failed: BTreeMap<String, u64>,
     notice_to_commit: Histogram,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            reconciles: 0,
+            errors: BTreeMap::new(),
+            notices: BTreeMap::new(),
+            requested: BTreeMap::new(),
+            committed: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            notice_to_commit: Histogram::new(&NOTICE_TO_COMMIT_BUCKETS),
+        }
+    }
 }
 
 /// The operator's metrics; cheap to share (`Arc`).
@@ -80,69 +87,62 @@ impl Metrics {
 
     /// Seconds from a member's first notice to the commit of the rescale that removed it.
     pub fn notice_to_commit(&self, seconds: f64) {
-        self.with(|m| {
-            let h = &mut m.notice_to_commit;
-            for (bound, count) in NOTICE_TO_COMMIT_BUCKETS.iter().zip(h.counts.iter_mut()) {
-                if seconds <= *bound {
-                    *count += 1;
-                }
-            }
-            h.count += 1;
-            h.sum += seconds;
-        });
+        self.with(|m| m.notice_to_commit.observe(seconds));
     }
 
     /// The metrics in the Prometheus text format.
     pub fn render(&self) -> String {
         self.with(|m| {
-            let mut out = String::new();
-            let name = "ductile_operator_reconciles_total";
-            let _ = writeln!(out, "# HELP {name} Reconciles of ElasticJobs started.\n# TYPE {name} counter");
-            let _ = writeln!(out, "{name} {}", m.reconciles);
-            let labelled = |out: &mut String, name: &str, help: &str, label: &str, values: &BTreeMap<String, u64>| {
-                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-                for (value, count) in values {
-                    let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {count}", escape(value));
-                }
-            };
-            labelled(&mut out, "ductile_operator_reconcile_errors_total", "Reconciles that failed, by error class.", "error", &m.errors);
-            labelled(
-                &mut out,
+            let mut page = Exposition::new();
+            page.single(
+                "ductile_operator_reconciles_total",
+                "Reconciles of ElasticJobs started.",
+                "counter",
+                m.reconciles,
+            )
+            .counters_by(
+                "ductile_operator_reconcile_errors_total",
+                "Reconciles that failed, by error class.",
+                "error",
+                &m.errors,
+            )
+            .counters_by(
                 "ductile_operator_notices_total",
                 "Interruption notices, rebalance recommendations and other notices seen for job members, by kind.",
                 "kind",
                 &m.notices,
+            )
+            .counters_by(
+                "ductile_operator_rescales_requested_total",
+                "Rescales requested from PE 0, by reason.",
+                "reason",
+                &m.requested,
+            )
+            .counters_by(
+                "ductile_operator_rescales_committed_total",
+                "Rescales committed, by reason.",
+                "reason",
+                &m.committed,
+            )
+            .counters_by(
+                "ductile_operator_rescales_failed_total",
+                "Rescales that failed, by reason.",
+                "reason",
+                &m.failed,
+            )
+            .histogram(
+                "ductile_operator_notice_to_commit_seconds",
+                "Time from a member's first notice to the commit of the rescale that removed it.",
+                &m.notice_to_commit,
             );
-            labelled(&mut out, "ductile_operator_rescales_requested_total", "Rescales requested from PE 0, by reason.", "reason", &m.requested);
-            labelled(&mut out, "ductile_operator_rescales_committed_total", "Rescales committed, by reason.", "reason", &m.committed);
-            labelled(&mut out, "ductile_operator_rescales_failed_total", "Rescales that failed, by reason.", "reason", &m.failed);
-            let name = "ductile_operator_notice_to_commit_seconds";
-            let _ = writeln!(
-                out,
-                "# HELP {name} Time from a member's first notice to the commit of the rescale that removed it.\n# TYPE {name} histogram"
-            );
-            let h = &m.notice_to_commit;
-            for (bound, count) in NOTICE_TO_COMMIT_BUCKETS.iter().zip(h.counts.iter()) {
-                let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {count}");
-            }
-            let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
-            let _ = writeln!(out, "{name}_sum {}", h.sum);
-            let _ = writeln!(out, "{name}_count {}", h.count);
-            out
+            page.finish()
         })
     }
 }
 
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 /// Serves `GET /metrics`, `/healthz` (always 200) and `/readyz` (200 once
 /// `ready` is set) on `listener` until the task is dropped. One request per
-/// connection; anything else gets 404 or 405.
+/// connection; anything else gets 404, 405 or 400.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
@@ -154,7 +154,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, ready: Arc<Atom
             let mut buf = Vec::with_capacity(1024);
             let mut chunk = [0u8; 1024];
             // Read the request head (bounded); the body, if any, is ignored.
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+            while !head_complete(&buf) && buf.len() < MAX_REQUEST_HEAD {
                 match tokio::time::timeout(
                     std::time::Duration::from_secs(10),
                     stream.read(&mut chunk),
@@ -165,37 +165,34 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, ready: Arc<Atom
                     _ => return,
                 }
             }
-            let head = String::from_utf8_lossy(&buf);
-            let mut parts = head.split_whitespace();
-            let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            let path = path.split('?').next().unwrap_or("");
-            let (status, content_type, body) = match (method, path) {
-                ("GET", "/metrics") => (
-                    "200 OK",
-                    "text/plain; version=0.0.4; charset=utf-8",
-                    metrics.render(),
-                ),
-                ("GET", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),
-                ("GET", "/readyz") if ready.load(Ordering::Relaxed) => {
-                    ("200 OK", "text/plain", "ready\n".to_owned())
-                }
-                ("GET", "/readyz") => (
-                    "503 Service Unavailable",
-                    "text/plain",
-                    "starting\n".to_owned(),
-                ),
-                ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_owned()),
-                _ => (
+            let (status, content_type, body) = match parse_request(&buf) {
+                Request::Get(path) => match path.as_str() {
+                    "/metrics" => ("200 OK", CONTENT_TYPE, metrics.render()),
+                    "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
+                    "/readyz" if ready.load(Ordering::Relaxed) => {
+                        ("200 OK", "text/plain", "ready\n".to_owned())
+                    }
+                    "/readyz" => (
+                        "503 Service Unavailable",
+                        "text/plain",
+                        "starting\n".to_owned(),
+                    ),
+                    _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
+                },
+                Request::Other(_) => (
                     "405 Method Not Allowed",
                     "text/plain",
                     "only GET\n".to_owned(),
                 ),
+                Request::Malformed => (
+                    "400 Bad Request",
+                    "text/plain",
+                    "not an HTTP request\n".to_owned(),
+                ),
             };
-            let reply = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(reply.as_bytes()).await;
+            let _ = stream
+                .write_all(reply(status, content_type, &body).as_bytes())
+                .await;
             let _ = stream.shutdown().await;
         });
     }

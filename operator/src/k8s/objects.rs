@@ -281,6 +281,12 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
             format!("0.0.0.0:{CONTROL_PORT}"),
         ));
     }
+    let metrics_port = spec.metrics.as_ref().map(|m| m.port);
+    if let Some(port) = metrics_port {
+        // Every node serves its metrics: node 0 the rescales, each node its
+        // GPUs (a newcomer's start-up before it is admitted).
+        contract_env.push(env(contract::ENV_METRICS, format!("0.0.0.0:{port}")));
+    }
     if let Some(node) = pod_spec.containers.first_mut() {
         let mut merged = contract_env;
         // The user's variables win, except for the contract's own names.
@@ -297,6 +303,13 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
             node.ports.get_or_insert_with(Vec::new).push(ContainerPort {
                 name: Some("control".to_owned()),
                 container_port: CONTROL_PORT,
+                ..ContainerPort::default()
+            });
+        }
+        if let Some(port) = metrics_port {
+            node.ports.get_or_insert_with(Vec::new).push(ContainerPort {
+                name: Some("metrics".to_owned()),
+                container_port: port,
                 ..ContainerPort::default()
             });
         }
@@ -375,12 +388,26 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
         if on_demand { "on-demand" } else { "spot" }.to_owned(),
     );
     labels.insert(ROLE_LABEL.to_owned(), role_name.to_owned());
+    let mut annotations = template_meta.annotations;
+    if let Some(port) = metrics_port {
+        // The convention of Prometheus's Kubernetes pod discovery (the
+        // `prometheus.io/*` relabelling of its example configuration); the
+        // template's own values win.
+        let a = annotations.get_or_insert_with(BTreeMap::new);
+        for (key, value) in [
+            ("prometheus.io/scrape", "true".to_owned()),
+            ("prometheus.io/port", port.to_string()),
+            ("prometheus.io/path", "/metrics".to_owned()),
+        ] {
+            a.entry(key.to_owned()).or_insert(value);
+        }
+    }
     Pod {
         metadata: ObjectMeta {
             name: Some(name),
             namespace: job.namespace(),
             labels: Some(labels),
-            annotations: template_meta.annotations,
+            annotations,
             owner_references: Some(vec![owner(job)]),
             ..ObjectMeta::default()
         },

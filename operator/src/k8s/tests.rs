@@ -510,6 +510,48 @@ fn objects_follow_user_placement_and_secret_ref() {
 }
 
 #[test]
+fn a_metrics_port_reaches_every_node_as_address_port_and_scrape_annotations() {
+    let mut spec = valid_spec();
+    spec["metrics"] = json!({"port": 9464});
+    spec["template"]["metadata"] = json!({"annotations": {"prometheus.io/path": "/custom"}});
+    let with_metrics = job(spec);
+    let pods = [
+        objects::launch_pod(&with_metrics, 0, &ObjectSettings::default()),
+        objects::launch_pod(&with_metrics, 2, &ObjectSettings::default()),
+        objects::newcomer_pod(&with_metrics, "jacobi-n0", None),
+    ];
+    for pod in pods {
+        let pod = serde_json::to_value(&pod).unwrap();
+        let containers = pod["spec"]["containers"].as_array().unwrap();
+        let node = containers.iter().find(|c| c["name"] == "node").unwrap();
+        assert_eq!(
+            env_of(node, "DUCTILE_METRICS").as_deref(),
+            Some("0.0.0.0:9464")
+        );
+        let ports = node["ports"].as_array().unwrap();
+        assert!(
+            ports
+                .iter()
+                .any(|p| p["name"] == "metrics" && p["containerPort"] == 9464),
+            "{ports:?}"
+        );
+        let annotations = &pod["metadata"]["annotations"];
+        assert_eq!(annotations["prometheus.io/scrape"], "true");
+        assert_eq!(annotations["prometheus.io/port"], "9464");
+        assert_eq!(
+            annotations["prometheus.io/path"], "/custom",
+            "the template's value wins"
+        );
+    }
+    // Without `metrics`, nothing of it.
+    let pod = objects::launch_pod(&job(valid_spec()), 0, &ObjectSettings::default());
+    let pod = serde_json::to_value(&pod).unwrap();
+    let node = &pod["spec"]["containers"][1];
+    assert_eq!(env_of(node, "DUCTILE_METRICS"), None);
+    assert!(pod["metadata"]["annotations"].is_null(), "{pod}");
+}
+
+#[test]
 fn a_template_keeps_its_own_grace_period_and_prestop_hook() {
     let mut spec = valid_spec();
     spec["rescalePolicy"] = json!({"interruptionDeadlineSeconds": 90});

@@ -86,6 +86,10 @@ pub struct JobSpec {
     /// Start from this checkpoint directory instead of running main
     /// (`DUCTILE_RESTORE`; see docs/elasticity.md, "The restart baseline").
     pub restore: Option<PathBuf>,
+    /// Node 0 serves Prometheus metrics on this port of [`Self::bind`] (0:
+    /// the OS chooses) and writes the address to `metrics.addr` in the
+    /// state directory; `None`: no metrics.
+    pub metrics_port: Option<u16>,
 }
 
 impl JobSpec {
@@ -118,6 +122,7 @@ impl JobSpec {
             args,
             coordinator_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("ductile")),
             restore: None,
+            metrics_port: None,
         }
     }
 
@@ -597,6 +602,8 @@ enum Joining {
         index: u32,
         /// Where node 0 writes its control address.
         control_file: PathBuf,
+        /// Where node 0 writes its metrics address (with `metrics_port`).
+        metrics_file: PathBuf,
     },
     /// As a newcomer, waiting for a rescale to admit it.
     Newcomer,
@@ -626,6 +633,7 @@ fn node_command(spec: &JobSpec, program: &Path, env: &NodeEnv, joining: &Joining
         Joining::Launch {
             index,
             control_file,
+            metrics_file,
         } => {
             cmd.env(contract::ENV_ROLE, contract::ROLE_LAUNCH)
                 .env(contract::ENV_LAUNCH_INDEX, index.to_string());
@@ -644,6 +652,19 @@ fn node_command(spec: &JobSpec, program: &Path, env: &NodeEnv, joining: &Joining
                 cmd.env_remove(contract::ENV_CONTROL)
                     .env_remove(contract::ENV_CONTROL_FILE);
             }
+            match spec.metrics_port {
+                // Locally only node 0 serves metrics: the nodes share one
+                // address, and node 0 is where the rescales are.
+                Some(port) if *index == 0 => cmd
+                    .env(
+                        contract::ENV_METRICS,
+                        SocketAddr::new(spec.bind, port).to_string(),
+                    )
+                    .env(contract::ENV_METRICS_FILE, metrics_file),
+                _ => cmd
+                    .env_remove(contract::ENV_METRICS)
+                    .env_remove(contract::ENV_METRICS_FILE),
+            };
         }
         Joining::Newcomer => {
             // Node 0 never leaves, so a newcomer never serves the control endpoint.
@@ -651,7 +672,9 @@ fn node_command(spec: &JobSpec, program: &Path, env: &NodeEnv, joining: &Joining
                 .env_remove(contract::ENV_RESTORE)
                 .env_remove(contract::ENV_LAUNCH_INDEX)
                 .env_remove(contract::ENV_CONTROL)
-                .env_remove(contract::ENV_CONTROL_FILE);
+                .env_remove(contract::ENV_CONTROL_FILE)
+                .env_remove(contract::ENV_METRICS)
+                .env_remove(contract::ENV_METRICS_FILE);
         }
     }
     cmd
@@ -697,6 +720,7 @@ fn start_processes(
         let joining = Joining::Launch {
             index,
             control_file: dir.control_file(),
+            metrics_file: dir.metrics_file(),
         };
         let child = node_command(spec, program, &env, &joining)
             .spawn()

@@ -13,7 +13,6 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -34,9 +33,6 @@ use crate::pe::PeCtx;
 
 /// The node's GPU state, created once at node start.
 static NODE: OnceLock<NodeGpu> = OnceLock::new();
-/// Contexts this process created at start (each device's primary context,
-/// retained once and never released while the process lives).
-static CONTEXTS_CREATED: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     /// The local PE this thread runs, if it is a PE thread.
@@ -212,7 +208,9 @@ fn start_unguarded(spec: &GpuSpec, pes: u32) -> Result<(), GpuError> {
     for ordinal in 0..used {
         let ctx = CudaContext::new(ordinal)
             .map_err(cuda(format!("creating the context of device {ordinal}")))?;
-        CONTEXTS_CREATED.fetch_add(1, Ordering::SeqCst);
+        // Each device's primary context, retained once and never released
+        // while the process lives.
+        super::context_created();
         devices.push(Device { ordinal, ctx });
     }
     let context_ms = ms_since(started);
@@ -308,6 +306,12 @@ fn start_unguarded(spec: &GpuSpec, pes: u32) -> Result<(), GpuError> {
             detail: "they were already started in this process".into(),
         });
     }
+    super::record_start(super::StartTimes {
+        devices: n_devices,
+        context_s: context_ms / 1e3,
+        compile_s: compile_ms / 1e3,
+        load_s: load_ms / 1e3,
+    });
     info!(
         pid = std::process::id(),
         devices = n_devices,
@@ -419,7 +423,7 @@ pub(super) fn at_exit() {
             context = %format!("{now:#x}"),
             context_at_start = %format!("{:#x}", pe.context_at_start),
             same_context = now == pe.context_at_start,
-            contexts_created = CONTEXTS_CREATED.load(Ordering::SeqCst),
+            contexts_created = super::contexts_created(),
             canary_intact,
             "gpu pe at exit"
         );

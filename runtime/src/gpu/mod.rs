@@ -18,6 +18,8 @@
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -254,6 +256,44 @@ pub(crate) fn add_staging(d: Duration) {
 /// PE reports at the end of a load-balancing step).
 pub(crate) fn take_staging_ns() -> u64 {
     STAGING.with(|s| s.replace(Duration::ZERO)).as_nanos() as u64
+}
+
+/// What this process's GPU start-up took (the node's metrics show it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct StartTimes {
+    /// Devices in use.
+    pub devices: usize,
+    /// Seconds creating (retaining) the contexts.
+    pub context_s: f64,
+    /// Seconds compiling modules with NVRTC (or reading shipped PTX).
+    pub compile_s: f64,
+    /// Seconds loading modules into the contexts.
+    pub load_s: f64,
+}
+
+static START_TIMES: OnceLock<StartTimes> = OnceLock::new();
+/// Contexts this process created; rescales never add to it.
+static CONTEXTS_CREATED: AtomicUsize = AtomicUsize::new(0);
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn record_start(times: StartTimes) {
+    let _ = START_TIMES.set(times);
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn context_created() {
+    CONTEXTS_CREATED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// This process's GPU start-up, once its GPUs started (None without GPUs).
+pub(crate) fn start_times() -> Option<StartTimes> {
+    START_TIMES.get().copied()
+}
+
+/// CUDA contexts this process created (at start; the measurement mode's
+/// throw-away contexts are not counted).
+pub(crate) fn contexts_created() -> usize {
+    CONTEXTS_CREATED.load(Ordering::SeqCst)
 }
 
 /// Node start: creates the contexts, streams and modules `spec` asks for,
