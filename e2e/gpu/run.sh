@@ -21,6 +21,8 @@
 #     creation forced onto the critical path (DUCTILE_GPU_CONTEXT_ON_REENTRY=1),
 #     the CPU and GPU jobs' same rescales by --mode restart (checkpoint,
 #     relaunch, restore), and newcomers' context creation time;
+#     4b. node 0's Prometheus metrics of a GPU job across a shrink and an
+#     expand: GPU staging as its own series, contexts never re-created;
 #  5. Jacobi2D GPU throughput against the measured copy bandwidth.
 # It writes summary.md, results.json, run.log and logs.tar.gz under the
 # output folder, prints the summary, and exits 1 if a check failed.
@@ -169,6 +171,27 @@ bench cpu --nodes 4 --reps $REPS --grid 4096 --block 512 --job-seconds 15
 bench gpu --nodes 4 --reps $REPS --grid 4096 --block 512 --job-seconds 15 --program-args "--gpu"
 DUCTILE_GPU_CONTEXT_ON_REENTRY=1 bench gpu-ctx --nodes 4 --reps $REPS --grid 4096 --block 512 \
   --job-seconds 15 --program-args "--gpu" --no-restart
+
+# ---------------------------------------------------------------- 4b. metrics
+say "4b. a GPU job's Prometheus metrics (node 0) across a shrink and an expand"
+ST="$WORK/st-metrics"
+"$BIN/ductile" run --nodes 3 --state-dir "$ST" --metrics-port 0 --timeout 200 \
+  -- "$BIN/jacobi2d" --gpu --grid 4096 --block 512 --iters 100000000 --quiet >"$WORK/metrics-job.out" 2>>"$LOG" &
+MJ=$!
+for _ in $(seq 300); do [ -f "$ST/metrics.addr" ] && [ -f "$ST/control.addr" ] && break; sleep 0.2; done
+scrape() { # file
+  python3 -c 'import sys, urllib.request
+print(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics", timeout=10).read().decode(), end="")' \
+    "$(cat "$ST/metrics.addr" 2>/dev/null)" >"$1" 2>>"$LOG" || fail "scraping node 0's metrics"
+}
+scrape "$WORK/metrics-before.txt"
+for op in shrink expand; do
+  timeout 150 "$BIN/ductile" $op --nodes 1 --state-dir "$ST" --timeout 120 >>"$LOG" 2>&1 || fail "metrics job: $op"
+done
+scrape "$WORK/metrics-after.txt"
+kill "$MJ" 2>/dev/null
+wait "$MJ" 2>/dev/null
+cat "$WORK/metrics-after.txt" >>"$LOG"
 
 # ---------------------------------------------------------------- 5. throughput
 say "5. Jacobi2D GPU throughput"

@@ -227,6 +227,56 @@ if gb and gb.get("runs"):
     check("newcomer context times logged", len(new) > 0, f"{len(new)} newcomers with a gpu ready line")
     md.append("")
 
+# ------------------------------------------------------------ metrics
+def samples(text):
+    """Prometheus text -> {'name{labels}': value}."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+before, after = samples(read(f"{work}/metrics-before.txt")), samples(read(f"{work}/metrics-after.txt"))
+results["metrics"] = {"before": before, "after": after}
+if after:
+    keys = [
+        "ductile_gpu_devices",
+        "ductile_gpu_contexts_created_total",
+        'ductile_gpu_start_seconds{step="context"}',
+        'ductile_rescales_total{outcome="committed"}',
+        'ductile_rescale_gpu_seconds_sum{work="staging"}',
+        'ductile_rescale_gpu_seconds_sum{work="context"}',
+        'ductile_rescale_stage_seconds_sum{stage="evacuate"}',
+        "ductile_rescale_mechanism_seconds_sum",
+        "ductile_rescale_migrations_total",
+    ]
+    md += [
+        "## Node 0's Prometheus metrics of a GPU job (3 nodes, shrink then expand)",
+        "",
+        "| metric | before | after |",
+        "|---|---:|---:|",
+    ]
+    md += [f"| `{k}` | {fmt(before.get(k), 4)} | {fmt(after.get(k), 4)} |" for k in keys]
+    md.append("")
+devices = after.get("ductile_gpu_devices")
+check(
+    "metrics: contexts never re-created",
+    devices is not None and after.get("ductile_gpu_contexts_created_total") == devices == before.get("ductile_gpu_contexts_created_total"),
+    f"devices {devices}, contexts created {before.get('ductile_gpu_contexts_created_total')} -> {after.get('ductile_gpu_contexts_created_total')}",
+)
+check(
+    "metrics: two rescales, GPU staging measured apart",
+    after.get('ductile_rescales_total{outcome="committed"}') == 2
+    and (after.get('ductile_rescale_gpu_seconds_sum{work="staging"}') or 0) > 0
+    and after.get('ductile_rescale_gpu_seconds_sum{work="context"}') == 0,
+    str({k: v for k, v in after.items() if "rescale" in k and "bucket" not in k}),
+)
+
 # ------------------------------------------------------------ throughput
 md += [
     "## Jacobi2D throughput against copy bandwidth",

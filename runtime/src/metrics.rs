@@ -360,4 +360,37 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn the_gpu_section_appears_once_the_gpus_started_and_counts_contexts() {
+        // The only test of this binary that starts "GPUs": the records are
+        // process-wide, as they are in a node.
+        let mut page = Exposition::new();
+        gpu_section(&mut page);
+        assert_eq!(page.finish(), "", "no GPUs started: no GPU section");
+        crate::gpu::record_start(crate::gpu::StartTimes {
+            devices: 2,
+            context_s: 0.25,
+            compile_s: 0.5,
+            load_s: 0.125,
+        });
+        crate::gpu::context_created();
+        crate::gpu::context_created();
+        let mut page = Exposition::new();
+        gpu_section(&mut page);
+        let text = page.finish();
+        for line in [
+            "ductile_gpu_devices 2",
+            "ductile_gpu_contexts_created_total 2",
+            "ductile_gpu_start_seconds{step=\"context\"} 0.25",
+            "ductile_gpu_start_seconds{step=\"compile\"} 0.5",
+            "ductile_gpu_start_seconds{step=\"load\"} 0.125",
+            "# TYPE ductile_gpu_start_seconds gauge",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
 }

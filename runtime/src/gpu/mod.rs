@@ -275,13 +275,15 @@ static START_TIMES: OnceLock<StartTimes> = OnceLock::new();
 /// Contexts this process created; rescales never add to it.
 static CONTEXTS_CREATED: AtomicUsize = AtomicUsize::new(0);
 
+/// Records this process's GPU start-up (once; later calls are ignored).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn record_start(times: StartTimes) {
+pub(crate) fn record_start(times: StartTimes) {
     let _ = START_TIMES.set(times);
 }
 
+/// Counts one context created.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn context_created() {
+pub(crate) fn context_created() {
     CONTEXTS_CREATED.fetch_add(1, Ordering::SeqCst);
 }
 
