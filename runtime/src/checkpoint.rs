@@ -131,13 +131,10 @@ pub(crate) fn write<T: Serialize>(path: &Path, value: &T) -> Result<u64, Checkpo
     let mut bytes = MAGIC.to_vec();
     bytes.extend(VERSION.to_le_bytes());
     bytes.extend(postcard::to_allocvec(value).expect("encoding into a Vec cannot fail"));
-    let tmp = path.with_extension("tmp");
-    let io = |source| CheckpointError::Io {
+    crate::files::write_atomically(path, &bytes).map_err(|source| CheckpointError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    std::fs::write(&tmp, &bytes).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
+    })?;
     Ok(bytes.len() as u64)
 }
 

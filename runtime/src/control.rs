@@ -36,9 +36,7 @@ pub(crate) fn start(
     let listener = TcpListener::bind(listen)?;
     let bound = listener.local_addr()?;
     if let Some(path) = addr_file {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, bound.to_string())?;
-        std::fs::rename(&tmp, &path)?;
+        crate::files::write_atomically(&path, bound.to_string())?;
     }
     let started = Instant::now();
     std::thread::Builder::new()

@@ -25,6 +25,7 @@ mod collection;
 mod control;
 pub mod ctx;
 pub mod elastic;
+mod files;
 pub mod gpu;
 pub mod lb;
 mod link;

@@ -246,9 +246,7 @@ pub(crate) fn start(
     let listener = TcpListener::bind(listen)?;
     let bound = listener.local_addr()?;
     if let Some(path) = addr_file {
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, bound.to_string())?;
-        std::fs::rename(&tmp, &path)?;
+        crate::files::write_atomically(&path, bound.to_string())?;
     }
     std::thread::Builder::new()
         .name("ductile-metrics".into())

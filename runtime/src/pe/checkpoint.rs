@@ -576,10 +576,7 @@ impl Pe {
             self.ctx.deliver_callback(&cb, &Value::U32(pes));
         }
         let path = r.dir.join("restored.json");
-        let tmp = path.with_extension("tmp");
-        let written =
-            std::fs::write(&tmp, record.to_string()).and_then(|()| std::fs::rename(&tmp, &path));
-        if let Err(e) = written {
+        if let Err(e) = crate::files::write_atomically(&path, record.to_string()) {
             warn!("cannot write {}: {e}", path.display());
         }
     }
