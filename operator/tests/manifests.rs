@@ -181,7 +181,16 @@ fn example_elasticjobs_satisfy_the_crd_schema_and_validation() {
         if let Err(e) = job.spec.validate() {
             panic!("{}: {e}", path.display());
         }
-        gpu |= doc.to_string().contains("nvidia.com/gpu");
+        if doc.to_string().contains("nvidia.com/gpu") {
+            gpu = true;
+            // A job that asks for GPUs and runs its program on CPUs wastes them.
+            let command = &doc["spec"]["template"]["spec"]["containers"][0]["command"];
+            assert!(
+                command.as_array().is_some_and(|c| c.iter().any(|a| a == "--gpu")),
+                "{}: asks for GPUs, but its command has no --gpu: {command}",
+                path.display()
+            );
+        }
     }
     assert!(gpu, "no example asks for nvidia.com/gpu");
 }
