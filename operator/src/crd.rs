@@ -582,7 +582,11 @@ pub enum SpecProblem {
     #[error("metrics.port is {0}; it must be in 1..=65535")]
     MetricsPort(i32),
     /// Metrics port taken by the coordinator or the control endpoint.
-    #[error("metrics.port is {0}, which node 0's pod uses already (coordinator 7070, control endpoint 7071)")]
+    #[error(
+        "metrics.port is {0}, which node 0's pod uses already (coordinator {coordinator}, control endpoint {control})",
+        coordinator = crate::k8s::objects::COORDINATOR_PORT,
+        control = crate::k8s::objects::CONTROL_PORT
+    )]
     MetricsPortTaken(i32),
     /// Empty secret name.
     #[error("secretRef.name is empty")]

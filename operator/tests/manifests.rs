@@ -186,7 +186,9 @@ fn example_elasticjobs_satisfy_the_crd_schema_and_validation() {
             // A job that asks for GPUs and runs its program on CPUs wastes them.
             let command = &doc["spec"]["template"]["spec"]["containers"][0]["command"];
             assert!(
-                command.as_array().is_some_and(|c| c.iter().any(|a| a == "--gpu")),
+                command
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|a| a == "--gpu")),
                 "{}: asks for GPUs, but its command has no --gpu: {command}",
                 path.display()
             );

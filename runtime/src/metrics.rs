@@ -84,24 +84,14 @@ impl Rescales {
                 .or_default()
                 .observe(s.ms / 1e3);
         }
-        for work in GPU_WORK {
-            let ms: f64 = report
-                .gpu
-                .iter()
-                .filter(|g| g.stage == work)
-                .map(|g| g.ms)
-                .sum();
-            self.gpu.entry(work.into()).or_default().observe(ms / 1e3);
+        // One observation per kind and rescale: the known kinds always
+        // (zero where there was none), any other kind the report names.
+        let mut gpu_ms: BTreeMap<&str, f64> = GPU_WORK.iter().map(|&w| (w, 0.0)).collect();
+        for g in &report.gpu {
+            *gpu_ms.entry(&g.stage).or_default() += g.ms;
         }
-        for g in report
-            .gpu
-            .iter()
-            .filter(|g| !GPU_WORK.contains(&g.stage.as_str()))
-        {
-            self.gpu
-                .entry(g.stage.clone())
-                .or_default()
-                .observe(g.ms / 1e3);
+        for (work, ms) in gpu_ms {
+            self.gpu.entry(work.into()).or_default().observe(ms / 1e3);
         }
         self.mechanism.observe(report.mechanism_ms / 1e3);
         self.migrations += report.migrations;

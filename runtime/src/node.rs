@@ -117,12 +117,12 @@ impl NodeShared {
 
     /// The installed topology, if there is one yet (a newcomer waiting has none).
     pub(crate) fn topology_now(&self) -> Option<Arc<Topology>> {
-        self.topo.lock().expect("topology lock poisoned").clone()
+        self.topology(Duration::ZERO)
     }
 
     /// The installed topology.
     pub(crate) fn current_topology(&self) -> Arc<Topology> {
-        self.topology(Duration::ZERO)
+        self.topology_now()
             .expect("topology installed before it is asked for")
     }
 
