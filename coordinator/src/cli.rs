@@ -52,6 +52,11 @@ pub struct Args {
     /// Seconds the launch (or the wait for Restore) may take.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub launch_timeout: u64,
+    /// Seconds a started job may have no member connected before the
+    /// coordinator gives it up (exit 5): its nodes are gone. Longer than the
+    /// nodes' rejoin window after a coordinator restart.
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout: u64,
 }
 
 /// Why the coordinator command failed.
@@ -74,6 +79,9 @@ pub enum CliError {
     /// The server failed.
     #[error(transparent)]
     Server(#[from] ServerError),
+    /// The launcher's lifeline was handed down but cannot be watched.
+    #[error(transparent)]
+    Lifeline(#[from] crate::lifeline::LifelineError),
 }
 
 impl CliError {
@@ -81,6 +89,7 @@ impl CliError {
     pub fn exit_code(&self) -> i32 {
         match self {
             CliError::Server(ServerError::LaunchTimeout(_)) => EXIT_LAUNCH_TIMEOUT,
+            CliError::Server(ServerError::NoMembers(_)) => crate::core::EXIT_NO_MEMBERS,
             _ => EXIT_FAILURE,
         }
     }
@@ -108,6 +117,14 @@ pub fn run(args: Args) -> Result<i32, CliError> {
         None => Config::recovery(secret),
     };
     cfg.launch_timeout = Duration::from_secs(args.launch_timeout);
+    cfg.idle_timeout = Duration::from_secs(args.idle_timeout);
+    // Started by a local launcher: end with it, however it ends.
+    crate::lifeline::watch(|| {
+        tracing::error!("the launcher that started this coordinator is gone; exiting");
+        eprintln!("ductile-coordinator: the launcher that started it is gone; exiting");
+        std::process::exit(EXIT_FAILURE);
+    })
+    .map_err(CliError::Lifeline)?;
     let code = server::run_with(cfg, args.listen, args.addr_file.as_deref(), |addr| {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{addr}");

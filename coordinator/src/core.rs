@@ -30,6 +30,10 @@ pub const EXIT_LAUNCH_TIMEOUT: i32 = 3;
 /// Job exit code when the shutdown barrier completes without node 0's code (node 0 was lost).
 pub const EXIT_NODE0_LOST: i32 = 4;
 
+/// Exit code the coordinator finishes with when the job started but no
+/// member has been connected for `idle_timeout` (its nodes are gone).
+pub const EXIT_NO_MEMBERS: i32 = 5;
+
 /// Driver-chosen identifier of one connection; never reused by a driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(pub u64);
@@ -43,6 +47,12 @@ pub struct Config {
     pub launch_timeout: Duration,
     /// How long a new connection may take to authenticate.
     pub hello_timeout: Duration,
+    /// How long a started job may have no member connected before the
+    /// coordinator gives it up and finishes with [`EXIT_NO_MEMBERS`]: its
+    /// nodes are gone, and nobody else would end it. Longer than a node's
+    /// rejoin window after a coordinator restart (30 s by default), so a
+    /// rejoin is never cut short.
+    pub idle_timeout: Duration,
     /// The job secret.
     pub secret: Secret,
 }
@@ -62,6 +72,7 @@ impl Config {
             expected: None,
             launch_timeout: Duration::from_secs(60),
             hello_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
             secret,
         }
     }
@@ -145,6 +156,8 @@ pub struct Coordinator {
     /// Shutdown barrier: uid -> exit code.
     ready: BTreeMap<u64, i32>,
     launch_deadline: Option<Instant>,
+    /// Since when the running job has had no member connected.
+    alone_since: Option<Instant>,
     failure: Option<String>,
 }
 
@@ -170,6 +183,7 @@ impl Coordinator {
             next_uid: 1,
             ready: BTreeMap::new(),
             launch_deadline: None,
+            alone_since: None,
             failure: None,
         }
     }
@@ -215,7 +229,18 @@ impl Coordinator {
             Phase::Launching | Phase::Recovering => self.launch_deadline,
             _ => None,
         };
-        hello.chain(launch).min()
+        let alone = self.alone_since.map(|since| since + self.cfg.idle_timeout);
+        hello.chain(launch).chain(alone).min()
+    }
+
+    /// Starts or stops the clock of a running job without connected members
+    /// (called after every event, when membership and connections may have changed).
+    fn note_members(&mut self, now: Instant) {
+        if self.phase == Phase::Running && self.member_conn.is_empty() {
+            self.alone_since.get_or_insert(now);
+        } else {
+            self.alone_since = None;
+        }
     }
 
     fn arm(&mut self, now: Instant) {
@@ -272,6 +297,7 @@ impl Coordinator {
                 }
             }
         }
+        self.note_members(now);
         out
     }
 
@@ -282,6 +308,7 @@ impl Coordinator {
         if self.phase != Phase::Finished && self.conns.contains_key(&conn) {
             self.handle(conn, msg, now, &mut out);
         }
+        self.note_members(now);
         out
     }
 
@@ -290,6 +317,7 @@ impl Coordinator {
         self.arm(now);
         let mut out = Vec::new();
         self.forget(conn, &mut out);
+        self.note_members(now);
         out
     }
 
@@ -346,6 +374,25 @@ impl Coordinator {
             self.failure = Some(message);
             out.push(Action::Finished {
                 code: EXIT_LAUNCH_TIMEOUT,
+            });
+        }
+        self.note_members(now);
+        if let Some(since) = self.alone_since.filter(|&s| s + self.cfg.idle_timeout <= now) {
+            let message = format!(
+                "no member of the job has been connected for {:.1}s (epoch {}): its nodes are gone; the coordinator exits",
+                now.duration_since(since).as_secs_f64(),
+                self.view.as_ref().map_or(0, |v| v.epoch)
+            );
+            error!("{message}");
+            for &conn in self.conns.keys() {
+                out.push(Action::Close(conn));
+            }
+            self.conns.clear();
+            self.phase = Phase::Finished;
+            self.alone_since = None;
+            self.failure = Some(message);
+            out.push(Action::Finished {
+                code: EXIT_NO_MEMBERS,
             });
         }
         out

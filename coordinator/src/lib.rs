@@ -9,6 +9,7 @@
 //!
 //! * [`proto`]: the wire types and the frame codec;
 //! * [`secret`], [`contract`]: the job secret and the environment contract;
+//!   [`lifeline`]: how a local launcher's processes notice it is gone;
 //! * [`core`]: the sans-IO state machine (all protocol rules live here);
 //! * [`server`]: the tokio layer that drives it; [`cli`]: the command line;
 //! * [`client`]: the blocking client the runtime's nodes use;
@@ -21,6 +22,7 @@ pub mod client;
 pub mod contract;
 pub mod control;
 pub mod core;
+pub mod lifeline;
 pub mod metrics;
 pub mod proto;
 pub mod secret;

@@ -58,6 +58,10 @@ pub enum ServerError {
     /// The launch (or recovery) did not complete in time.
     #[error("{0}")]
     LaunchTimeout(String),
+    /// The job started, then no member stayed connected for the idle
+    /// timeout: its nodes are gone ([`crate::core::EXIT_NO_MEMBERS`]).
+    #[error("{0}")]
+    NoMembers(String),
 }
 
 /// Result alias for this module.
@@ -202,6 +206,9 @@ pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
         warn!("some connections did not take their last frames in time");
     }
     match core.failure() {
+        Some(reason) if code == crate::core::EXIT_NO_MEMBERS => {
+            Err(ServerError::NoMembers(reason.to_owned()))
+        }
         Some(reason) => Err(ServerError::LaunchTimeout(reason.to_owned())),
         None => {
             info!(code, "coordinator finished");

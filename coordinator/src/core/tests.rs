@@ -1082,3 +1082,71 @@ fn members_lost_during_the_barrier_are_not_waited_for() {
     let out = h.core.on_disconnect(m[0], h.now);
     assert_eq!(finished(&out), Some(EXIT_NODE0_LOST));
 }
+
+#[test]
+fn a_started_job_without_members_is_given_up_after_the_idle_timeout() {
+    let (mut h, m) = Harness::launched(2);
+    // One member gone: the job goes on, however long.
+    h.core.on_disconnect(m[1], h.now);
+    assert!(finished(&h.advance(Duration::from_secs(600))).is_none());
+    // The last one gone: the clock starts, and fires once, at the timeout.
+    h.core.on_disconnect(m[0], h.now);
+    assert_eq!(h.core.next_deadline(), Some(h.now + Duration::from_secs(60)));
+    assert!(finished(&h.advance(Duration::from_secs(59))).is_none());
+    let out = h.advance(Duration::from_secs(1));
+    assert_eq!(finished(&out), Some(EXIT_NO_MEMBERS));
+    assert_eq!(h.core.phase(), Phase::Finished);
+    assert!(h.core.failure().is_some_and(|f| f.contains("no member")));
+}
+
+#[test]
+fn a_member_back_in_time_stops_the_idle_clock() {
+    let (mut h, m) = Harness::launched(1);
+    let uid = h.core.view().expect("view").members[0].uid;
+    h.core.on_disconnect(m[0], h.now);
+    assert!(finished(&h.advance(Duration::from_secs(50))).is_none());
+    // The member rejoins (as after a coordinator hiccup) before the timeout.
+    let again = h.auth();
+    let out = h.send(again, &ClientMsg::Reattach { epoch: 1, uid });
+    assert!(matches!(to(&out, again).as_slice(), [ServerMsg::Start { .. }]));
+    assert_eq!(h.core.next_deadline(), None);
+    assert!(finished(&h.advance(Duration::from_secs(600))).is_none());
+}
+
+#[test]
+fn rescales_and_a_restore_with_rejoin_never_fire_the_idle_clock() {
+    // A rescale: departing members leave, survivors stay connected.
+    let (mut h, m) = Harness::launched(3);
+    let (n, _) = h.newcomer(9);
+    h.send(
+        m[0],
+        &ClientMsg::Commit {
+            epoch: 1,
+            remove: vec![1, 2],
+            admit: 1,
+        },
+    );
+    for departing in [m[1], m[2]] {
+        h.core.on_disconnect(departing, h.now);
+    }
+    assert!(finished(&h.advance(Duration::from_secs(600))).is_none());
+    assert_eq!(h.core.next_deadline(), None);
+    drop(n);
+
+    // A restarted coordinator waits for Restore under the launch timeout
+    // only, without members all along; once node 0 restored the view, its
+    // connection keeps the job.
+    let mut h = Harness::new(None);
+    assert!(finished(&h.advance(Duration::from_secs(50))).is_none());
+    let m0 = h.auth();
+    h.send(
+        m0,
+        &ClientMsg::Restore {
+            view: restored_view(),
+            fingerprint: FP,
+        },
+    );
+    assert_eq!(h.core.phase(), Phase::Running);
+    assert_eq!(h.core.next_deadline(), None);
+    assert!(finished(&h.advance(Duration::from_secs(600))).is_none());
+}
