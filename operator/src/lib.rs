@@ -4,6 +4,9 @@
 //! * [`local`]: the local fleet, nodes as processes on this machine: launch,
 //!   supervision, newcomers for rescales, termination (later: fault injection);
 //! * [`state`]: a job's state directory and its `job.json` record;
+//! * [`cloud`]: the local cloud: a job on spot capacity that comes and goes,
+//!   instances with real CPU quotas, a fault injector playing the provider,
+//!   and the same policy as on Kubernetes (`ductile cloud`);
 //! * [`cli`]: the `ductile` command line (clap definitions and dispatch);
 //! * [`contract`]: the contract with the job's processes: the environment
 //!   (re-exported from the coordinator crate) and the preStop hook
@@ -22,6 +25,7 @@
 //! operator.
 
 pub mod cli;
+pub mod cloud;
 pub mod contract;
 pub mod crd;
 pub mod k8s;

@@ -1,0 +1,185 @@
+//! The local cloud end to end (`ductile cloud`): a real Jacobi2D job on a
+//! mixed fleet of node processes in CPU quotas, driven by the operator's
+//! policy through rebalance recommendations, interruption notices,
+//! replacements and terminations. Small and fast (4 instances, time factor
+//! 20): every interruption is handled before its deadline, no member is
+//! lost, the checksum equals an uninterrupted run's, and nothing is left
+//! running (no process, no cgroup).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use ductile_e2e::{alive, bin, bin_dir};
+
+const JOB: &str = "\
+apiVersion: ductile.dev/v1alpha1
+kind: ElasticJob
+metadata: { name: rehearsal }
+spec:
+  replicas: 4
+  minReplicas: 2
+  pesPerPod: 1
+  template:
+    spec:
+      containers:
+        - name: node
+          image: apps
+          command: [jacobi2d, --grid, '1024', --block, '128', --iters, 'ITERS', --residual-every, '100', --lb-every, '20']
+  onDemand: { replicas: 1 }
+  rescalePolicy:
+    rebalance: { mode: CompleteReplacement, timeoutSeconds: 120 }
+    emergencyOnInterruption: true
+    shrinkWhenNoReplacement: true
+";
+
+const TYPES: &str = "\
+timeFactor: 20
+instanceTypes:
+  - { name: m5.large, pes: 1, speed: 1.0, price: { onDemand: 0.096, spot: 0.037 } }
+  - { name: c5.large, pes: 1, speed: 1.25, price: { onDemand: 0.085, spot: 0.034 } }
+fleet: { onDemand: m5.large, spot: [m5.large, c5.large], replacement: c5.large, bootSeconds: 20 }
+";
+
+struct Rehearsal {
+    out: Output,
+    dir: tempfile::TempDir,
+}
+
+impl Rehearsal {
+    fn record(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.dir.path().join("out/cloud.json")).unwrap_or_else(|e| {
+            panic!(
+                "no cloud.json ({e}); stdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&self.out.stdout),
+                String::from_utf8_lossy(&self.out.stderr)
+            )
+        });
+        serde_json::from_str(&text).expect("cloud.json is JSON")
+    }
+
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+}
+
+fn rehearse(iters: u32, events: &str) -> Rehearsal {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let job = dir.path().join("job.yaml");
+    let scenario = dir.path().join("scenario.yaml");
+    std::fs::write(&job, JOB.replace("ITERS", &iters.to_string())).unwrap();
+    std::fs::write(&scenario, format!("{TYPES}events:\n{events}")).unwrap();
+    let path = format!("{}:{}", bin_dir().display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new(bin("ductile"))
+        .arg("cloud")
+        .arg("-f")
+        .arg(&job)
+        .arg("-s")
+        .arg(&scenario)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .args(["--timeout", "120"])
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawning ductile cloud");
+    Rehearsal { out, dir }
+}
+
+/// Every process the job's launcher recorded is gone, and so is the job's cgroup.
+fn nothing_left(state: &Path, record: &serde_json::Value) {
+    if let Ok(text) = std::fs::read_to_string(state.join("job.json")) {
+        let job: serde_json::Value = serde_json::from_str(&text).expect("job.json");
+        let pids = ["nodes", "newcomers"]
+            .iter()
+            .flat_map(|k| job[k].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p["pid"].as_u64());
+        for pid in pids {
+            assert!(!alive(pid as u32), "pid {pid} of the job still runs");
+        }
+        if let Some(pid) = job["coordinator"]["pid"].as_u64() {
+            assert!(!alive(pid as u32), "the coordinator (pid {pid}) still runs");
+        }
+    }
+    let job = record["record"]["job"].as_str().expect("job name");
+    let leftover: Vec<_> = std::fs::read_dir("/sys/fs/cgroup/cpu")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&format!("ductile-{job}-")))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(leftover.is_empty(), "cgroups left behind: {leftover:?}");
+}
+
+fn marks<'a>(record: &'a serde_json::Value, kind: &str) -> Vec<&'a serde_json::Value> {
+    record["record"]["marks"]
+        .as_array()
+        .expect("marks")
+        .iter()
+        .filter(|m| m["kind"] == kind)
+        .collect()
+}
+
+#[test]
+fn a_recommendation_and_a_notice_become_live_rescales_and_the_checksum_holds() {
+    let r = rehearse(
+        2500,
+        "  - { at: 30, rebalanceRecommendation: rehearsal-2 }\n  - { at: 120, interruption: rehearsal-3, deadline: 120 }\n",
+    );
+    let record = r.record();
+    let stdout = r.stdout();
+    assert_eq!(r.out.status.code(), Some(0), "ductile cloud failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.out.stderr));
+    let summary = &record["summary"];
+    let rec = &record["record"];
+    // The recommendation got a replacement swapped in, the notice an emergency rescale.
+    assert_eq!(summary["committedByReason"]["CompleteReplacement"], 1, "{stdout}");
+    assert!(summary["committedByReason"]["Emergency"].as_u64() >= Some(1), "{stdout}");
+    assert_eq!(summary["failed"], 0, "{stdout}");
+    // Every notice handled before its deadline; nothing lost; nothing terminated while running.
+    assert_eq!(summary["noticesHandled"], serde_json::json!([1, 1]), "{stdout}");
+    assert_eq!(summary["lost"], 0, "{stdout}");
+    assert!(marks(&record, "terminated").iter().all(|m| m["detail"] == "nothing ran there any more"), "{stdout}");
+    // The replacements joined: the job ended as large as it started.
+    let last = rec["samples"].as_array().and_then(|s| s.last()).expect("samples").clone();
+    assert_eq!(last["onDemand"].as_u64().unwrap() + last["spot"].as_u64().unwrap(), 4, "{stdout}");
+    // Same result as an uninterrupted run.
+    assert!(rec["checksum"].is_string(), "{stdout}");
+    assert_eq!(rec["checksum"], rec["referenceChecksum"], "{stdout}");
+    assert!(stdout.contains("equal to the uninterrupted run's"), "{stdout}");
+    // The bill: spot is cheaper than the same instance time on demand.
+    assert!(summary["cost"].as_f64() < summary["onDemandCost"].as_f64(), "{stdout}");
+    assert!(r.dir.path().join("out/cloud.svg").exists());
+    nothing_left(&r.state(), &record);
+}
+
+#[test]
+fn an_unannounced_termination_fails_the_job_clearly_and_leaves_nothing_running() {
+    let r = rehearse(100_000, "  - { at: 40, terminate: rehearsal-2 }\n");
+    let record = r.record();
+    let stdout = r.stdout();
+    assert_eq!(r.out.status.code(), Some(1), "{stdout}");
+    let killed = marks(&record, "unannounced");
+    assert_eq!(killed.len(), 1, "{stdout}");
+    assert_eq!(killed[0]["instance"], "rehearsal-2");
+    assert!(killed[0]["detail"].as_str().unwrap().contains("was still running and is killed"), "{stdout}");
+    // Without fault tolerance (issue 20) a lost member ends the job: said once, plainly.
+    assert_ne!(record["record"]["exitCode"], 0, "{stdout}");
+    assert!(record["record"]["referenceChecksum"].is_null(), "no reference run for a failed job");
+    nothing_left(&r.state(), &record);
+}
+
+#[test]
+fn an_invalid_scenario_is_refused_before_anything_starts_naming_its_line() {
+    let r = rehearse(10, "  - { at: 10, interruption: rehearsal-9 }\n");
+    assert_eq!(r.out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&r.out.stderr);
+    assert!(stderr.contains("scenario.yaml:7: no instance \"rehearsal-9\""), "{stderr}");
+    assert!(!r.state().exists(), "nothing was started");
+}

@@ -1,0 +1,154 @@
+//! Real instance speed: a CPU quota per instance through the cgroup v1 `cpu`
+//! controller (`cpu.cfs_quota_us` over `cpu.cfs_period_us`).
+//!
+//! Each job gets a directory `ductile-<job>-<launcher pid>` under the
+//! controller's mount, and each instance a child directory holding its
+//! node's processes. The period is short (10 ms) so a throttled node is slow
+//! evenly, not in bursts. Everything created is removed when the
+//! [`Quotas`] is dropped (after its processes are gone).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The CFS period: short, so latency is not bursty.
+pub const PERIOD_US: u64 = 10_000;
+
+/// Where the cgroup v1 `cpu` controller is mounted on Debian and most
+/// distributions.
+pub const CPU_CONTROLLER: &str = "/sys/fs/cgroup/cpu";
+
+/// The CPU quotas of one job's instances.
+#[derive(Debug)]
+pub struct Quotas {
+    root: PathBuf,
+    instances: Vec<PathBuf>,
+}
+
+impl Quotas {
+    /// Creates the job's cgroup under `controller`; an error means quotas
+    /// cannot be used here (not root, no v1 `cpu` controller, read-only).
+    pub fn create(controller: &Path, job: &str) -> io::Result<Self> {
+        let quota_file = controller.join("cpu.cfs_quota_us");
+        if !quota_file.exists() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no cgroup v1 cpu controller at {}", controller.display()),
+            ));
+        }
+        let root = controller.join(format!("ductile-{job}-{}", std::process::id()));
+        fs::create_dir(&root)?;
+        Ok(Quotas {
+            root,
+            instances: Vec::new(),
+        })
+    }
+
+    /// The job's cgroup directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Gives `instance` `cores` of CPU (e.g. 0.5: half a core) and moves
+    /// `pid` (the whole process, every thread) into it.
+    pub fn place(&mut self, instance: &str, cores: f64, pid: u32) -> io::Result<()> {
+        let dir = self.root.join(instance);
+        if !dir.exists() {
+            fs::create_dir(&dir)?;
+            self.instances.push(dir.clone());
+            let quota = ((cores * PERIOD_US as f64).round() as u64).max(1000);
+            fs::write(dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())?;
+            fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
+        }
+        // cgroup.procs moves every thread of the process; threads it starts
+        // later inherit the group.
+        fs::write(dir.join("cgroup.procs"), pid.to_string())
+    }
+
+    /// How often the instance was throttled: CFS periods throttled and the
+    /// seconds its processes waited for quota.
+    pub fn throttled(&self, instance: &str) -> Option<(u64, f64)> {
+        let stat = fs::read_to_string(self.root.join(instance).join("cpu.stat")).ok()?;
+        let field = |name: &str| {
+            stat.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+        };
+        Some((field("nr_throttled ")?, field("throttled_time ")? as f64 / 1e9))
+    }
+}
+
+impl Drop for Quotas {
+    fn drop(&mut self) {
+        // A cgroup can be removed once its processes are gone; processes
+        // still exiting get a moment, stragglers are moved to the parent.
+        let parent = self.root.parent().unwrap_or(Path::new(CPU_CONTROLLER)).to_path_buf();
+        for dir in self.instances.iter().rev().chain(std::iter::once(&self.root)) {
+            remove_patiently(dir, &parent);
+        }
+    }
+}
+
+/// Removes a cgroup directory, retrying for up to 2 s while it is busy.
+fn remove_patiently(dir: &Path, parent: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => return,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                tracing::warn!(dir = %dir.display(), "cannot remove a cgroup: {e}");
+                return;
+            }
+            Err(_) => {
+                move_out(dir, parent);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn move_out(dir: &Path, parent: &Path) {
+    if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
+        for pid in procs.lines() {
+            let _ = fs::write(parent.join("cgroup.procs"), pid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_controller_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Quotas::create(dir.path(), "job").expect_err("no controller there");
+        assert!(err.to_string().contains("no cgroup v1 cpu controller"), "{err}");
+    }
+
+    /// With the real controller (root on this machine), a process placed in
+    /// a quota of 0.2 cores gets throttled, and everything is removed at the end.
+    #[test]
+    fn a_quota_throttles_a_busy_process_and_is_removed_afterwards() {
+        let controller = Path::new(CPU_CONTROLLER);
+        let Ok(mut quotas) = Quotas::create(controller, "unit-test") else {
+            eprintln!("skipped: no writable cgroup v1 cpu controller");
+            return;
+        };
+        let root = quotas.root().to_path_buf();
+        let mut busy = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        quotas.place("i-1", 0.2, busy.id()).unwrap();
+        let quota = fs::read_to_string(root.join("i-1/cpu.cfs_quota_us")).unwrap();
+        assert_eq!(quota.trim(), "2000");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (periods, _) = quotas.throttled("i-1").expect("cpu.stat readable");
+        assert!(periods > 0, "a busy loop in 0.2 cores is throttled");
+        busy.kill().unwrap();
+        busy.wait().unwrap();
+        drop(quotas);
+        assert!(!root.exists(), "the job's cgroup is removed");
+    }
+}

@@ -1,0 +1,842 @@
+//! The thin shell that runs a job on the simulated cloud in real time.
+//!
+//! It starts the job with `ductile run` (a child whose output goes to
+//! `job.log`), then loops every few milliseconds: it advances the
+//! [`Cloud`] to the simulated time, turns what the cloud did into the
+//! policy's [`Event`]s (and kills what runs on a terminated instance),
+//! watches the job through node 0's control endpoint (members, waiting
+//! newcomers, processes gone), and carries out the policy's
+//! [`Decision`]s exactly as the Kubernetes reconciler does: replacements
+//! become spot instance requests (a node process started in the
+//! instance's CPU quota once it has booted), rescales become requests to
+//! node 0 fenced by the epoch of the view they were computed from,
+//! cancelled newcomers and vacated members give their instance back.
+//! No second policy: [`Policy`] decides everything.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{self, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use ductile_coordinator::control::{ControlClient, JobStatus, RescaleReport, RescaleRequest};
+use ductile_coordinator::secret::Secret;
+use nix::sys::signal::Signal;
+
+use super::cgroup::{Quotas, CPU_CONTROLLER};
+use super::record::{Mark, NoticeToCommit, Record, RescaleRecord, Sample};
+use super::sim::{Cloud, CloudEvent, InstanceState};
+use super::{CloudError, Loaded};
+use crate::local::channel::{self, Reply, Request};
+use crate::local::process::{pid_alive, signal_group};
+use crate::policy::{Capacity, Decision, Event, MemberId, Policy, Time};
+use crate::state::{CONTROL_ADDR_FILE, LAUNCHER_SOCKET_FILE, SECRET_FILE};
+
+/// How often the loop runs.
+const TICK: Duration = Duration::from_millis(10);
+/// How often the job's status is read.
+const STATUS_EVERY: Duration = Duration::from_millis(50);
+/// How often the terminal's status line is redrawn.
+const LINE_EVERY: Duration = Duration::from_millis(250);
+/// How long a rescale request may take before the driver reports it failed.
+const RESCALE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How a run is carried out.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The `ductile` executable (its `run` starts the job).
+    pub ductile: PathBuf,
+    /// The launcher's state directory.
+    pub state_dir: PathBuf,
+    /// Where `job.log`, `cloud.json` and `cloud.svg` go.
+    pub out_dir: PathBuf,
+    /// How long the job may take before it is stopped (real time).
+    pub timeout: Option<Duration>,
+    /// Where the cgroup v1 `cpu` controller is (tests may point elsewhere).
+    pub cpu_controller: PathBuf,
+}
+
+impl RunOptions {
+    /// Defaults: `ductile` is this executable, the real controller.
+    pub fn new(state_dir: PathBuf, out_dir: PathBuf) -> Self {
+        RunOptions {
+            ductile: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("ductile")),
+            state_dir,
+            out_dir,
+            timeout: None,
+            cpu_controller: PathBuf::from(CPU_CONTROLLER),
+        }
+    }
+}
+
+/// A node process of the job, on an instance.
+#[derive(Clone, Debug)]
+struct Node {
+    pid: u32,
+    gone: bool,
+}
+
+/// A signal the policy answered: when it came, and the deadline it had.
+#[derive(Clone, Debug)]
+struct Signalled {
+    signal: &'static str,
+    real: f64,
+    sim: f64,
+    deadline: Option<f64>,
+}
+
+/// The result of a rescale request, from its thread.
+type RescaleOutcome = Result<(RescaleReport, JobStatus), String>;
+
+struct Driver<'a> {
+    loaded: &'a Loaded,
+    opts: &'a RunOptions,
+    t0: Instant,
+    policy: Policy,
+    cloud: Cloud,
+    quotas: Option<Quotas>,
+    cpu_per_speed: f64,
+    addr: String,
+    secret: Secret,
+    status_client: Option<ControlClient>,
+    view: Option<JobStatus>,
+    nodes: BTreeMap<String, Node>,
+    ready: BTreeSet<String>,
+    removed: BTreeSet<String>,
+    signalled: BTreeMap<String, Signalled>,
+    in_flight: Option<(usize, mpsc::Receiver<RescaleOutcome>)>,
+    /// Members that exited while the rescale removing them was in flight.
+    deferred_gone: Vec<String>,
+    record: Record,
+    log: LogTail,
+    terminal: Option<io::Stdout>,
+    last_line: String,
+}
+
+/// Reads the job's log as it grows: its progress and its checksum.
+struct LogTail {
+    file: Option<File>,
+    path: PathBuf,
+    partial: String,
+    iteration: Option<u64>,
+    checksum: Option<String>,
+}
+
+impl LogTail {
+    fn poll(&mut self) {
+        if self.file.is_none() {
+            self.file = File::open(&self.path).ok();
+        }
+        let Some(file) = self.file.as_mut() else { return };
+        let mut buf = String::new();
+        if file.read_to_string(&mut buf).is_err() {
+            return;
+        }
+        self.partial.push_str(&buf);
+        while let Some(end) = self.partial.find('\n') {
+            let line: String = self.partial.drain(..=end).collect();
+            self.parse(line.trim_end());
+        }
+    }
+
+    fn parse(&mut self, line: &str) {
+        if let Some(i) = progress(line) {
+            self.iteration = Some(self.iteration.map_or(i, |j| j.max(i)));
+        }
+        if let Some(rest) = line.split_whitespace().find_map(|w| w.strip_prefix("checksum=")) {
+            self.checksum = Some(rest.to_owned());
+        }
+    }
+}
+
+/// The iteration a program's progress line reports: `iteration N ...`
+/// (jacobi2d's residual lines) or `iterations=N` (its last line).
+pub fn progress(line: &str) -> Option<u64> {
+    let mut words = line.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "iteration" {
+            if let Some(n) = words.clone().next().and_then(|n| n.parse().ok()) {
+                return Some(n);
+            }
+        }
+        if let Some(n) = w.strip_prefix("iterations=").or_else(|| w.strip_prefix("iteration=")) {
+            if let Ok(n) = n.parse() {
+                return Some(n);
+            }
+        }
+    }
+    None
+}
+
+/// Runs the job on the cloud until it ends; returns its record (also
+/// written to `cloud.json`, with the plot in `cloud.svg`).
+pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut dyn FnMut(&str)) -> Result<Record, CloudError> {
+    std::fs::create_dir_all(&opts.out_dir).map_err(|e| CloudError::Io(opts.out_dir.clone(), e))?;
+    let log_path = opts.out_dir.join("job.log");
+    let log = File::create(&log_path).map_err(|e| CloudError::Io(log_path.clone(), e))?;
+    let scenario = &loaded.scenario;
+
+    // Real speed: a CPU quota per instance, or the runtime's emulation.
+    let launch = loaded.launch_instances();
+    let launch_speed: f64 = launch
+        .iter()
+        .map(|(_, _, t)| scenario.instance_type(t).map_or(1.0, |t| t.speed * f64::from(t.pes)))
+        .sum();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let cpu_per_speed = scenario.cpu_per_speed.unwrap_or(0.9 * cores / launch_speed.max(1e-9));
+    let quotas = match Quotas::create(&opts.cpu_controller, &loaded.name) {
+        Ok(q) => Some(q),
+        Err(e) => {
+            say(&format!(
+                "warning: CPU quotas are not available ({e}); instance speeds are emulated with +pe-speed for the launch PEs only (they follow PE numbers, not instances, after a rescale)"
+            ));
+            None
+        }
+    };
+    let mut args = loaded.args.clone();
+    if quotas.is_none() {
+        if let Some(flag) = emulated_speeds(loaded) {
+            args.extend(["+pe-speed".to_owned(), flag]);
+        }
+    }
+
+    let mut cmd = Command::new(&opts.ductile);
+    cmd.arg("run")
+        .arg("--state-dir")
+        .arg(&opts.state_dir)
+        .arg("--nodes")
+        .arg(loaded.replicas.to_string())
+        .arg("--pes-per-node")
+        .arg(loaded.pes.to_string());
+    if let Some(t) = opts.timeout {
+        cmd.arg("--timeout").arg(format!("{}", t.as_secs_f64()));
+    }
+    cmd.arg("--").arg(&loaded.program).args(&args);
+    cmd.envs(loaded.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| CloudError::Io(log_path.clone(), e))?)
+        .stderr(log);
+    let launcher = cmd
+        .spawn()
+        .map_err(|e| CloudError::Launch(format!("cannot start {}: {e}", opts.ductile.display())))?;
+    let mut launcher = KillOnDrop(Some(launcher));
+
+    let t0 = Instant::now();
+    let (addr, secret) = wait_for_job(&opts.state_dir, launcher.child(), stop, Duration::from_secs(60))?;
+    let mut driver = Driver {
+        loaded,
+        opts,
+        t0,
+        policy: Policy::new(loaded.policy.clone(), loaded.replicas),
+        cloud: Cloud::new(scenario.clone(), loaded.scripted.clone(), &launch),
+        quotas,
+        cpu_per_speed,
+        addr,
+        secret,
+        status_client: None,
+        view: None,
+        nodes: BTreeMap::new(),
+        ready: BTreeSet::new(),
+        removed: BTreeSet::new(),
+        signalled: BTreeMap::new(),
+        in_flight: None,
+        deferred_gone: Vec::new(),
+        record: Record {
+            job: loaded.name.clone(),
+            scenario: loaded.scenario_name.clone(),
+            time_factor: scenario.time_factor,
+            cpu_per_speed,
+            target: loaded.replicas,
+            ..Record::default()
+        },
+        log: LogTail {
+            file: None,
+            path: log_path,
+            partial: String::new(),
+            iteration: None,
+            checksum: None,
+        },
+        terminal: io::stdout().is_terminal().then(io::stdout),
+        last_line: String::new(),
+    };
+    driver.record.speed = if driver.quotas.is_some() { "cgroup" } else { "emulated" }.into();
+    let exit = driver.run_job(&mut launcher, stop, say);
+    driver.finish(exit, say)
+}
+
+/// Kills the launcher (and so the job) if the driver returns early.
+struct KillOnDrop(Option<Child>);
+
+impl KillOnDrop {
+    fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("present until dropped")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            if let Ok(None) = child.try_wait() {
+                // SIGTERM: the launcher stops every node and the coordinator.
+                signal_group_or_pid(child.id(), Signal::SIGTERM);
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn signal_group_or_pid(pid: u32, signal: Signal) {
+    if let Ok(raw) = i32::try_from(pid) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), signal);
+    }
+}
+
+/// `+pe-speed` for the launch PEs, relative to the fastest type.
+fn emulated_speeds(loaded: &Loaded) -> Option<String> {
+    let launch = loaded.launch_instances();
+    let speeds: Vec<f64> = launch
+        .iter()
+        .map(|(_, _, t)| loaded.scenario.instance_type(t).map_or(1.0, |t| t.speed))
+        .collect();
+    let max = speeds.iter().copied().fold(0.0, f64::max);
+    let mut parts = Vec::new();
+    for (node, s) in speeds.iter().enumerate() {
+        if *s < max {
+            for pe in 0..loaded.pes {
+                parts.push(format!("{}:{:.3}", node as u32 * loaded.pes + pe, s / max));
+            }
+        }
+    }
+    (!parts.is_empty()).then(|| parts.join(","))
+}
+
+/// Waits until the launcher has written the control address and secret.
+fn wait_for_job(dir: &Path, launcher: &mut Child, stop: &AtomicBool, limit: Duration) -> Result<(String, Secret), CloudError> {
+    let start = Instant::now();
+    loop {
+        let read = |n: &str| std::fs::read_to_string(dir.join(n)).map(|s| s.trim().to_owned());
+        if let (Ok(addr), Ok(secret)) = (read(CONTROL_ADDR_FILE), read(SECRET_FILE)) {
+            if !addr.is_empty() {
+                let secret = Secret::from_hex(&secret).map_err(|e| CloudError::Launch(format!("unreadable job secret: {e}")))?;
+                return Ok((addr, secret));
+            }
+        }
+        if let Ok(Some(status)) = launcher.try_wait() {
+            return Err(CloudError::Launch(format!("the job ended before it started ({status}); see job.log")));
+        }
+        if stop.load(Ordering::SeqCst) {
+            return Err(CloudError::Interrupted);
+        }
+        if start.elapsed() > limit {
+            return Err(CloudError::Launch(format!("the job did not start within {limit:?}; see job.log")));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Driver<'_> {
+    fn now(&self) -> (Time, f64) {
+        let real = self.t0.elapsed();
+        (real.mul_f64(self.record.time_factor), real.as_secs_f64())
+    }
+
+    fn mark(&mut self, kind: &str, instance: Option<&str>, detail: String, say: &mut dyn FnMut(&str)) {
+        let (sim, real) = self.now();
+        let sim = sim.as_secs_f64();
+        let who = instance.map(|i| format!(" {i}")).unwrap_or_default();
+        let line = format!("[{sim:7.1} s] {kind}{who}{}", if detail.is_empty() { String::new() } else { format!(": {detail}") });
+        tracing::info!(sim, kind, instance, "{detail}");
+        if self.terminal.is_some() {
+            // Events above the status line.
+            self.clear_line();
+        }
+        say(&line);
+        self.record.marks.push(Mark {
+            sim,
+            real,
+            kind: kind.to_owned(),
+            instance: instance.map(str::to_owned),
+            detail,
+        });
+    }
+
+    fn clear_line(&mut self) {
+        if let Some(t) = self.terminal.as_mut() {
+            if !self.last_line.is_empty() {
+                let _ = write!(t, "\r\x1b[2K");
+                let _ = t.flush();
+                self.last_line.clear();
+            }
+        }
+    }
+
+    /// Until the job ends: the launcher's exit code.
+    fn run_job(&mut self, launcher: &mut KillOnDrop, stop: &AtomicBool, say: &mut dyn FnMut(&str)) -> Option<i32> {
+        let mut next_status = Instant::now();
+        let mut next_line = Instant::now();
+        let mut joined = false;
+        let mut stopping = false;
+        loop {
+            if stop.load(Ordering::SeqCst) && !stopping {
+                stopping = true;
+                self.mark("report", None, "stopped by the user: stopping the job".into(), say);
+                signal_group_or_pid(launcher.child().id(), Signal::SIGTERM);
+            }
+            if let Ok(Some(status)) = launcher.child().try_wait() {
+                self.log.poll();
+                self.sample();
+                return status.code();
+            }
+            let (now, _) = self.now();
+            if Instant::now() >= next_status {
+                next_status = Instant::now() + STATUS_EVERY;
+                self.read_status(say);
+                if !joined {
+                    joined = self.join_launch_members(say);
+                }
+            }
+            if joined {
+                for event in self.cloud.advance(now) {
+                    self.on_cloud(event, say);
+                }
+                self.poll_rescale(say);
+                let decisions = self.policy.decide(self.now().0);
+                for d in decisions {
+                    self.carry_out(d, say);
+                }
+            }
+            self.log.poll();
+            if Instant::now() >= next_line {
+                next_line = Instant::now() + LINE_EVERY;
+                self.sample();
+                self.draw_line();
+            }
+            std::thread::sleep(TICK);
+        }
+    }
+
+    fn draw_line(&mut self) {
+        let Some(last) = self.record.samples.last().copied() else { return };
+        let rate = super::plot::iteration_rate(&self.record).last().map(|r| r.1);
+        let event = self.record.marks.last().map_or("-".to_owned(), |m| {
+            format!("{} {}", m.kind, m.instance.as_deref().unwrap_or(""))
+        });
+        let line = format!(
+            "sim {:6.0} s  real {:5.1} s | iteration {} ({} it/s) | members {} on-demand + {} spot | newcomers {} waiting, {} booting | epoch {} | last: {}",
+            last.sim,
+            last.real,
+            last.iteration.map_or("-".into(), |i| i.to_string()),
+            rate.map_or("-".into(), |r| format!("{r:.0}")),
+            last.on_demand,
+            last.spot,
+            last.waiting,
+            last.booting,
+            self.view.as_ref().map_or(0, |v| v.epoch),
+            event.trim_end()
+        );
+        if let Some(t) = self.terminal.as_mut() {
+            let _ = write!(t, "\r\x1b[2K{line}");
+            let _ = t.flush();
+            self.last_line = line;
+        }
+    }
+
+    fn sample(&mut self) {
+        let (sim, real) = self.now();
+        let (mut on_demand, mut spot) = (0, 0);
+        if let Some(view) = &self.view {
+            for m in &view.members {
+                match self.name_of(m.pid).and_then(|n| self.cloud.instance(n)).map(|i| i.capacity) {
+                    Some(Capacity::OnDemand) => on_demand += 1,
+                    _ => spot += 1,
+                }
+            }
+        }
+        let booting = self
+            .cloud
+            .instances()
+            .filter(|i| matches!(i.state, InstanceState::Booting | InstanceState::WaitingForCapacity))
+            .count() as u32;
+        let waiting = self.view.as_ref().map_or(0, |v| v.pending.len()) as u32;
+        self.record.samples.push(Sample {
+            sim: sim.as_secs_f64(),
+            real,
+            on_demand,
+            spot,
+            waiting,
+            booting,
+            iteration: self.log.iteration,
+        });
+    }
+
+    fn name_of(&self, pid: u32) -> Option<&str> {
+        self.nodes.iter().find(|(_, n)| n.pid == pid).map(|(name, _)| name.as_str())
+    }
+
+    fn read_status(&mut self, say: &mut dyn FnMut(&str)) {
+        if self.status_client.is_none() {
+            self.status_client = ControlClient::connect(&self.addr, &self.secret, Duration::from_secs(2)).ok();
+        }
+        let Some(client) = self.status_client.as_mut() else { return };
+        match client.status() {
+            Ok(status) => self.view = Some(status),
+            Err(_) => {
+                self.status_client = None;
+                return;
+            }
+        }
+        // Newcomers registered: ready for the policy.
+        let pending: Vec<u32> = self.view.as_ref().map(|v| v.pending.iter().map(|p| p.pid).collect()).unwrap_or_default();
+        for pid in pending {
+            if let Some(name) = self.name_of(pid).map(str::to_owned) {
+                if self.ready.insert(name.clone()) {
+                    self.policy.observe(self.now().0, Event::NewcomerReady { newcomer: MemberId(name.clone()) });
+                    self.mark("ready", Some(&name), "registered, waiting for admission".into(), say);
+                }
+            }
+        }
+        // Processes gone: vacated members, lost members, dead newcomers.
+        let gone: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| !n.gone && !pid_alive(n.pid))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            if let Some(n) = self.nodes.get_mut(&name) {
+                n.gone = true;
+            }
+            // A member that the rescale in flight removes may exit before
+            // node 0's answer arrives: it is told to the policy after the
+            // commit, as a vacated member, not as a lost one.
+            let leaving = self
+                .in_flight
+                .as_ref()
+                .is_some_and(|(i, _)| self.record.rescales[*i].remove.contains(&name));
+            if leaving {
+                self.deferred_gone.push(name);
+            } else {
+                self.node_gone(name, say);
+            }
+        }
+    }
+
+    fn node_gone(&mut self, name: String, say: &mut dyn FnMut(&str)) {
+        let (kind, detail) = if self.removed.contains(&name) {
+            ("vacated", "left after the rescale that removed it")
+        } else if self.in_view(&name) {
+            ("lost", "its node vanished without a rescale")
+        } else {
+            ("gone", "its newcomer process ended before admission")
+        };
+        self.mark(kind, Some(&name), detail.into(), say);
+        self.policy.observe(self.now().0, Event::MemberGone { member: MemberId(name.clone()) });
+        self.cloud.release(self.now().0, &name);
+    }
+
+    fn in_view(&self, name: &str) -> bool {
+        let pid = self.nodes.get(name).map(|n| n.pid);
+        self.view.as_ref().is_some_and(|v| v.members.iter().any(|m| Some(m.pid) == pid))
+    }
+
+    /// Once every launch member is in the view: places them in their
+    /// quotas and tells the policy.
+    fn join_launch_members(&mut self, say: &mut dyn FnMut(&str)) -> bool {
+        let Some(view) = self.view.clone() else { return false };
+        if view.members.len() < self.loaded.replicas as usize {
+            return false;
+        }
+        for (k, (name, capacity, itype)) in self.loaded.launch_instances().into_iter().enumerate() {
+            let Some(member) = view.members.get(k) else { continue };
+            self.nodes.insert(name.clone(), Node { pid: member.pid, gone: false });
+            self.place(&name, &itype, member.pid, say);
+            self.policy.observe(
+                self.now().0,
+                Event::MemberJoined {
+                    member: MemberId(name.clone()),
+                    capacity,
+                    root: k == 0,
+                },
+            );
+        }
+        self.mark(
+            "started",
+            None,
+            format!("{} members, epoch {}, {} PEs", view.members.len(), view.epoch, view.pes),
+            say,
+        );
+        true
+    }
+
+    fn place(&mut self, name: &str, itype: &str, pid: u32, say: &mut dyn FnMut(&str)) {
+        let Some(t) = self.loaded.scenario.instance_type(itype) else { return };
+        let cores = t.speed * f64::from(t.pes) * self.cpu_per_speed;
+        if let Some(q) = self.quotas.as_mut() {
+            if let Err(e) = q.place(name, cores, pid) {
+                let msg = format!("cannot put its node into a CPU quota: {e}");
+                self.mark("report", Some(name), msg, say);
+            }
+        }
+    }
+
+    fn on_cloud(&mut self, event: CloudEvent, say: &mut dyn FnMut(&str)) {
+        let now = self.now().0;
+        match event {
+            CloudEvent::Booted { instance } => self.start_newcomer(&instance, say),
+            CloudEvent::Recommendation { instance } => {
+                self.signal(&instance, "recommendation", None);
+                self.mark("recommendation", Some(&instance), "rebalance recommendation".into(), say);
+                self.policy.observe(now, Event::RebalanceRecommendation { member: MemberId(instance) });
+            }
+            CloudEvent::Notice { instance, deadline } => {
+                self.signal(&instance, "notice", Some(deadline.as_secs_f64()));
+                self.mark(
+                    "notice",
+                    Some(&instance),
+                    format!("interruption notice, terminated at {:.0} s", deadline.as_secs_f64()),
+                    say,
+                );
+                self.policy.observe(
+                    now,
+                    Event::InterruptionNotice {
+                        member: MemberId(instance),
+                        deadline: Some(deadline),
+                    },
+                );
+            }
+            CloudEvent::Terminated { instance, announced } => {
+                let running = self.nodes.get(&instance).filter(|n| !n.gone && pid_alive(n.pid)).map(|n| n.pid);
+                let what = match running {
+                    Some(pid) => {
+                        signal_group(pid, Signal::SIGKILL);
+                        format!("its node (pid {pid}) was still running and is killed")
+                    }
+                    None => "nothing ran there any more".into(),
+                };
+                let kind = if announced { "terminated" } else { "unannounced" };
+                self.mark(kind, Some(&instance), what, say);
+                if !self.nodes.contains_key(&instance) {
+                    // A newcomer interrupted while booting: never started.
+                    self.policy.observe(now, Event::MemberGone { member: MemberId(instance) });
+                }
+            }
+            CloudEvent::NoSpotCapacity { until } => {
+                self.mark("noCapacity", None, format!("no spot capacity until {:.0} s", until.as_secs_f64()), say)
+            }
+            CloudEvent::Skipped { line, why } => self.mark("skipped", None, format!("scenario line {line}: {why}"), say),
+        }
+    }
+
+    fn signal(&mut self, member: &str, signal: &'static str, deadline: Option<f64>) {
+        let (sim, real) = self.now();
+        let entry = Signalled {
+            signal,
+            real,
+            sim: sim.as_secs_f64(),
+            deadline,
+        };
+        // A notice after a recommendation is what the latency is measured from.
+        match self.signalled.get(member) {
+            Some(s) if s.signal == "notice" => {}
+            _ => {
+                self.signalled.insert(member.to_owned(), entry);
+            }
+        }
+    }
+
+    fn start_newcomer(&mut self, instance: &str, say: &mut dyn FnMut(&str)) {
+        let socket = self.opts.state_dir.join(LAUNCHER_SOCKET_FILE);
+        match channel::request(&socket, &Request::Spawn { count: 1 }, Duration::from_secs(10)) {
+            Ok(Reply::Ok(pids)) if pids.len() == 1 => {
+                let pid = pids[0];
+                self.nodes.insert(instance.to_owned(), Node { pid, gone: false });
+                let itype = self.cloud.instance(instance).map(|i| i.instance_type.clone()).unwrap_or_default();
+                self.place(instance, &itype, pid, say);
+                self.mark("booted", Some(instance), format!("{itype}: newcomer node started (pid {pid})"), say);
+            }
+            other => {
+                let why = match other {
+                    Ok(Reply::Error(e)) => e,
+                    Ok(Reply::Ok(p)) => format!("unexpected answer {p:?}"),
+                    Err(e) => e.to_string(),
+                };
+                self.mark("report", Some(instance), format!("the launcher did not start its node: {why}"), say);
+                self.cloud.release(self.now().0, instance);
+                self.policy.observe(self.now().0, Event::MemberGone { member: MemberId(instance.to_owned()) });
+            }
+        }
+    }
+
+    fn carry_out(&mut self, decision: Decision, say: &mut dyn FnMut(&str)) {
+        let now = self.now().0;
+        match decision {
+            Decision::LaunchReplacement { for_member, newcomer } => {
+                let itype = self.cloud.replacement_type(Some(&for_member.0));
+                self.cloud.request_spot(now, &newcomer.0, &itype);
+                self.mark("launch", Some(&newcomer.0), format!("{itype} spot instance asked for, to replace {for_member}"), say);
+            }
+            Decision::LaunchNewcomers { newcomers } => {
+                for n in newcomers {
+                    let itype = self.cloud.replacement_type(None);
+                    self.cloud.request_spot(now, &n.0, &itype);
+                    self.mark("launch", Some(&n.0), format!("{itype} spot instance asked for, to grow the job"), say);
+                }
+            }
+            Decision::Rescale { remove, admit, reason } => self.request_rescale(remove, admit, reason.to_string(), say),
+            Decision::CancelNewcomers { newcomers, reason } => {
+                for n in newcomers {
+                    if let Some(node) = self.nodes.get(&n.0).filter(|n| !n.gone) {
+                        signal_group(node.pid, Signal::SIGTERM);
+                    }
+                    self.cloud.release(now, &n.0);
+                    self.mark("cancelled", Some(&n.0), reason.to_string(), say);
+                }
+            }
+            Decision::DeleteVacated { member } => self.cloud.release(now, &member.0),
+            Decision::Report(r) => self.mark("report", None, format!("{r:?}"), say),
+        }
+    }
+
+    fn request_rescale(&mut self, remove: Vec<MemberId>, admit: u32, reason: String, say: &mut dyn FnMut(&str)) {
+        let (sim, real) = self.now();
+        let view = self.view.clone();
+        let ids: Vec<u32> = remove
+            .iter()
+            .filter_map(|m| {
+                let pid = self.nodes.get(&m.0)?.pid;
+                view.as_ref()?.members.iter().find(|v| v.pid == pid).map(|v| v.node)
+            })
+            .collect();
+        let index = self.record.rescales.len();
+        self.record.rescales.push(RescaleRecord {
+            reason: reason.clone(),
+            remove: remove.iter().map(|m| m.0.clone()).collect(),
+            admit,
+            asked_sim: sim.as_secs_f64(),
+            asked_real: real,
+            done_real: None,
+            done_sim: None,
+            epoch: None,
+            admitted: Vec::new(),
+            mechanism_ms: None,
+            error: None,
+        });
+        let names: Vec<&str> = remove.iter().map(|m| m.0.as_str()).collect();
+        self.mark("rescale", None, format!("{reason}: remove [{}], admit {admit}", names.join(", ")), say);
+        let (tx, rx) = mpsc::channel();
+        let (addr, secret) = (self.addr.clone(), self.secret.clone());
+        let epoch = view.as_ref().map_or(0, |v| v.epoch);
+        std::thread::spawn(move || {
+            let outcome = (|| {
+                let mut client = ControlClient::connect(&addr, &secret, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+                let request = RescaleRequest { epoch, remove: ids, admit };
+                let report = client.rescale(request, RESCALE_TIMEOUT).map_err(|e| e.to_string())?;
+                let status = client.status().map_err(|e| e.to_string())?;
+                Ok((report, status))
+            })();
+            let _ = tx.send(outcome);
+        });
+        self.in_flight = Some((index, rx));
+    }
+
+    fn poll_rescale(&mut self, say: &mut dyn FnMut(&str)) {
+        let Some((index, rx)) = self.in_flight.as_ref() else { return };
+        let index = *index;
+        let outcome = match rx.try_recv() {
+            Ok(o) => o,
+            Err(mpsc::TryRecvError::Empty) => return,
+            Err(mpsc::TryRecvError::Disconnected) => Err("the rescale request's thread ended without an answer".into()),
+        };
+        self.in_flight = None;
+        let (sim, real) = self.now();
+        let sim_s = sim.as_secs_f64();
+        {
+            let r = &mut self.record.rescales[index];
+            r.done_real = Some(real);
+            r.done_sim = Some(sim_s);
+        }
+        match outcome {
+            Ok((report, status)) => {
+                let admitted: Vec<String> = report
+                    .admitted
+                    .iter()
+                    .filter_map(|id| status.members.get(*id as usize))
+                    .filter_map(|m| self.name_of(m.pid).map(str::to_owned))
+                    .collect();
+                let mechanism: f64 = report.stages.iter().map(|s| s.ms).sum();
+                let removed = self.record.rescales[index].remove.clone();
+                {
+                    let r = &mut self.record.rescales[index];
+                    r.epoch = Some(report.epoch);
+                    r.admitted = admitted.clone();
+                    r.mechanism_ms = Some(mechanism);
+                }
+                for m in &removed {
+                    self.removed.insert(m.clone());
+                    if let Some(s) = self.signalled.remove(m) {
+                        self.record.notice_to_commit.push(NoticeToCommit {
+                            member: m.clone(),
+                            signal: s.signal.to_owned(),
+                            real_s: real - s.real,
+                            sim_s: sim_s - s.sim,
+                            before_deadline: s.deadline.map(|d| sim_s <= d),
+                        });
+                    }
+                }
+                for a in &admitted {
+                    self.ready.remove(a);
+                }
+                self.view = Some(status);
+                self.mark(
+                    "committed",
+                    None,
+                    format!(
+                        "epoch {} -> {}: removed [{}], admitted [{}], mechanism {mechanism:.1} ms",
+                        report.epoch_before,
+                        report.epoch,
+                        removed.join(", "),
+                        admitted.join(", ")
+                    ),
+                    say,
+                );
+                self.policy.observe(
+                    sim,
+                    Event::RescaleCommitted {
+                        epoch: report.epoch,
+                        admitted: admitted.into_iter().map(MemberId).collect(),
+                    },
+                );
+            }
+            Err(reason) => {
+                self.record.rescales[index].error = Some(reason.clone());
+                self.mark("failed", None, format!("rescale failed: {reason}"), say);
+                self.policy.observe(sim, Event::RescaleFailed { reason });
+            }
+        }
+        for name in std::mem::take(&mut self.deferred_gone) {
+            self.node_gone(name, say);
+        }
+    }
+
+    fn finish(mut self, exit: Option<i32>, say: &mut dyn FnMut(&str)) -> Result<Record, CloudError> {
+        self.clear_line();
+        let (sim, real) = self.now();
+        let names: Vec<String> = self.cloud.instances().map(|i| i.name.clone()).collect();
+        for n in names {
+            self.cloud.release(sim, &n);
+        }
+        self.record.exit_code = exit;
+        self.record.real_seconds = real;
+        self.record.sim_seconds = sim.as_secs_f64();
+        self.record.iterations = self.log.iteration;
+        self.record.checksum = self.log.checksum.clone();
+        self.record.instances = self.cloud.instances().cloned().collect();
+        // The quotas go once every process of the job is gone.
+        drop(self.quotas.take());
+        let _ = say;
+        Ok(self.record)
+    }
+}

@@ -1,0 +1,347 @@
+//! What a cloud run saw, and the summary made from it: the timeline of
+//! events, membership and progress samples, each rescale with the notices
+//! it answered, and the bill. Written as `cloud.json`; summarised as a table.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::sim::Instance;
+
+/// One thing that happened, at simulated and real time (seconds).
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mark {
+    /// Simulated seconds since the start.
+    pub sim: f64,
+    /// Real seconds since the start.
+    pub real: f64,
+    /// Kind: `recommendation`, `notice`, `terminated`, `unannounced`,
+    /// `noCapacity`, `booted`, `ready`, `rescale`, `committed`, `failed`,
+    /// `cancelled`, `vacated`, `lost`, `report`, `skipped`.
+    pub kind: String,
+    /// The instance or member it concerns, if one.
+    pub instance: Option<String>,
+    /// Words for humans.
+    pub detail: String,
+}
+
+/// Membership and progress at one moment.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sample {
+    /// Simulated seconds.
+    pub sim: f64,
+    /// Real seconds.
+    pub real: f64,
+    /// On-demand members in the view.
+    pub on_demand: u32,
+    /// Spot members in the view.
+    pub spot: u32,
+    /// Newcomers registered and waiting for admission.
+    pub waiting: u32,
+    /// Instances requested and not yet running a node (booting, no capacity).
+    pub booting: u32,
+    /// The job's last reported iteration.
+    pub iteration: Option<u64>,
+}
+
+/// One rescale the policy asked for.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RescaleRecord {
+    /// The policy's reason.
+    pub reason: String,
+    /// Members removed.
+    pub remove: Vec<String>,
+    /// Newcomers asked to be admitted.
+    pub admit: u32,
+    /// Asked at (simulated, real seconds).
+    pub asked_sim: f64,
+    /// Asked at, real seconds.
+    pub asked_real: f64,
+    /// Committed (or failed) at, real seconds.
+    pub done_real: Option<f64>,
+    /// Committed at, simulated seconds.
+    pub done_sim: Option<f64>,
+    /// The new epoch, when committed.
+    pub epoch: Option<u64>,
+    /// Newcomers admitted.
+    pub admitted: Vec<String>,
+    /// The job's own measure of the mechanism (PE 0's stage times summed), ms.
+    pub mechanism_ms: Option<f64>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// From a notice (or recommendation) for a member to the commit that
+/// removed it.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NoticeToCommit {
+    /// The member.
+    pub member: String,
+    /// `notice` or `recommendation`.
+    pub signal: String,
+    /// Real seconds from the signal to the commit.
+    pub real_s: f64,
+    /// Simulated seconds.
+    pub sim_s: f64,
+    /// It left before its deadline (notices only).
+    pub before_deadline: Option<bool>,
+}
+
+/// The whole record of a run.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    /// The job's name.
+    pub job: String,
+    /// The scenario file.
+    pub scenario: String,
+    /// Simulated seconds per real second.
+    pub time_factor: f64,
+    /// How instance speed was made real: `cgroup` or `emulated`.
+    pub speed: String,
+    /// Cores that speed 1.0 gives a PE.
+    pub cpu_per_speed: f64,
+    /// Events.
+    pub marks: Vec<Mark>,
+    /// Samples.
+    pub samples: Vec<Sample>,
+    /// Rescales.
+    pub rescales: Vec<RescaleRecord>,
+    /// Notice-to-commit latencies.
+    pub notice_to_commit: Vec<NoticeToCommit>,
+    /// Every instance and its bill.
+    pub instances: Vec<Instance>,
+    /// The job's exit code (from `ductile run`).
+    pub exit_code: Option<i32>,
+    /// The job's last line `checksum=...`, if it printed one.
+    pub checksum: Option<String>,
+    /// The checksum of an uninterrupted run, when verified.
+    pub reference_checksum: Option<String>,
+    /// Iterations the job reported last.
+    pub iterations: Option<u64>,
+    /// Wall time of the job, real seconds.
+    pub real_seconds: f64,
+    /// Simulated seconds.
+    pub sim_seconds: f64,
+    /// The policy's target size.
+    pub target: u32,
+}
+
+/// Figures derived from a record.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    /// Rescales committed, by reason.
+    pub committed_by_reason: BTreeMap<String, u32>,
+    /// Rescales that failed.
+    pub failed: u32,
+    /// Simulated member-seconds the job ran below its target size.
+    pub member_seconds_short: f64,
+    /// Simulated instance-seconds newcomers waited, running, for admission.
+    pub idle_newcomer_seconds: f64,
+    /// Cost of the fleet as run.
+    pub cost: f64,
+    /// Cost of the same instance time all on demand.
+    pub on_demand_cost: f64,
+    /// Notices whose member was removed before its deadline / all notices.
+    pub notices_handled: (u32, u32),
+    /// Members lost without a rescale.
+    pub lost: u32,
+    /// Median notice-to-commit, real seconds.
+    pub median_notice_to_commit_s: Option<f64>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+}
+
+impl Record {
+    /// The summary figures.
+    pub fn summary(&self) -> Summary {
+        let mut s = Summary::default();
+        for r in &self.rescales {
+            match (&r.epoch, &r.error) {
+                (Some(_), _) => *s.committed_by_reason.entry(r.reason.clone()).or_default() += 1,
+                (None, Some(_)) => s.failed += 1,
+                _ => {}
+            }
+        }
+        for w in self.samples.windows(2) {
+            let dt = w[1].sim - w[0].sim;
+            let members = w[0].on_demand + w[0].spot;
+            s.member_seconds_short += f64::from(self.target.saturating_sub(members)) * dt;
+            s.idle_newcomer_seconds += f64::from(w[0].waiting) * dt;
+        }
+        let end = std::time::Duration::from_secs_f64(self.sim_seconds);
+        for i in &self.instances {
+            let (cost, od) = i.cost(end);
+            s.cost += cost;
+            s.on_demand_cost += od;
+        }
+        let notices: Vec<&NoticeToCommit> = self.notice_to_commit.iter().filter(|n| n.signal == "notice").collect();
+        let noticed = self.marks.iter().filter(|m| m.kind == "notice").count() as u32;
+        s.notices_handled = (
+            notices.iter().filter(|n| n.before_deadline == Some(true)).count() as u32,
+            noticed,
+        );
+        s.lost = self.marks.iter().filter(|m| m.kind == "lost").count() as u32;
+        s.median_notice_to_commit_s = median(notices.iter().map(|n| n.real_s).collect());
+        s
+    }
+
+    /// The summary as a table for the terminal.
+    pub fn table(&self) -> String {
+        let s = self.summary();
+        let mut out = String::new();
+        let mut row = |k: &str, v: String| {
+            let _ = writeln!(out, "  {k:<24} {v}");
+        };
+        row(
+            "job",
+            format!("{} on {} (time factor {}, speed by {})", self.job, self.scenario, self.time_factor, self.speed),
+        );
+        row(
+            "iterations",
+            format!(
+                "{} in {:.1} s real ({:.0} s simulated)",
+                self.iterations.map_or("-".into(), |i| i.to_string()),
+                self.real_seconds,
+                self.sim_seconds
+            ),
+        );
+        let reasons: Vec<String> = s.committed_by_reason.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        let committed: u32 = s.committed_by_reason.values().sum();
+        row(
+            "rescales",
+            format!(
+                "{committed} committed{}, {} failed",
+                if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(", ")) },
+                s.failed
+            ),
+        );
+        for n in &self.notice_to_commit {
+            row(
+                &format!("{} -> commit", n.signal),
+                format!(
+                    "{}: {:.2} s real ({:.1} s simulated){}",
+                    n.member,
+                    n.real_s,
+                    n.sim_s,
+                    match n.before_deadline {
+                        Some(true) => ", before its deadline",
+                        Some(false) => ", AFTER its deadline",
+                        None => "",
+                    }
+                ),
+            );
+        }
+        row(
+            "notices handled",
+            format!("{} of {} before their deadline; {} member(s) lost", s.notices_handled.0, s.notices_handled.1, s.lost),
+        );
+        row(
+            "capacity lost",
+            format!("{:.0} member-seconds below the target of {} (simulated)", s.member_seconds_short, self.target),
+        );
+        row("idle newcomers", format!("{:.0} instance-seconds waiting for admission", s.idle_newcomer_seconds));
+        let saving = if s.on_demand_cost > 0.0 { 100.0 * (1.0 - s.cost / s.on_demand_cost) } else { 0.0 };
+        row(
+            "cost",
+            format!("{:.4} against {:.4} all on demand ({saving:.0}% saved)", s.cost, s.on_demand_cost),
+        );
+        let verdict = match (&self.checksum, &self.reference_checksum) {
+            (Some(c), Some(r)) if c == r => format!("{c}, equal to the uninterrupted run's"),
+            (Some(c), Some(r)) => format!("{c} DIFFERS from the uninterrupted run's {r}"),
+            (Some(c), None) => format!("{c} (not verified)"),
+            (None, _) => "- (the job printed none)".into(),
+        };
+        row("checksum", verdict);
+        row(
+            "exit",
+            self.exit_code.map_or("-".into(), |c| c.to_string()),
+        );
+        out
+    }
+
+    /// The checksum is verified equal (or there was nothing to verify).
+    pub fn checksum_ok(&self) -> bool {
+        match (&self.checksum, &self.reference_checksum) {
+            (Some(c), Some(r)) => c == r,
+            _ => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(sim: f64, od: u32, spot: u32, waiting: u32) -> Sample {
+        Sample {
+            sim,
+            on_demand: od,
+            spot,
+            waiting,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn the_summary_integrates_shortfall_and_idle_time_and_counts_rescales() {
+        let mut r = Record {
+            target: 4,
+            sim_seconds: 30.0,
+            ..Record::default()
+        };
+        r.samples = vec![sample(0.0, 1, 3, 0), sample(10.0, 1, 2, 1), sample(20.0, 1, 3, 0), sample(30.0, 1, 3, 0)];
+        let rescale = |reason: &str, epoch: Option<u64>, error: Option<&str>| RescaleRecord {
+            reason: reason.into(),
+            remove: vec![],
+            admit: 0,
+            asked_sim: 0.0,
+            asked_real: 0.0,
+            done_real: None,
+            done_sim: None,
+            epoch,
+            admitted: vec![],
+            mechanism_ms: None,
+            error: error.map(Into::into),
+        };
+        r.rescales = vec![
+            rescale("Emergency", Some(2), None),
+            rescale("Emergency", Some(3), None),
+            rescale("Timeout", None, Some("refused")),
+        ];
+        let s = r.summary();
+        assert_eq!(s.member_seconds_short, 10.0, "one member short for 10 s");
+        assert_eq!(s.idle_newcomer_seconds, 10.0);
+        assert_eq!(s.committed_by_reason["Emergency"], 2);
+        assert_eq!(s.failed, 1);
+        let table = r.table();
+        assert!(table.contains("2 committed (Emergency 2), 1 failed"), "{table}");
+    }
+
+    #[test]
+    fn the_checksum_verdict_says_equal_or_differs() {
+        let mut r = Record {
+            checksum: Some("ab".into()),
+            reference_checksum: Some("ab".into()),
+            ..Record::default()
+        };
+        assert!(r.checksum_ok());
+        assert!(r.table().contains("ab, equal to the uninterrupted run's"));
+        r.reference_checksum = Some("cd".into());
+        assert!(!r.checksum_ok());
+        assert!(r.table().contains("DIFFERS"));
+    }
+}
