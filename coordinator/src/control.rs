@@ -82,25 +82,45 @@ pub struct CheckpointReport {
 }
 
 /// A rescale as a tool asks for it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Node ids are renumbered by every commit, so a request names the view it
+/// was computed against: node 0 refuses it with
+/// [`ControlReply::ViewChanged`] when the job's epoch is no longer `epoch`,
+/// and the tool reads the view again (and recomputes, or gives up if the
+/// ids came from a user who saw the old view).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RescaleRequest {
-    /// Nodes (ids in the current view) to remove.
+    /// The epoch of the view `remove` was read from ([`JobStatus::epoch`]).
+    pub epoch: Epoch,
+    /// Nodes (ids in the view of `epoch`) to remove.
     pub remove: Vec<NodeId>,
     /// How many waiting newcomers to admit (fewer if fewer wait).
     pub admit: u32,
 }
 
 impl RescaleRequest {
-    /// A request from a keep/remove bitmap over the current nodes (`true` = keep).
-    pub fn from_keep_bitmap(keep: &[bool], admit: u32) -> Self {
+    /// A request from a keep/remove bitmap over the nodes of the view of
+    /// `epoch` (`true` = keep).
+    pub fn from_keep_bitmap(epoch: Epoch, keep: &[bool], admit: u32) -> Self {
         let remove = keep
             .iter()
             .enumerate()
             .filter(|(_, k)| !**k)
             .map(|(i, _)| i as NodeId)
             .collect();
-        RescaleRequest { remove, admit }
+        RescaleRequest {
+            epoch,
+            remove,
+            admit,
+        }
     }
+}
+
+/// The text of a [`ControlReply::ViewChanged`] refusal.
+pub fn view_changed_message(asked: Epoch, now: Epoch) -> String {
+    format!(
+        "the view changed: epoch {asked}, now {now}; node ids are renumbered by every commit — read the view again"
+    )
 }
 
 /// How long one stage of a rescale took.
@@ -167,6 +187,20 @@ pub enum ControlReply {
         /// Why.
         message: String,
     },
+    /// A rescale request computed against another view than the job's:
+    /// nothing was done. Read the view again; see [`view_changed_message`].
+    ViewChanged {
+        /// The epoch the request named.
+        asked: Epoch,
+        /// The job's epoch now.
+        now: Epoch,
+    },
+    /// Another rescale or checkpoint is in flight: nothing was done. Ask
+    /// again once it ended (its view will have changed after a rescale).
+    Busy {
+        /// What is in flight, in words.
+        message: String,
+    },
 }
 
 /// A running job as PE 0 sees it.
@@ -199,6 +233,37 @@ pub enum ControlError {
     /// A message out of place.
     #[error("unexpected message on the control endpoint: {0}")]
     Unexpected(String),
+    /// The rescale was refused because the view changed since the request
+    /// was computed (node ids are renumbered by every commit); nothing was
+    /// done. A request that can be recomputed is asked again.
+    #[error("rescale refused: {}", view_changed_message(*asked, *now))]
+    ViewChanged {
+        /// The epoch the request named.
+        asked: Epoch,
+        /// The job's epoch now.
+        now: Epoch,
+    },
+    /// Another rescale or checkpoint is in flight; nothing was done.
+    #[error("refused: {0}")]
+    Busy(String),
+}
+
+impl ControlError {
+    /// Whether asking again later, after reading the view again, may succeed
+    /// (nothing was done by this request).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ControlError::ViewChanged { .. } | ControlError::Busy(_))
+    }
+}
+
+/// The error a reply other than the one expected stands for.
+fn refusal(reply: ControlReply) -> ControlError {
+    match reply {
+        ControlReply::Error { message } => ControlError::Refused(message),
+        ControlReply::ViewChanged { asked, now } => ControlError::ViewChanged { asked, now },
+        ControlReply::Busy { message } => ControlError::Busy(message),
+        other => ControlError::Unexpected(format!("{other:?}")),
+    }
 }
 
 fn send<T: Serialize>(s: &mut TcpStream, msg: &T) -> Result<(), ControlError> {
@@ -299,8 +364,7 @@ impl ControlClient {
         )?;
         match recv::<ControlReply>(&mut stream)? {
             ControlReply::Welcome => Ok(ControlClient { stream }),
-            ControlReply::Error { message } => Err(ControlError::Refused(message)),
-            other => Err(ControlError::Unexpected(format!("{other:?}"))),
+            other => Err(refusal(other)),
         }
     }
 
@@ -309,8 +373,7 @@ impl ControlClient {
         send(&mut self.stream, &ControlRequest::Status)?;
         match recv::<ControlReply>(&mut self.stream)? {
             ControlReply::Status(s) => Ok(s),
-            ControlReply::Error { message } => Err(ControlError::Refused(message)),
-            other => Err(ControlError::Unexpected(format!("{other:?}"))),
+            other => Err(refusal(other)),
         }
     }
 
@@ -325,8 +388,7 @@ impl ControlClient {
         send(&mut self.stream, &ControlRequest::Rescale(req))?;
         match recv::<ControlReply>(&mut self.stream)? {
             ControlReply::Rescaled(r) => Ok(r),
-            ControlReply::Error { message } => Err(ControlError::Refused(message)),
-            other => Err(ControlError::Unexpected(format!("{other:?}"))),
+            other => Err(refusal(other)),
         }
     }
 
@@ -349,8 +411,7 @@ impl ControlClient {
         send(&mut self.stream, &ControlRequest::Checkpoint(req))?;
         match recv::<ControlReply>(&mut self.stream)? {
             ControlReply::Checkpointed(r) => Ok(r),
-            ControlReply::Error { message } => Err(ControlError::Refused(message)),
-            other => Err(ControlError::Unexpected(format!("{other:?}"))),
+            other => Err(refusal(other)),
         }
     }
 }
@@ -373,9 +434,14 @@ mod tests {
                     pending: vec![],
                     uptime_ms: 1,
                 }),
-                ControlRequest::Hello { .. }
-                | ControlRequest::Rescale(_)
-                | ControlRequest::Checkpoint(_) => ControlReply::Error {
+                ControlRequest::Rescale(r) if r.epoch != 3 => ControlReply::ViewChanged {
+                    asked: r.epoch,
+                    now: 3,
+                },
+                ControlRequest::Rescale(_) => ControlReply::Busy {
+                    message: "another rescale is in progress".into(),
+                },
+                ControlRequest::Hello { .. } | ControlRequest::Checkpoint(_) => ControlReply::Error {
                     message: "not served here".into(),
                 },
             })
@@ -390,6 +456,36 @@ mod tests {
         let mut c = ControlClient::connect(&addr, &secret, Duration::from_secs(5)).unwrap();
         let s = c.status().unwrap();
         assert_eq!((s.epoch, s.pes), (3, 4));
+        drop(c);
+        h.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn refusals_of_a_stale_view_and_of_a_busy_job_are_told_apart() {
+        let secret = Secret::generate();
+        let (addr, h) = server(secret.clone());
+        let mut c = ControlClient::connect(&addr, &secret, Duration::from_secs(5)).unwrap();
+        let req = |epoch| RescaleRequest {
+            epoch,
+            remove: vec![1],
+            admit: 0,
+        };
+        let e = c.rescale(req(2), Duration::from_secs(5)).unwrap_err();
+        assert!(
+            matches!(e, ControlError::ViewChanged { asked: 2, now: 3 }),
+            "{e}"
+        );
+        assert!(e.is_retryable());
+        assert!(
+            e.to_string()
+                .contains("the view changed: epoch 2, now 3; node ids are renumbered by every commit"),
+            "{e}"
+        );
+        // The connection stays usable after a refusal.
+        let e = c.rescale(req(3), Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, ControlError::Busy(ref m) if m.contains("in progress")), "{e}");
+        assert!(e.is_retryable());
+        assert_eq!(c.status().unwrap().epoch, 3);
         drop(c);
         h.join().unwrap().unwrap();
     }

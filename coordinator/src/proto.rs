@@ -23,8 +23,9 @@ pub type Epoch = u64;
 /// Compact index of a member in a view: `view.members[i].node == i`.
 pub type NodeId = u32;
 
-/// Version carried in every frame header and in `Hello`.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version carried in every frame header and in `Hello` (2: rescale
+/// requests name the epoch of their view).
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Largest payload a frame may carry, in bytes.
 pub const MAX_FRAME: usize = 1 << 20;

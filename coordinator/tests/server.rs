@@ -12,6 +12,7 @@ use ductile_coordinator::client::{Admission, Client, ClientError};
 use ductile_coordinator::core::Config;
 use ductile_coordinator::proto::{
     decode, encode, ClientMsg, ErrorCode, Registration, Role, ServerMsg, HEADER_LEN,
+    PROTOCOL_VERSION,
 };
 use ductile_coordinator::secret::Secret;
 use ductile_coordinator::server::{serve, ServerError};
@@ -158,7 +159,7 @@ fn garbage_gets_an_error_frame_and_a_closed_connection() {
     let secret = Secret::generate();
     let server = Server::start(Config::launch(secret.clone(), 1));
     let mut oversized = b"DUCT".to_vec();
-    oversized.extend_from_slice(&1u16.to_le_bytes());
+    oversized.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     oversized.extend_from_slice(&0u16.to_le_bytes());
     oversized.extend_from_slice(&u32::MAX.to_le_bytes());
     for (bytes, expected) in [

@@ -400,6 +400,7 @@ fn a_waiting_newcomer_registers_again_and_is_admitted_after_a_restart() {
         ductile_coordinator::control::ControlClient::connect(control.trim(), &secret, WAIT)
             .expect("control endpoint");
     let request = ductile_coordinator::control::RescaleRequest {
+        epoch: control.status().expect("status").epoch,
         remove: vec![],
         admit: 1,
     };

@@ -337,9 +337,11 @@ fn a_newcomer_that_dies_before_admission_is_dropped_not_fatal() {
         "the dead newcomer stayed pending"
     );
     let mut c = job.control();
+    let epoch = c.status().expect("status").epoch;
     let report = c
         .rescale(
             ductile_coordinator::control::RescaleRequest {
+                epoch,
                 remove: vec![],
                 admit: 2,
             },

@@ -240,10 +240,13 @@ fn prometheus_scrapes_node_0_and_sees_each_rescale_with_its_stages_and_gpu_work(
     // A request node 0 refuses: a newcomer to admit, and none waits.
     let secret = std::fs::read_to_string(state.join("secret")).unwrap();
     let control = std::fs::read_to_string(state.join("control.addr")).unwrap();
-    let refused = ControlClient::connect(&control, &Secret::from_hex(secret.trim()).unwrap(), WAIT)
-        .unwrap()
+    let mut client =
+        ControlClient::connect(&control, &Secret::from_hex(secret.trim()).unwrap(), WAIT).unwrap();
+    let epoch = client.status().unwrap().epoch;
+    let refused = client
         .rescale(
             RescaleRequest {
+                epoch,
                 remove: vec![],
                 admit: 1,
             },

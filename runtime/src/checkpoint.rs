@@ -184,13 +184,17 @@ pub(crate) fn serve_request(node: &Arc<NodeShared>, req: CheckpointRequest) -> C
         ));
     }
     if node.desk.lock().expect("rescale desk poisoned").is_some() {
-        return refuse("checkpoint refused: a rescale is in progress".into());
+        return ControlReply::Busy {
+            message: "checkpoint refused: a rescale is in progress; ask again once it ended".into(),
+        };
     }
     let (tx, rx) = crossbeam_channel::bounded(1);
     {
         let mut desk = node.checkpoint.lock().expect("checkpoint desk poisoned");
         if desk.is_some() {
-            return refuse("a checkpoint is already in progress".into());
+            return ControlReply::Busy {
+                message: "a checkpoint is already in progress".into(),
+            };
         }
         *desk = Some(CheckpointDesk {
             dir,

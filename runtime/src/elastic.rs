@@ -28,6 +28,15 @@ use crate::topo::Pe;
 /// Why a request cannot be carried out; nothing changes when one is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RescaleError {
+    /// The request was computed against another view: node ids are
+    /// renumbered by every commit, so its ids may name other nodes now.
+    #[error("{}", ductile_coordinator::control::view_changed_message(*asked, *now))]
+    ViewChanged {
+        /// The epoch the request named.
+        asked: u64,
+        /// The view's epoch.
+        now: u64,
+    },
     /// Node 0 hosts PE 0, which drives every rescale: it never leaves.
     #[error("node 0 cannot be removed: it hosts PE 0, which drives every rescale")]
     RemovesNodeZero,
@@ -64,6 +73,12 @@ pub struct Renumbering {
 
 /// Checks `req` against `view` and computes the renumbering it implies.
 pub fn plan(view: &View, req: &RescaleRequest) -> Result<Renumbering, RescaleError> {
+    if req.epoch != view.epoch {
+        return Err(RescaleError::ViewChanged {
+            asked: req.epoch,
+            now: view.epoch,
+        });
+    }
     let n = view.members.len();
     let mut leaving = vec![false; n];
     for &node in &req.remove {
@@ -130,9 +145,9 @@ pub(crate) fn serve_request(
             metrics::rescale_committed(&report);
             ControlReply::Rescaled(report)
         }
-        Err((outcome, message)) => {
+        Err((outcome, reply)) => {
             metrics::rescale_ended(outcome);
-            ControlReply::Error { message }
+            reply
         }
     }
 }
@@ -141,13 +156,15 @@ fn serve(
     node: &Arc<NodeShared>,
     coordinator: &Client,
     req: RescaleRequest,
-) -> Result<RescaleReport, (Outcome, String)> {
-    let refuse = |message: String| Err((Outcome::Refused, message));
+) -> Result<RescaleReport, (Outcome, ControlReply)> {
+    let refuse = |message: String| Err((Outcome::Refused, ControlReply::Error { message }));
     let Some(view) = node.view() else {
         return refuse("the job has no view yet".into());
     };
-    if let Err(e) = plan(&view, &req) {
-        return refuse(format!("rescale refused: {e}"));
+    // Checked again below under the desk's lock; checked here first so that
+    // a request that cannot run does not wait for the coordinator.
+    if let Err(reply) = check_admission(node, &view, &req) {
+        return Err((Outcome::Refused, reply));
     }
     let mut admit = req.admit;
     if admit > 0 {
@@ -163,25 +180,21 @@ fn serve(
             ));
         }
     }
-    let order = StopOrder {
-        epoch: view.epoch,
-        remove: req.remove,
-        admit,
-    };
     let (tx, rx) = crossbeam_channel::bounded(1);
     {
         let mut desk = node.desk.lock().expect("rescale desk poisoned");
-        if desk.is_some() {
-            return refuse("a rescale is already in progress".into());
+        // The view changes only by a rescale, which holds the desk: with the
+        // desk empty and the epoch checked under its lock, the ids of the
+        // request name the nodes the tool meant until this rescale commits.
+        let view = node.view().unwrap_or(view);
+        if let Err(reply) = check_admission_locked(node, desk.is_some(), &view, &req) {
+            return Err((Outcome::Refused, reply));
         }
-        if node
-            .checkpoint
-            .lock()
-            .expect("checkpoint desk poisoned")
-            .is_some()
-        {
-            return refuse("rescale refused: a checkpoint is in progress".into());
-        }
+        let order = StopOrder {
+            epoch: view.epoch,
+            remove: req.remove,
+            admit,
+        };
         *desk = Some(Desk::new(order, &view, tx));
     }
     // PE 0 is local rank 0 of node 0, where the control endpoint runs.
@@ -191,13 +204,52 @@ fn serve(
         payload: Payload::local(SysMsg::RescaleBegin),
         counted: false,
     });
+    let failed = |message: String| (Outcome::Failed, ControlReply::Error { message });
     match rx.recv_timeout(RESCALE_TIMEOUT) {
         Ok(Ok(report)) => Ok(report),
-        Ok(Err(e)) => Err((Outcome::Failed, format!("the rescale failed: {e}"))),
-        Err(_) => Err((
-            Outcome::Failed,
-            format!("the rescale did not complete within {RESCALE_TIMEOUT:?}"),
-        )),
+        Ok(Err(e)) => Err(failed(format!("the rescale failed: {e}"))),
+        Err(_) => Err(failed(format!(
+            "the rescale did not complete within {RESCALE_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// Whether `req` may start now: nothing else in flight, computed against
+/// `view`, and a request `plan` accepts. The refusal is the reply.
+fn check_admission(node: &NodeShared, view: &View, req: &RescaleRequest) -> Result<(), ControlReply> {
+    let busy = node.desk.lock().expect("rescale desk poisoned").is_some();
+    check_admission_locked(node, busy, view, req)
+}
+
+fn check_admission_locked(
+    node: &NodeShared,
+    rescaling: bool,
+    view: &View,
+    req: &RescaleRequest,
+) -> Result<(), ControlReply> {
+    if rescaling {
+        return Err(ControlReply::Busy {
+            message: "another rescale is in progress; ask again once it ended (node ids will have changed)".into(),
+        });
+    }
+    if node
+        .checkpoint
+        .lock()
+        .expect("checkpoint desk poisoned")
+        .is_some()
+    {
+        return Err(ControlReply::Busy {
+            message: "a checkpoint is in progress; ask again once it ended".into(),
+        });
+    }
+    match plan(view, req) {
+        Ok(_) => Ok(()),
+        Err(RescaleError::ViewChanged { asked, now }) => {
+            Err(ControlReply::ViewChanged { asked, now })
+        }
+        Err(e) => Err(ControlReply::Error {
+            message: format!("rescale refused: {e}"),
+        }),
     }
 }
 
@@ -227,7 +279,11 @@ mod tests {
     #[test]
     fn bad_requests_are_refused_with_a_reason() {
         let v = view(&[2, 1, 3]);
-        let req = |remove: Vec<u32>, admit| RescaleRequest { remove, admit };
+        let req = |remove: Vec<u32>, admit| RescaleRequest {
+            epoch: 4,
+            remove,
+            admit,
+        };
         assert_eq!(
             plan(&v, &req(vec![0], 0)),
             Err(RescaleError::RemovesNodeZero)
@@ -249,6 +305,18 @@ mod tests {
             plan(&v, &req(vec![], 2)).is_ok(),
             "a pure expansion is a request"
         );
+        let stale = RescaleRequest {
+            epoch: 3,
+            remove: vec![1],
+            admit: 0,
+        };
+        let e = plan(&v, &stale).unwrap_err();
+        assert_eq!(e, RescaleError::ViewChanged { asked: 3, now: 4 });
+        assert!(
+            e.to_string()
+                .contains("the view changed: epoch 3, now 4; node ids are renumbered"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -256,6 +324,7 @@ mod tests {
         let r = plan(
             &view(&[2, 1, 3]),
             &RescaleRequest {
+                epoch: 4,
                 remove: vec![1],
                 admit: 0,
             },
@@ -273,8 +342,9 @@ mod tests {
     #[test]
     fn the_bitmap_form_names_the_nodes_to_remove() {
         assert_eq!(
-            RescaleRequest::from_keep_bitmap(&[true, false, true, false], 1),
+            RescaleRequest::from_keep_bitmap(4, &[true, false, true, false], 1),
             RescaleRequest {
+                epoch: 4,
                 remove: vec![1, 3],
                 admit: 1
             }
@@ -293,7 +363,7 @@ mod tests {
         ) {
             let v = view(&pes);
             let remove: Vec<u32> = (1..pes.len() as u32).filter(|&i| picks[i as usize]).collect();
-            let req = RescaleRequest { remove: remove.clone(), admit: newcomers.len() as u32 };
+            let req = RescaleRequest { epoch: v.epoch, remove: remove.clone(), admit: newcomers.len() as u32 };
             prop_assume!(!(remove.is_empty() && newcomers.is_empty()));
             let r = plan(&v, &req).unwrap();
             let admitted: Vec<Member> = newcomers.iter().enumerate()

@@ -82,6 +82,7 @@ impl Stage {
 impl StopOrder {
     pub(crate) fn request(&self) -> crate::elastic::RescaleRequest {
         crate::elastic::RescaleRequest {
+            epoch: self.epoch,
             remove: self.remove.clone(),
             admit: self.admit,
         }

@@ -671,6 +671,12 @@ impl FakeJob {
         if let Some(message) = self.refuse.take() {
             return ControlReply::Error { message };
         }
+        if request.epoch != self.epoch {
+            return ControlReply::ViewChanged {
+                asked: request.epoch,
+                now: self.epoch,
+            };
+        }
         let before = self.epoch;
         let pes_before = 2 * self.members.len() as u32;
         let survivors: Vec<String> = self
@@ -1013,6 +1019,7 @@ async fn a_rescale_runs_in_the_background_and_its_commit_deletes_vacated_pods_an
     assert_eq!(
         fake.lock().unwrap().rescales,
         [RescaleRequest {
+            epoch: 1,
             remove: vec![2],
             admit: 1
         }]
@@ -1128,6 +1135,7 @@ async fn an_interruption_notice_with_no_replacement_shrinks_at_once_and_a_refusa
     assert_eq!(
         fake.lock().unwrap().rescales,
         [RescaleRequest {
+            epoch: 1,
             remove: vec![1],
             admit: 0
         }]
