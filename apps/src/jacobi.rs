@@ -317,6 +317,10 @@ impl Block {
             let res = self.sweep(ctx, report);
             self.iter += 1;
             self.got = 0;
+            if ctx.index() == (0, 0) {
+                // One block speaks for the job: its rate is the job's.
+                ctx.report_progress(1);
+            }
             if report {
                 ctx.contribute(res, Reducer::Max, Callback::main::<Main>(MainMsg::Residual));
             }

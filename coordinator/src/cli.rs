@@ -57,6 +57,9 @@ pub struct Args {
     /// nodes' rejoin window after a coordinator restart.
     #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout: u64,
+    /// Log lines as `text` or as one JSON object per line (`json`).
+    #[arg(long, value_enum, env = "DUCTILE_LOG_FORMAT", default_value_t = crate::logs::LogFormat::Text)]
+    pub log_format: crate::logs::LogFormat,
 }
 
 /// Why the coordinator command failed.
@@ -133,15 +136,18 @@ pub fn run(args: Args) -> Result<i32, CliError> {
     Ok(code)
 }
 
-/// Installs a stderr `tracing` subscriber filtered by `DUCTILE_LOG` (default `info`);
+/// Installs a stderr `tracing` subscriber filtered by `DUCTILE_LOG` (default `info`),
+/// in `format` (`--log-format`, `DUCTILE_LOG_FORMAT`);
 /// does nothing if one is already installed.
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env(contract::ENV_LOG)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+pub fn init_tracing(format: crate::logs::LogFormat) {
+    crate::logs::init(
+        crate::logs::LogSetup {
+            default_filter: "info",
+            target: true,
+            span_close: false,
+        },
+        format,
+    );
 }
 
 /// Parses `args` (the first item is the program name), runs, and returns the
@@ -158,7 +164,7 @@ where
             return if e.use_stderr() { EXIT_FAILURE } else { 0 };
         }
     };
-    init_tracing();
+    init_tracing(args.log_format);
     match run(args) {
         Ok(code) => code,
         Err(e) => {

@@ -13,7 +13,9 @@
 //! * [`core`]: the sans-IO state machine (all protocol rules live here);
 //! * [`server`]: the tokio layer that drives it; [`cli`]: the command line;
 //! * [`client`]: the blocking client the runtime's nodes use;
-//! * [`metrics`]: the Prometheus text format, for the runtime and the operator.
+//! * [`metrics`]: the process's Prometheus registry and the HTTP server of
+//!   its metrics port, for the runtime and the operator; [`logs`]: the
+//!   `tracing` set-up every binary shares (text or JSON).
 //!
 //! It does not depend on the runtime. See `docs/coordinator.md`.
 
@@ -23,6 +25,7 @@ pub mod contract;
 pub mod control;
 pub mod core;
 pub mod lifeline;
+pub mod logs;
 pub mod metrics;
 pub mod proto;
 pub mod secret;

@@ -95,6 +95,14 @@ impl<'a, C: Chare> Ctx<'a, C> {
             .contribute(self.coll, no, Value::Unit, Reducer::Sum, callback);
     }
 
+    /// Reports `iterations` more iterations of the program done, for the
+    /// node's `ductile_app_iterations_total` (docs/metrics.md): its rate is
+    /// the job's progress, which an HPA or an alert can follow. One relaxed
+    /// atomic add; have one element (or main) report for the job.
+    pub fn report_progress(&self, iterations: u64) {
+        crate::metrics::progress(iterations);
+    }
+
     /// Moves this element to PE `pe` once this entry method returns. Messages
     /// sent to it before, during and after the move are delivered exactly once.
     ///

@@ -1,31 +1,49 @@
 //! A node's Prometheus metrics on `GET /metrics` (`DUCTILE_METRICS`, see
-//! docs/metrics.md): the job as this node sees it, its GPUs, and on node 0
-//! (where rescales are served) every rescale's outcome and stage times, with
-//! the GPU work inside the stages as series of their own.
+//! docs/metrics.md): the job as this node sees it, its GPUs, the program's
+//! progress (`Ctx::report_progress`), the transport's traffic, and on node 0
+//! (where rescales and load balancing are decided) every rescale's outcome
+//! and stage times, with the GPU work inside the stages as series of their
+//! own, and every load-balancing step's time and migrations.
+//!
+//! Everything is in the process's one registry
+//! (`ductile_coordinator::metrics::registry`). Series that describe state
+//! the node keeps anyway (its view, its GPUs) are computed at scrape time;
+//! the hot path (a frame sent or received) adds to relaxed atomics spread
+//! over cache lines, one per thread slot, that a scrape sums.
 //!
 //! Every node serves them when the variable is set: a newcomer from the start,
 //! so its GPU start-up (paid while it waits, off the rescale's critical path)
 //! can be scraped before it is admitted.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
 
 use ductile_coordinator::control::RescaleReport;
-use ductile_coordinator::metrics::{
-    head_complete, parse_request, reply, Exposition, Histogram, Request, Summary, CONTENT_TYPE,
-    MAX_REQUEST_HEAD,
+use ductile_coordinator::metrics::prometheus::core::{Collector, Desc};
+use ductile_coordinator::metrics::prometheus::proto::MetricFamily;
+use ductile_coordinator::metrics::prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
-use tracing::debug;
+use ductile_coordinator::metrics::{self as exposition, Limits, Routes};
+use ductile_coordinator::proto::{NodeId, View};
 
 use crate::node::NodeShared;
+use crate::transport::{Reconciled, Sink, Tag, Transport, TransportError};
 
-/// Upper bounds (seconds) of the rescale-mechanism histogram's buckets.
-pub const MECHANISM_BUCKETS: [f64; 12] = [
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+/// Upper bounds (seconds) of the rescale-mechanism histogram's buckets:
+/// from a quarter of a millisecond (a rescale at 4 nodes takes a few) to 5 s.
+pub const MECHANISM_BUCKETS: [f64; 14] = [
+    0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+];
+
+/// Upper bounds (seconds) of the stage, GPU-work and load-balancing
+/// histograms: a stage takes from tens of microseconds to seconds.
+pub const STAGE_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
 ];
 
 /// GPU work a rescale report may name (`RescaleReport::gpu`); each gets a
@@ -53,35 +71,104 @@ impl Outcome {
     }
 }
 
-struct Rescales {
-    outcomes: BTreeMap<String, u64>,
-    stages: BTreeMap<String, Summary>,
-    gpu: BTreeMap<String, Summary>,
-    mechanism: Histogram,
-    migrations: u64,
+fn histogram(name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
+    HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)
+        .expect("a valid histogram")
+}
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("a valid counter")
+}
+
+/// Node 0's record of rescales and load-balancing steps. Every family is a
+/// vector, so none shows before the first observation: only node 0 serves
+/// rescales, and a node that never balanced has nothing to say about it.
+pub(crate) struct Rescales {
+    outcomes: IntCounterVec,
+    stages: HistogramVec,
+    gpu: HistogramVec,
+    mechanism: HistogramVec,
+    migrations: IntCounterVec,
+    lb_seconds: HistogramVec,
+    lb_migrations: IntCounterVec,
+    lb_bytes: IntCounterVec,
 }
 
 impl Rescales {
     fn new() -> Self {
         Rescales {
-            outcomes: BTreeMap::new(),
-            stages: BTreeMap::new(),
-            gpu: BTreeMap::new(),
-            mechanism: Histogram::new(&MECHANISM_BUCKETS),
-            migrations: 0,
+            outcomes: counter(
+                "ductile_rescales_total",
+                "Rescale requests served by this node (node 0), by outcome: committed, refused, failed.",
+                &["outcome"],
+            ),
+            stages: histogram(
+                "ductile_rescale_stage_seconds",
+                "Time of each stage of committed rescales (docs/elasticity.md), by stage.",
+                &STAGE_BUCKETS,
+                &["stage"],
+            ),
+            gpu: histogram(
+                "ductile_rescale_gpu_seconds",
+                "GPU work inside the stages of committed rescales, by kind: staging (device buffers of migrated chares, summed over PEs) and context (contexts created on the critical path; zero unless measuring).",
+                &STAGE_BUCKETS,
+                &["work"],
+            ),
+            mechanism: histogram(
+                "ductile_rescale_mechanism_seconds",
+                "The rescale mechanism's time (every stage but evacuate and balance) of committed rescales.",
+                &MECHANISM_BUCKETS,
+                &[],
+            ),
+            migrations: counter(
+                "ductile_rescale_migrations_total",
+                "Chares migrated by the evacuations and balancing steps of committed rescales.",
+                &[],
+            ),
+            lb_seconds: histogram(
+                "ductile_lb_step_seconds",
+                "Time of load-balancing steps (statistics, strategy, migrations), by kind: at_sync (the program's) or rescale (a rescale's evacuation or balancing).",
+                &STAGE_BUCKETS,
+                &["kind"],
+            ),
+            lb_migrations: counter(
+                "ductile_lb_migrations_total",
+                "Chares migrated by load-balancing steps, by kind.",
+                &["kind"],
+            ),
+            lb_bytes: counter(
+                "ductile_lb_migrated_bytes_total",
+                "Bytes of chare state sent by the migrations of load-balancing steps, by kind.",
+                &["kind"],
+            ),
         }
     }
 
-    fn ended(&mut self, outcome: Outcome) {
-        *self.outcomes.entry(outcome.label().into()).or_default() += 1;
+    fn register(&self, registry: &Registry) {
+        let families: [Box<dyn Collector>; 8] = [
+            Box::new(self.outcomes.clone()),
+            Box::new(self.stages.clone()),
+            Box::new(self.gpu.clone()),
+            Box::new(self.mechanism.clone()),
+            Box::new(self.migrations.clone()),
+            Box::new(self.lb_seconds.clone()),
+            Box::new(self.lb_migrations.clone()),
+            Box::new(self.lb_bytes.clone()),
+        ];
+        for family in families {
+            exposition::register(registry, family);
+        }
     }
 
-    fn committed(&mut self, report: &RescaleReport) {
+    fn ended(&self, outcome: Outcome) {
+        self.outcomes.with_label_values(&[outcome.label()]).inc();
+    }
+
+    fn committed(&self, report: &RescaleReport) {
         self.ended(Outcome::Committed);
         for s in &report.stages {
             self.stages
-                .entry(s.stage.clone())
-                .or_default()
+                .with_label_values(&[s.stage.as_str()])
                 .observe(s.ms / 1e3);
         }
         // One observation per kind and rescale: the known kinds always
@@ -91,138 +178,390 @@ impl Rescales {
             *gpu_ms.entry(&g.stage).or_default() += g.ms;
         }
         for (work, ms) in gpu_ms {
-            self.gpu.entry(work.into()).or_default().observe(ms / 1e3);
+            self.gpu.with_label_values(&[work]).observe(ms / 1e3);
         }
-        self.mechanism.observe(report.mechanism_ms / 1e3);
-        self.migrations += report.migrations;
+        self.mechanism
+            .with_label_values::<&str>(&[])
+            .observe(report.mechanism_ms / 1e3);
+        self.migrations
+            .with_label_values::<&str>(&[])
+            .inc_by(report.migrations);
     }
 
-    /// Nothing before the first request: only node 0 serves rescales.
-    fn write(&self, page: &mut Exposition) {
-        if self.outcomes.is_empty() {
-            return;
-        }
-        page.counters_by(
-            "ductile_rescales_total",
-            "Rescale requests served by this node (node 0), by outcome: committed, refused, failed.",
-            "outcome",
-            &self.outcomes,
-        )
-        .summaries_by(
-            "ductile_rescale_stage_seconds",
-            "Time of each stage of committed rescales (docs/elasticity.md), by stage.",
-            "stage",
-            &self.stages,
-        )
-        .summaries_by(
-            "ductile_rescale_gpu_seconds",
-            "GPU work inside the stages of committed rescales, by kind: staging (device buffers of migrated chares, summed over PEs) and context (contexts created on the critical path; zero unless measuring).",
-            "work",
-            &self.gpu,
-        )
-        .histogram(
-            "ductile_rescale_mechanism_seconds",
-            "The rescale mechanism's time (every stage but evacuate and balance) of committed rescales.",
-            &self.mechanism,
-        )
-        .single(
-            "ductile_rescale_migrations_total",
-            "Chares migrated by the evacuations and balancing steps of committed rescales.",
-            "counter",
-            self.migrations,
-        );
+    fn lb_step(&self, forced: bool, seconds: f64, migrations: u64, bytes: u64) {
+        let kind = [if forced { "rescale" } else { "at_sync" }];
+        self.lb_seconds.with_label_values(&kind).observe(seconds);
+        self.lb_migrations
+            .with_label_values(&kind)
+            .inc_by(migrations);
+        self.lb_bytes.with_label_values(&kind).inc_by(bytes);
     }
 }
 
-/// This process's rescale records.
-static RESCALES: LazyLock<Mutex<Rescales>> = LazyLock::new(|| Mutex::new(Rescales::new()));
-
-fn rescales<R>(f: impl FnOnce(&mut Rescales) -> R) -> R {
-    // A panic elsewhere while holding the lock leaves counters usable.
-    f(&mut RESCALES.lock().unwrap_or_else(|p| p.into_inner()))
-}
+/// This process's rescale and load-balancing records.
+static RESCALES: LazyLock<Rescales> = LazyLock::new(|| {
+    let r = Rescales::new();
+    r.register(exposition::registry());
+    r
+});
 
 /// Records a rescale request that ended without a report.
 pub(crate) fn rescale_ended(outcome: Outcome) {
-    rescales(|r| r.ended(outcome));
+    RESCALES.ended(outcome);
 }
 
 /// Records a committed rescale.
 pub(crate) fn rescale_committed(report: &RescaleReport) {
-    rescales(|r| r.committed(report));
+    RESCALES.committed(report);
 }
 
-/// The page: what `GET /metrics` answers.
-pub(crate) fn render(node: &NodeShared) -> String {
-    let mut page = Exposition::new();
-    let topo = node.topology_now();
-    let local_pes = node.inboxes.len();
-    page.single(
-        "ductile_node_pes",
-        "PEs (scheduler threads) this process runs.",
-        "gauge",
-        local_pes,
-    );
-    page.single(
-        "ductile_node_member",
-        "1 once this node is a member of the job (0 while a newcomer waits).",
-        "gauge",
-        u8::from(topo.is_some()),
-    );
-    if let Some(t) = &topo {
-        page.single(
-            "ductile_node_id",
-            "This node's id in the current view (ids are renumbered by rescales).",
-            "gauge",
-            t.my_node(),
-        )
-        .single(
-            "ductile_job_epoch",
-            "The job's membership epoch.",
-            "gauge",
-            t.epoch(),
-        )
-        .single(
-            "ductile_job_nodes",
-            "Nodes in the job.",
-            "gauge",
-            t.num_nodes(),
-        )
-        .single("ductile_job_pes", "PEs in the job.", "gauge", t.num_pes());
-    }
-    gpu_section(&mut page);
-    rescales(|r| r.write(&mut page));
-    page.finish()
+/// Records a load-balancing step that ended (on PE 0): `forced` for a
+/// rescale's, its wall time, and what it moved.
+pub(crate) fn lb_step(forced: bool, seconds: f64, migrations: u64, bytes: u64) {
+    RESCALES.lb_step(forced, seconds, migrations, bytes);
 }
 
-fn gpu_section(page: &mut Exposition) {
-    let Some(start) = crate::gpu::start_times() else {
-        return;
-    };
-    page.single(
-        "ductile_gpu_devices",
-        "GPUs this process uses.",
-        "gauge",
-        start.devices,
+/// The program's progress (`Ctx::report_progress`).
+static PROGRESS: LazyLock<IntCounter> = LazyLock::new(|| {
+    let c = IntCounter::new(
+        "ductile_app_iterations_total",
+        "Iterations the program reported done on this node (Ctx::report_progress); its rate is the job's progress.",
     )
-    .single(
-        "ductile_gpu_contexts_created_total",
-        "CUDA contexts this process created; one per device at start, and no more: rescales keep them.",
-        "counter",
-        crate::gpu::contexts_created(),
+    .expect("a valid counter");
+    exposition::register(exposition::registry(), Box::new(c.clone()));
+    c
+});
+
+/// Adds `iterations` to the program's progress.
+pub(crate) fn progress(iterations: u64) {
+    PROGRESS.inc_by(iterations);
+}
+
+// ---------------------------------------------------------------------------
+// The transport's traffic, counted without a lock or a shared cache line.
+
+/// Thread slots of a striped counter: more than PEs per node usually are;
+/// threads beyond share slots, which costs only contention.
+const STRIPES: usize = 16;
+
+#[repr(align(128))]
+#[derive(Default)]
+struct Slot(AtomicU64);
+
+/// A counter that threads add to without sharing a cache line.
+#[derive(Default)]
+pub(crate) struct Striped([Slot; STRIPES]);
+
+impl Striped {
+    /// Adds `n` (relaxed: it orders nothing).
+    #[inline]
+    pub(crate) fn add(&self, n: u64) {
+        self.0[stripe()].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The total so far.
+    pub(crate) fn sum(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
+fn stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    STRIPE.with(|s| *s)
+}
+
+/// Frames and bytes one transport sent and received.
+#[derive(Default)]
+pub(crate) struct Traffic {
+    sent_frames: Striped,
+    sent_bytes: Striped,
+    received_frames: Striped,
+    received_bytes: Striped,
+}
+
+/// Transports a node may run, each with its counters.
+const TRANSPORTS: [&str; 2] = ["tcp", "ucx"];
+
+/// The traffic of each transport, and the collector that exports it.
+struct TrafficCollector {
+    traffic: [Traffic; TRANSPORTS.len()],
+    frames: IntCounterVec,
+    bytes: IntCounterVec,
+    descs: Vec<Desc>,
+}
+
+static TRAFFIC: LazyLock<Arc<TrafficCollector>> = LazyLock::new(|| {
+    let frames = counter(
+        "ductile_transport_messages_total",
+        "Frames this node's transport sent to or received from other nodes, by transport and direction (sent, received).",
+        &["transport", "direction"],
     );
-    let name = "ductile_gpu_start_seconds";
-    page.family(
-        name,
-        "GPU start-up of this process by step (a newcomer pays it while it waits, before admission).",
-        "gauge",
+    let bytes = counter(
+        "ductile_transport_bytes_total",
+        "Bytes of the frames this node's transport sent or received, by transport and direction.",
+        &["transport", "direction"],
     );
-    for (step, seconds) in [
-        ("context", start.context_s),
-        ("compile", start.compile_s),
-        ("load", start.load_s),
-    ] {
-        page.sample(name, &[("step", step)], seconds);
+    let descs = frames
+        .desc()
+        .into_iter()
+        .chain(bytes.desc())
+        .cloned()
+        .collect();
+    let c = Arc::new(TrafficCollector {
+        traffic: Default::default(),
+        frames,
+        bytes,
+        descs,
+    });
+    exposition::register(exposition::registry(), Box::new(Shared(c.clone())));
+    c
+});
+
+/// A collector shared between the registry and the code that feeds it.
+struct Shared<C>(Arc<C>);
+
+impl<C: Collector> Collector for Shared<C> {
+    fn desc(&self) -> Vec<&Desc> {
+        self.0.desc()
+    }
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.0.collect()
+    }
+}
+
+impl Collector for TrafficCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        // Fresh families each time, holding the sums: a counter cannot be set.
+        let frames = self.frames.clone();
+        frames.reset();
+        let bytes = self.bytes.clone();
+        bytes.reset();
+        for (name, t) in TRANSPORTS.iter().zip(&self.traffic) {
+            let (sent_frames, received_frames) = (t.sent_frames.sum(), t.received_frames.sum());
+            if sent_frames + received_frames == 0 {
+                continue;
+            }
+            frames
+                .with_label_values(&[name, "sent"])
+                .inc_by(sent_frames);
+            frames
+                .with_label_values(&[name, "received"])
+                .inc_by(received_frames);
+            bytes
+                .with_label_values(&[name, "sent"])
+                .inc_by(t.sent_bytes.sum());
+            bytes
+                .with_label_values(&[name, "received"])
+                .inc_by(t.received_bytes.sum());
+        }
+        frames.collect().into_iter().chain(bytes.collect()).collect()
+    }
+}
+
+fn traffic_of(transport: &str) -> &'static Traffic {
+    let i = TRANSPORTS
+        .iter()
+        .position(|t| *t == transport)
+        .unwrap_or(0);
+    &LazyLock::force(&TRAFFIC).traffic[i]
+}
+
+/// A transport whose frames are counted (`ductile_transport_*`).
+pub(crate) struct CountedTransport {
+    inner: Arc<dyn Transport>,
+    traffic: &'static Traffic,
+}
+
+/// `transport` (named `name`: `tcp`, `ucx`) with its sent frames counted.
+pub(crate) fn counted(name: &str, transport: Arc<dyn Transport>) -> Arc<dyn Transport> {
+    Arc::new(CountedTransport {
+        inner: transport,
+        traffic: traffic_of(name),
+    })
+}
+
+impl Transport for CountedTransport {
+    fn address(&self) -> Vec<u8> {
+        self.inner.address()
+    }
+    fn send(&self, to: NodeId, tag: Tag, parts: &[&[u8]]) -> Result<(), TransportError> {
+        self.traffic.sent_frames.add(1);
+        self.traffic
+            .sent_bytes
+            .add(parts.iter().map(|p| p.len() as u64).sum());
+        self.inner.send(to, tag, parts)
+    }
+    fn send_frame(&self, to: NodeId, tag: Tag, frame: Vec<u8>) -> Result<(), TransportError> {
+        self.traffic.sent_frames.add(1);
+        self.traffic.sent_bytes.add(frame.len() as u64);
+        self.inner.send_frame(to, tag, frame)
+    }
+    fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError> {
+        self.inner.reconcile(view, me)
+    }
+    fn shutdown(&self) {
+        self.inner.shutdown()
+    }
+    fn poll(&self) -> bool {
+        self.inner.poll()
+    }
+}
+
+/// A sink whose received frames are counted.
+pub(crate) struct CountedSink<S> {
+    inner: S,
+    traffic: &'static Traffic,
+}
+
+impl<S: Sink> CountedSink<S> {
+    /// `sink` of the transport named `name`, counted.
+    pub(crate) fn new(name: &str, sink: S) -> Self {
+        CountedSink {
+            inner: sink,
+            traffic: traffic_of(name),
+        }
+    }
+}
+
+impl<S: Sink> Sink for CountedSink<S> {
+    fn deliver(&self, tag: Tag, frame: Vec<u8>) {
+        self.traffic.received_frames.add(1);
+        self.traffic.received_bytes.add(frame.len() as u64);
+        self.inner.deliver(tag, frame)
+    }
+    fn lost(&self, peer_uid: u64, reason: String) {
+        self.inner.lost(peer_uid, reason)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Series computed at scrape time.
+
+/// The job as this node sees it, and its GPUs.
+struct NodeCollector {
+    node: Weak<NodeShared>,
+    pes: IntGauge,
+    member: IntGauge,
+    id: IntGauge,
+    epoch: IntGauge,
+    nodes: IntGauge,
+    job_pes: IntGauge,
+    gpu_devices: IntGauge,
+    gpu_contexts: IntCounter,
+    gpu_start: GaugeVec,
+    descs: Vec<Desc>,
+}
+
+impl NodeCollector {
+    fn new(node: Weak<NodeShared>) -> Self {
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("a valid gauge");
+        let mut c = NodeCollector {
+            node,
+            pes: gauge("ductile_node_pes", "PEs (scheduler threads) this process runs."),
+            member: gauge(
+                "ductile_node_member",
+                "1 once this node is a member of the job (0 while a newcomer waits).",
+            ),
+            id: gauge(
+                "ductile_node_id",
+                "This node's id in the current view (ids are renumbered by rescales).",
+            ),
+            epoch: gauge("ductile_job_epoch", "The job's membership epoch."),
+            nodes: gauge("ductile_job_nodes", "Nodes in the job."),
+            job_pes: gauge("ductile_job_pes", "PEs in the job."),
+            gpu_devices: gauge("ductile_gpu_devices", "GPUs this process uses."),
+            gpu_contexts: IntCounter::new(
+                "ductile_gpu_contexts_created_total",
+                "CUDA contexts this process created; one per device at start, and no more: rescales keep them.",
+            )
+            .expect("a valid counter"),
+            gpu_start: GaugeVec::new(
+                Opts::new(
+                    "ductile_gpu_start_seconds",
+                    "GPU start-up of this process by step (a newcomer pays it while it waits, before admission).",
+                ),
+                &["step"],
+            )
+            .expect("a valid gauge"),
+            descs: Vec::new(),
+        };
+        let metrics: [&dyn Collector; 9] = [
+            &c.pes,
+            &c.member,
+            &c.id,
+            &c.epoch,
+            &c.nodes,
+            &c.job_pes,
+            &c.gpu_devices,
+            &c.gpu_contexts,
+            &c.gpu_start,
+        ];
+        let descs = metrics
+            .iter()
+            .flat_map(|m| m.desc())
+            .cloned()
+            .collect();
+        c.descs = descs;
+        c
+    }
+
+    /// The GPU section: nothing until GPUs started.
+    fn gpu(&self) -> Vec<MetricFamily> {
+        let Some(start) = crate::gpu::start_times() else {
+            return Vec::new();
+        };
+        self.gpu_devices.set(start.devices as i64);
+        let contexts = self.gpu_contexts.clone();
+        contexts.reset();
+        contexts.inc_by(crate::gpu::contexts_created() as u64);
+        for (step, seconds) in [
+            ("context", start.context_s),
+            ("compile", start.compile_s),
+            ("load", start.load_s),
+        ] {
+            self.gpu_start.with_label_values(&[step]).set(seconds);
+        }
+        [
+            self.gpu_devices.collect(),
+            contexts.collect(),
+            self.gpu_start.collect(),
+        ]
+        .concat()
+    }
+}
+
+impl Collector for NodeCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let Some(node) = self.node.upgrade() else {
+            return Vec::new();
+        };
+        let topo = node.topology_now();
+        self.pes.set(node.inboxes.len() as i64);
+        self.member.set(i64::from(topo.is_some()));
+        let mut out = [self.pes.collect(), self.member.collect()].concat();
+        // A newcomer has no id, epoch or job yet: those stay out.
+        if let Some(t) = &topo {
+            self.id.set(i64::from(t.my_node()));
+            self.epoch.set(t.epoch() as i64);
+            self.nodes.set(t.num_nodes() as i64);
+            self.job_pes.set(t.num_pes() as i64);
+            for g in [&self.id, &self.epoch, &self.nodes, &self.job_pes] {
+                out.extend(g.collect());
+            }
+        }
+        out.extend(self.gpu());
+        out
     }
 }
 
@@ -233,49 +572,29 @@ pub(crate) fn start(
     addr_file: Option<PathBuf>,
     node: Arc<NodeShared>,
 ) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(listen)?;
-    let bound = listener.local_addr()?;
+    let listener = std::net::TcpListener::bind(listen)?;
+    let registry = exposition::registry();
+    exposition::register(
+        registry,
+        Box::new(NodeCollector::new(Arc::downgrade(&node))),
+    );
+    // The families that exist from the start, so that the first scrape
+    // already names them (empty until something is observed).
+    LazyLock::force(&RESCALES);
+    LazyLock::force(&TRAFFIC);
+    LazyLock::force(&PROGRESS);
+    let routes: Routes = exposition::metrics_only(registry);
+    let bound = exposition::serve_in_thread(listener, Limits::default(), routes)?;
     if let Some(path) = addr_file {
         crate::files::write_atomically(&path, bound.to_string())?;
     }
-    std::thread::Builder::new()
-        .name("ductile-metrics".into())
-        .spawn(move || {
-            // One scrape at a time: a scrape is a few kilobytes, and a slow
-            // client times out rather than holding the thread.
-            for stream in listener.incoming().flatten() {
-                if let Err(e) = serve(stream, &node) {
-                    debug!("metrics request failed: {e}");
-                }
-            }
-        })?;
     Ok(bound)
 }
 
-fn serve(mut stream: TcpStream, node: &NodeShared) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut head = Vec::with_capacity(512);
-    let mut chunk = [0u8; 1024];
-    while !head_complete(&head) && head.len() < MAX_REQUEST_HEAD {
-        let n = stream.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&chunk[..n]);
-    }
-    let (status, content_type, body) = match parse_request(&head) {
-        Request::Get(path) if path == "/metrics" => ("200 OK", CONTENT_TYPE, render(node)),
-        Request::Get(_) => ("404 Not Found", "text/plain", "not found\n".into()),
-        Request::Other(_) => ("405 Method Not Allowed", "text/plain", "only GET\n".into()),
-        Request::Malformed => (
-            "400 Bad Request",
-            "text/plain",
-            "not an HTTP request\n".into(),
-        ),
-    };
-    stream.write_all(reply(status, content_type, &body).as_bytes())?;
-    stream.shutdown(std::net::Shutdown::Write)
+/// The page a scrape gets (tests).
+#[cfg(test)]
+fn page(registry: &Registry) -> String {
+    exposition::Page::metrics(registry).body
 }
 
 #[cfg(test)]
@@ -306,12 +625,21 @@ mod tests {
         }
     }
 
+    fn has_lines(text: &str, lines: &[&str]) {
+        for line in lines {
+            assert!(
+                text.lines().any(|l| l == *line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+
     #[test]
     fn rescales_are_counted_by_outcome_and_gpu_work_has_series_of_its_own() {
-        let mut r = Rescales::new();
-        let mut page = Exposition::new();
-        r.write(&mut page);
-        assert_eq!(page.finish(), "", "no rescale served: no rescale families");
+        let registry = Registry::new();
+        let r = Rescales::new();
+        r.register(&registry);
+        assert_eq!(page(&registry), "", "no rescale served: no rescale families");
 
         r.ended(Outcome::Refused);
         r.committed(&report(
@@ -322,40 +650,111 @@ mod tests {
         // A CPU job: no GPU work, yet both kinds get a zero observation.
         r.committed(&report(vec![stage("stop", 0.5)], vec![], 0.5));
         r.ended(Outcome::Failed);
-        let mut page = Exposition::new();
-        r.write(&mut page);
-        let text = page.finish();
-        for line in [
-            "ductile_rescales_total{outcome=\"committed\"} 2",
-            "ductile_rescales_total{outcome=\"refused\"} 1",
-            "ductile_rescales_total{outcome=\"failed\"} 1",
-            "ductile_rescale_stage_seconds_sum{stage=\"stop\"} 0.0025",
-            "ductile_rescale_stage_seconds_count{stage=\"stop\"} 2",
-            "ductile_rescale_stage_seconds_count{stage=\"reentry\"} 1",
-            "ductile_rescale_gpu_seconds_sum{work=\"staging\"} 0.004",
-            "ductile_rescale_gpu_seconds_count{work=\"staging\"} 2",
-            "ductile_rescale_gpu_seconds_sum{work=\"context\"} 0",
-            "ductile_rescale_gpu_seconds_count{work=\"context\"} 2",
-            "ductile_rescale_mechanism_seconds_bucket{le=\"0.001\"} 1",
-            "ductile_rescale_mechanism_seconds_bucket{le=\"0.005\"} 2",
-            "ductile_rescale_mechanism_seconds_count 2",
-            "ductile_rescale_migrations_total 10",
-            "# TYPE ductile_rescale_gpu_seconds summary",
-        ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "missing {line:?} in\n{text}"
-            );
+        let text = page(&registry);
+        has_lines(
+            &text,
+            &[
+                "ductile_rescales_total{outcome=\"committed\"} 2",
+                "ductile_rescales_total{outcome=\"refused\"} 1",
+                "ductile_rescales_total{outcome=\"failed\"} 1",
+                "ductile_rescale_stage_seconds_sum{stage=\"stop\"} 0.0025",
+                "ductile_rescale_stage_seconds_count{stage=\"stop\"} 2",
+                "ductile_rescale_stage_seconds_count{stage=\"reentry\"} 1",
+                // Millisecond buckets: 0.5 ms and 2 ms fall apart.
+                "ductile_rescale_stage_seconds_bucket{stage=\"stop\",le=\"0.0005\"} 1",
+                "ductile_rescale_stage_seconds_bucket{stage=\"stop\",le=\"0.001\"} 1",
+                "ductile_rescale_stage_seconds_bucket{stage=\"stop\",le=\"0.0025\"} 2",
+                "ductile_rescale_gpu_seconds_sum{work=\"staging\"} 0.004",
+                "ductile_rescale_gpu_seconds_count{work=\"staging\"} 2",
+                "ductile_rescale_gpu_seconds_sum{work=\"context\"} 0",
+                "ductile_rescale_gpu_seconds_count{work=\"context\"} 2",
+                "ductile_rescale_mechanism_seconds_bucket{le=\"0.0005\"} 1",
+                "ductile_rescale_mechanism_seconds_bucket{le=\"0.001\"} 1",
+                "ductile_rescale_mechanism_seconds_bucket{le=\"0.005\"} 2",
+                "ductile_rescale_mechanism_seconds_count 2",
+                "ductile_rescale_migrations_total 10",
+                "# TYPE ductile_rescale_gpu_seconds histogram",
+            ],
+        );
+        assert!(!text.contains("ductile_lb_"), "no LB step yet\n{text}");
+        r.lb_step(false, 0.003, 4, 4096);
+        r.lb_step(true, 0.02, 1, 100);
+        r.lb_step(false, 0.001, 0, 0);
+        has_lines(
+            &page(&registry),
+            &[
+                "ductile_lb_step_seconds_count{kind=\"at_sync\"} 2",
+                "ductile_lb_step_seconds_bucket{kind=\"at_sync\",le=\"0.001\"} 1",
+                "ductile_lb_step_seconds_count{kind=\"rescale\"} 1",
+                "ductile_lb_migrations_total{kind=\"at_sync\"} 4",
+                "ductile_lb_migrated_bytes_total{kind=\"at_sync\"} 4096",
+                "ductile_lb_migrated_bytes_total{kind=\"rescale\"} 100",
+            ],
+        );
+    }
+
+    #[test]
+    fn striped_counters_sum_what_every_thread_added() {
+        let c = Arc::new(Striped::default());
+        let threads: Vec<_> = (0..40)
+            .map(|i| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        c.add(i);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
         }
+        assert_eq!(c.sum(), 1000 * (0..40).sum::<u64>());
+    }
+
+    #[test]
+    fn traffic_is_counted_by_transport_and_direction() {
+        struct Null;
+        impl Transport for Null {
+            fn address(&self) -> Vec<u8> {
+                Vec::new()
+            }
+            fn send(&self, _: NodeId, _: Tag, _: &[&[u8]]) -> Result<(), TransportError> {
+                Ok(())
+            }
+            fn reconcile(&self, _: &View, _: NodeId) -> Result<Reconciled, TransportError> {
+                Ok(Reconciled::default())
+            }
+            fn shutdown(&self) {}
+        }
+        impl Sink for Null {
+            fn deliver(&self, _: Tag, _: Vec<u8>) {}
+            fn lost(&self, _: u64, _: String) {}
+        }
+        // The only test of this binary that counts "ucx" traffic: the
+        // counters are process-wide, as they are in a node.
+        let t = counted("ucx", Arc::new(Null));
+        let tag = Tag::new(0, 1, 1);
+        t.send(1, tag, &[b"abc", b"de"]).unwrap();
+        t.send_frame(1, tag, vec![0; 10]).unwrap();
+        CountedSink::new("ucx", Null).deliver(tag, vec![0; 7]);
+        has_lines(
+            &page(exposition::registry()),
+            &[
+                "ductile_transport_messages_total{direction=\"sent\",transport=\"ucx\"} 2",
+                "ductile_transport_bytes_total{direction=\"sent\",transport=\"ucx\"} 15",
+                "ductile_transport_messages_total{direction=\"received\",transport=\"ucx\"} 1",
+                "ductile_transport_bytes_total{direction=\"received\",transport=\"ucx\"} 7",
+            ],
+        );
     }
 
     #[test]
     fn the_gpu_section_appears_once_the_gpus_started_and_counts_contexts() {
         // The only test of this binary that starts "GPUs": the records are
         // process-wide, as they are in a node.
-        let mut page = Exposition::new();
-        gpu_section(&mut page);
-        assert_eq!(page.finish(), "", "no GPUs started: no GPU section");
+        let c = NodeCollector::new(Weak::new());
+        assert!(c.gpu().is_empty(), "no GPUs started: no GPU section");
         crate::gpu::record_start(crate::gpu::StartTimes {
             devices: 2,
             context_s: 0.25,
@@ -364,21 +763,20 @@ mod tests {
         });
         crate::gpu::context_created();
         crate::gpu::context_created();
-        let mut page = Exposition::new();
-        gpu_section(&mut page);
-        let text = page.finish();
-        for line in [
-            "ductile_gpu_devices 2",
-            "ductile_gpu_contexts_created_total 2",
-            "ductile_gpu_start_seconds{step=\"context\"} 0.25",
-            "ductile_gpu_start_seconds{step=\"compile\"} 0.5",
-            "ductile_gpu_start_seconds{step=\"load\"} 0.125",
-            "# TYPE ductile_gpu_start_seconds gauge",
-        ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "missing {line:?} in\n{text}"
-            );
-        }
+        let mut text = String::new();
+        ductile_coordinator::metrics::prometheus::TextEncoder::new()
+            .encode_utf8(&c.gpu(), &mut text)
+            .unwrap();
+        has_lines(
+            &text,
+            &[
+                "ductile_gpu_devices 2",
+                "ductile_gpu_contexts_created_total 2",
+                "ductile_gpu_start_seconds{step=\"context\"} 0.25",
+                "ductile_gpu_start_seconds{step=\"compile\"} 0.5",
+                "ductile_gpu_start_seconds{step=\"load\"} 0.125",
+                "# TYPE ductile_gpu_start_seconds gauge",
+            ],
+        );
     }
 }

@@ -341,15 +341,15 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".into())
 }
 
+/// `DUCTILE_LOG` (default `warn`) in the format of `DUCTILE_LOG_FORMAT`;
+/// spans log their close, so `DUCTILE_LOG=ductile=debug` times each rescale
+/// stage and LB step.
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env(contract::ENV_LOG)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+    ductile_coordinator::logs::init_from_env(ductile_coordinator::logs::LogSetup {
+        default_filter: "warn",
+        target: false,
+        span_close: true,
+    });
 }
 
 fn install_panic_exit() {
@@ -501,7 +501,11 @@ fn run_member(
             available.join(", ")
         ));
     }
-    let sink = Arc::new(NodeSink(Arc::downgrade(node)));
+    // Frames counted both ways for the metrics (relaxed atomics, no lock).
+    let sink = Arc::new(crate::metrics::CountedSink::new(
+        &chosen,
+        NodeSink(Arc::downgrade(node)),
+    ));
     // The TCP transport also needs this node's uid once registered.
     let (transport, tcp): (Arc<dyn Transport>, Option<Arc<TcpTransport>>) = match chosen.as_str() {
         #[cfg(feature = "ucx")]
@@ -515,6 +519,7 @@ fn run_member(
             (t.clone(), Some(t))
         }
     };
+    let transport = crate::metrics::counted(&chosen, transport);
     let _ = node.transport.set(transport.clone());
     let client = Client::connect(coordinator, &secret, CONNECT_TIMEOUT).unwrap_or_else(|e| {
         fail_startup(format!(

@@ -220,7 +220,7 @@ pub fn run_process(program: &str, args: &OperatorArgs) -> i32 {
 /// then the controller until SIGTERM or lost leadership.
 pub async fn main(config: OperatorConfig) -> anyhow::Result<()> {
     let client = Client::try_default().await?;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::process());
     let ready = Arc::new(AtomicBool::new(false));
     let bound = spawn_server(config.metrics, metrics.clone(), ready.clone()).await?;
     tracing::info!(%bound, "metrics on /metrics, probes on /healthz and /readyz");

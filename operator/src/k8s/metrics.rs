@@ -1,5 +1,6 @@
-//! The operator's Prometheus metrics and the small HTTP server that serves
-//! them with `/healthz` and `/readyz`. The text format is
+//! The operator's Prometheus metrics and the server of its metrics port,
+//! with `/healthz` and `/readyz`. The registry, the text format and the
+//! HTTP server (hyper, with bounds on connections and request time) are
 //! `ductile_coordinator::metrics`, shared with the job's nodes.
 
 use std::collections::BTreeMap;
@@ -7,195 +8,219 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ductile_coordinator::metrics::{
-    head_complete, parse_request, reply, Exposition, Histogram, Request, CONTENT_TYPE,
-    MAX_REQUEST_HEAD,
+use ductile_coordinator::metrics::prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use ductile_coordinator::metrics::{self as exposition, Limits, Page, Routes, StatusCode};
 use tokio::net::TcpListener;
 
 /// Upper bounds (seconds) of the notice-to-commit histogram's buckets.
 pub const NOTICE_TO_COMMIT_BUCKETS: [f64; 10] =
     [1.0, 5.0, 10.0, 20.0, 30.0, 60.0, 90.0, 120.0, 300.0, 600.0];
 
-struct Inner {
-    reconciles: u64,
-    errors: BTreeMap<String, u64>,
-    notices: BTreeMap<String, u64>,
-    requested: BTreeMap<String, u64>,
-    committed: BTreeMap<String, u64>,
-    failed: BTreeMap<String, u64>,
+/// Upper bounds (seconds) of the per-signal notice-to-commit histogram: an
+/// interruption notice may be acted on within a second.
+pub const NOTICE_TO_COMMIT_BY_SIGNAL_BUCKETS: [f64; 14] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 90.0, 120.0, 300.0, 600.0,
+];
+
+/// Members whose first notice is remembered at once; beyond, the oldest
+/// entries go (a member noticed and never removed by a commit).
+const REMEMBERED_NOTICES: usize = 4096;
+
+/// The operator's metrics; cheap to share (`Arc`).
+pub struct Metrics {
+    registry: Registry,
+    reconciles: IntCounter,
+    errors: IntCounterVec,
+    notices: IntCounterVec,
+    requested: IntCounterVec,
+    committed: IntCounterVec,
+    failed: IntCounterVec,
     notice_to_commit: Histogram,
+    notice_to_commit_by_signal: HistogramVec,
+    /// The kind of each member's first notice, until a commit removes it.
+    first_notice: Mutex<BTreeMap<String, String>>,
 }
 
-impl Default for Inner {
+impl Default for Metrics {
+    /// Metrics in a registry of their own (tests; a process uses
+    /// [`Metrics::process`]).
     fn default() -> Self {
-        Self {
-            reconciles: 0,
-            errors: BTreeMap::new(),
-            notices: BTreeMap::new(),
-            requested: BTreeMap::new(),
-            committed: BTreeMap::new(),
-            failed: BTreeMap::new(),
-            notice_to_commit: Histogram::new(&NOTICE_TO_COMMIT_BUCKETS),
-        }
+        Metrics::in_registry(Registry::new())
     }
 }
 
-/// The operator's metrics; cheap to share (`Arc`).
-#[derive(Default)]
-pub struct Metrics {
-    inner: Mutex<Inner>,
-}
-
 impl Metrics {
-    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
-        // A panic while holding the lock leaves counters usable: take them anyway.
-        let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut guard)
+    /// The operator's metrics in the process's registry. Call it once.
+    pub fn process() -> Self {
+        Metrics::in_registry(exposition::registry().clone())
+    }
+
+    /// The operator's metrics, registered in `registry`.
+    pub fn in_registry(registry: Registry) -> Self {
+        let counters = |name: &str, help: &str, label: &str| {
+            IntCounterVec::new(Opts::new(name, help), &[label]).expect("a valid counter")
+        };
+        let m = Metrics {
+            reconciles: IntCounter::new(
+                "ductile_operator_reconciles_total",
+                "Reconciles of ElasticJobs started.",
+            )
+            .expect("a valid counter"),
+            errors: counters(
+                "ductile_operator_reconcile_errors_total",
+                "Reconciles that failed, by error class.",
+                "error",
+            ),
+            notices: counters(
+                "ductile_operator_notices_total",
+                "Interruption notices, rebalance recommendations and other notices seen for job members, by kind.",
+                "kind",
+            ),
+            requested: counters(
+                "ductile_operator_rescales_requested_total",
+                "Rescales requested from PE 0, by reason.",
+                "reason",
+            ),
+            committed: counters(
+                "ductile_operator_rescales_committed_total",
+                "Rescales committed, by reason.",
+                "reason",
+            ),
+            failed: counters(
+                "ductile_operator_rescales_failed_total",
+                "Rescales that failed, by reason.",
+                "reason",
+            ),
+            notice_to_commit: Histogram::with_opts(
+                HistogramOpts::new(
+                    "ductile_operator_notice_to_commit_seconds",
+                    "Time from a member's first notice to the commit of the rescale that removed it.",
+                )
+                .buckets(NOTICE_TO_COMMIT_BUCKETS.to_vec()),
+            )
+            .expect("a valid histogram"),
+            notice_to_commit_by_signal: HistogramVec::new(
+                HistogramOpts::new(
+                    "ductile_operator_notice_to_commit_by_signal_seconds",
+                    "Time from a member's first notice to the commit of the rescale that removed it, by the kind of that notice (the signal).",
+                )
+                .buckets(NOTICE_TO_COMMIT_BY_SIGNAL_BUCKETS.to_vec()),
+                &["signal"],
+            )
+            .expect("a valid histogram"),
+            first_notice: Mutex::new(BTreeMap::new()),
+            registry,
+        };
+        let families: [Box<dyn exposition::prometheus::core::Collector>; 8] = [
+            Box::new(m.reconciles.clone()),
+            Box::new(m.errors.clone()),
+            Box::new(m.notices.clone()),
+            Box::new(m.requested.clone()),
+            Box::new(m.committed.clone()),
+            Box::new(m.failed.clone()),
+            Box::new(m.notice_to_commit.clone()),
+            Box::new(m.notice_to_commit_by_signal.clone()),
+        ];
+        for family in families {
+            exposition::register(&m.registry, family);
+        }
+        m
+    }
+
+    /// The registry the metrics are in.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// One reconcile started.
     pub fn reconcile(&self) {
-        self.with(|m| m.reconciles += 1);
+        self.reconciles.inc();
     }
 
     /// A reconcile failed; `kind` is a short error class (`kube`, `secret`...).
     pub fn error(&self, kind: &str) {
-        self.with(|m| *m.errors.entry(kind.to_owned()).or_default() += 1);
+        self.errors.with_label_values(&[kind]).inc();
     }
 
     /// A notice (interruption, rebalance recommendation...) was seen for a member.
     pub fn notice(&self, kind: &str) {
-        self.with(|m| *m.notices.entry(kind.to_owned()).or_default() += 1);
+        self.notices.with_label_values(&[kind]).inc();
+    }
+
+    /// A notice of `kind` was seen for `member`: counted, and its kind kept
+    /// if it is the member's first, for [`Metrics::notice_to_commit_for`].
+    pub fn member_notice(&self, member: &str, kind: &str) {
+        self.notice(kind);
+        let mut first = self.first_notice.lock().unwrap_or_else(|p| p.into_inner());
+        if !first.contains_key(member) {
+            while first.len() >= REMEMBERED_NOTICES {
+                first.pop_first();
+            }
+            first.insert(member.to_owned(), kind.to_owned());
+        }
     }
 
     /// A rescale was requested, for `reason`.
     pub fn rescale_requested(&self, reason: &str) {
-        self.with(|m| *m.requested.entry(reason.to_owned()).or_default() += 1);
+        self.requested.with_label_values(&[reason]).inc();
     }
 
     /// A rescale requested for `reason` committed.
     pub fn rescale_committed(&self, reason: &str) {
-        self.with(|m| *m.committed.entry(reason.to_owned()).or_default() += 1);
+        self.committed.with_label_values(&[reason]).inc();
     }
 
     /// A rescale requested for `reason` failed.
     pub fn rescale_failed(&self, reason: &str) {
-        self.with(|m| *m.failed.entry(reason.to_owned()).or_default() += 1);
+        self.failed.with_label_values(&[reason]).inc();
     }
 
     /// Seconds from a member's first notice to the commit of the rescale that removed it.
     pub fn notice_to_commit(&self, seconds: f64) {
-        self.with(|m| m.notice_to_commit.observe(seconds));
+        self.notice_to_commit.observe(seconds);
+    }
+
+    /// [`Metrics::notice_to_commit`] for `member`, also by the kind of its
+    /// first notice (`unknown` when none was recorded with
+    /// [`Metrics::member_notice`]).
+    pub fn notice_to_commit_for(&self, member: &str, seconds: f64) {
+        self.notice_to_commit(seconds);
+        let signal = self
+            .first_notice
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(member)
+            .unwrap_or_else(|| "unknown".to_owned());
+        self.notice_to_commit_by_signal
+            .with_label_values(&[signal.as_str()])
+            .observe(seconds);
     }
 
     /// The metrics in the Prometheus text format.
     pub fn render(&self) -> String {
-        self.with(|m| {
-            let mut page = Exposition::new();
-            page.single(
-                "ductile_operator_reconciles_total",
-                "Reconciles of ElasticJobs started.",
-                "counter",
-                m.reconciles,
-            )
-            .counters_by(
-                "ductile_operator_reconcile_errors_total",
-                "Reconciles that failed, by error class.",
-                "error",
-                &m.errors,
-            )
-            .counters_by(
-                "ductile_operator_notices_total",
-                "Interruption notices, rebalance recommendations and other notices seen for job members, by kind.",
-                "kind",
-                &m.notices,
-            )
-            .counters_by(
-                "ductile_operator_rescales_requested_total",
-                "Rescales requested from PE 0, by reason.",
-                "reason",
-                &m.requested,
-            )
-            .counters_by(
-                "ductile_operator_rescales_committed_total",
-                "Rescales committed, by reason.",
-                "reason",
-                &m.committed,
-            )
-            .counters_by(
-                "ductile_operator_rescales_failed_total",
-                "Rescales that failed, by reason.",
-                "reason",
-                &m.failed,
-            )
-            .histogram(
-                "ductile_operator_notice_to_commit_seconds",
-                "Time from a member's first notice to the commit of the rescale that removed it.",
-                &m.notice_to_commit,
-            );
-            page.finish()
-        })
+        exposition::render(&self.registry)
     }
 }
 
-/// Serves `GET /metrics`, `/healthz` (always 200) and `/readyz` (200 once
-/// `ready` is set) on `listener` until the task is dropped. One request per
-/// connection; anything else gets 404, 405 or 400.
+/// The routes of the operator's port: `/metrics`, `/healthz` (always 200)
+/// and `/readyz` (200 once `ready` is set, 503 before).
+fn routes(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Routes {
+    Arc::new(move |path| match path {
+        "/metrics" => Some(Page::metrics(metrics.registry())),
+        "/healthz" => Some(Page::text(StatusCode::OK, "ok\n")),
+        "/readyz" if ready.load(Ordering::Relaxed) => Some(Page::text(StatusCode::OK, "ready\n")),
+        "/readyz" => Some(Page::text(StatusCode::SERVICE_UNAVAILABLE, "starting\n")),
+        _ => None,
+    })
+}
+
+/// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` until the
+/// task is dropped, within the default [`Limits`]; anything else gets 404
+/// or 405, and bytes that are not HTTP 400.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let metrics = metrics.clone();
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            let mut buf = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            // Read the request head (bounded); the body, if any, is ignored.
-            while !head_complete(&buf) && buf.len() < MAX_REQUEST_HEAD {
-                match tokio::time::timeout(
-                    std::time::Duration::from_secs(10),
-                    stream.read(&mut chunk),
-                )
-                .await
-                {
-                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                    _ => return,
-                }
-            }
-            let (status, content_type, body) = match parse_request(&buf) {
-                Request::Get(path) => match path.as_str() {
-                    "/metrics" => ("200 OK", CONTENT_TYPE, metrics.render()),
-                    "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
-                    "/readyz" if ready.load(Ordering::Relaxed) => {
-                        ("200 OK", "text/plain", "ready\n".to_owned())
-                    }
-                    "/readyz" => (
-                        "503 Service Unavailable",
-                        "text/plain",
-                        "starting\n".to_owned(),
-                    ),
-                    _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
-                },
-                Request::Other(_) => (
-                    "405 Method Not Allowed",
-                    "text/plain",
-                    "only GET\n".to_owned(),
-                ),
-                Request::Malformed => (
-                    "400 Bad Request",
-                    "text/plain",
-                    "not an HTTP request\n".to_owned(),
-                ),
-            };
-            let _ = stream
-                .write_all(reply(status, content_type, &body).as_bytes())
-                .await;
-            let _ = stream.shutdown().await;
-        });
-    }
+    exposition::serve(listener, Limits::default(), routes(metrics, ready)).await
 }
 
 /// Binds `addr` and serves the metrics on it in a background task; returns
@@ -214,13 +239,16 @@ pub async fn spawn_server(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
     async fn get(addr: SocketAddr, path: &str) -> (String, String) {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut reply = String::new();
         s.read_to_string(&mut reply).await.unwrap();
         let (head, body) = reply.split_once("\r\n\r\n").unwrap();
@@ -228,7 +256,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_metrics_endpoint_serves_counters_and_the_histogram_over_http() {
+    async fn the_metrics_endpoint_serves_counters_and_the_histograms_over_http() {
         let metrics = Arc::new(Metrics::default());
         let ready = Arc::new(AtomicBool::new(false));
         let addr = spawn_server(
@@ -242,15 +270,18 @@ mod tests {
         metrics.reconcile();
         metrics.reconcile();
         metrics.error("kube");
-        metrics.notice("spot-itn");
+        metrics.member_notice("pod-a", "spot-itn");
+        metrics.member_notice("pod-b", "rebalance-recommendation");
         metrics.notice("rebalance-recommendation");
-        metrics.notice("rebalance-recommendation");
+        // A later notice of another kind does not change pod-a's signal.
+        metrics.member_notice("pod-a", "rebalance-recommendation");
         metrics.rescale_requested("Emergency");
         metrics.rescale_committed("Emergency");
         metrics.rescale_requested("ScaleUp");
         metrics.rescale_failed("ScaleUp");
+        metrics.notice_to_commit_for("pod-a", 0.5);
+        metrics.notice_to_commit_for("pod-b", 200.0);
         metrics.notice_to_commit(7.5);
-        metrics.notice_to_commit(200.0);
 
         let (head, body) = get(addr, "/metrics").await;
         assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
@@ -259,19 +290,23 @@ mod tests {
             "ductile_operator_reconciles_total 2",
             "ductile_operator_reconcile_errors_total{error=\"kube\"} 1",
             "ductile_operator_notices_total{kind=\"spot-itn\"} 1",
-            "ductile_operator_notices_total{kind=\"rebalance-recommendation\"} 2",
+            "ductile_operator_notices_total{kind=\"rebalance-recommendation\"} 3",
             "ductile_operator_rescales_requested_total{reason=\"Emergency\"} 1",
             "ductile_operator_rescales_requested_total{reason=\"ScaleUp\"} 1",
             "ductile_operator_rescales_committed_total{reason=\"Emergency\"} 1",
             "ductile_operator_rescales_failed_total{reason=\"ScaleUp\"} 1",
-            "ductile_operator_notice_to_commit_seconds_bucket{le=\"5\"} 0",
-            "ductile_operator_notice_to_commit_seconds_bucket{le=\"10\"} 1",
-            "ductile_operator_notice_to_commit_seconds_bucket{le=\"120\"} 1",
-            "ductile_operator_notice_to_commit_seconds_bucket{le=\"300\"} 2",
-            "ductile_operator_notice_to_commit_seconds_bucket{le=\"+Inf\"} 2",
-            "ductile_operator_notice_to_commit_seconds_sum 207.5",
-            "ductile_operator_notice_to_commit_seconds_count 2",
+            "ductile_operator_notice_to_commit_seconds_bucket{le=\"1\"} 1",
+            "ductile_operator_notice_to_commit_seconds_bucket{le=\"5\"} 1",
+            "ductile_operator_notice_to_commit_seconds_bucket{le=\"10\"} 2",
+            "ductile_operator_notice_to_commit_seconds_bucket{le=\"300\"} 3",
+            "ductile_operator_notice_to_commit_seconds_bucket{le=\"+Inf\"} 3",
+            "ductile_operator_notice_to_commit_seconds_sum 208",
+            "ductile_operator_notice_to_commit_seconds_count 3",
             "# TYPE ductile_operator_notice_to_commit_seconds histogram",
+            "ductile_operator_notice_to_commit_by_signal_seconds_bucket{signal=\"spot-itn\",le=\"0.5\"} 1",
+            "ductile_operator_notice_to_commit_by_signal_seconds_count{signal=\"spot-itn\"} 1",
+            "ductile_operator_notice_to_commit_by_signal_seconds_count{signal=\"rebalance-recommendation\"} 1",
+            "ductile_operator_notice_to_commit_by_signal_seconds_sum{signal=\"rebalance-recommendation\"} 200",
         ] {
             assert!(
                 body.lines().any(|l| l == line),

@@ -277,6 +277,7 @@ impl Pe {
             root.summary, root.bytes
         );
         info!("{line}");
+        crate::metrics::lb_step(root.forced, total_ms / 1e3, root.migrations, root.bytes);
         if report {
             println!("{line}");
         }
