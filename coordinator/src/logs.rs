@@ -40,6 +40,14 @@ impl FromStr for LogFormat {
 }
 
 impl LogFormat {
+    /// The name `DUCTILE_LOG_FORMAT` and `--log-format` take.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+
     /// The format `DUCTILE_LOG_FORMAT` names (text when unset).
     pub fn from_env() -> Result<LogFormat, String> {
         std::env::var(ENV_LOG_FORMAT)

@@ -65,6 +65,10 @@ pub const EXIT_FAILED: i32 = 1;
     propagate_version = true
 )]
 pub struct Cli {
+    /// Log lines as `text` or one JSON object per line (`json`), here and
+    /// in the job's processes [default: DUCTILE_LOG_FORMAT, else text].
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<ductile_coordinator::logs::LogFormat>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -320,6 +324,10 @@ pub fn main() -> ExitCode {
 
 /// Runs a parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> i32 {
+    if let Some(format) = cli.log_format {
+        // Before any thread starts; the job's processes inherit it.
+        std::env::set_var(ductile_coordinator::logs::ENV_LOG_FORMAT, format.name());
+    }
     match cli.command {
         Command::Run(args) => {
             init_tracing();
@@ -356,13 +364,13 @@ pub fn dispatch(cli: Cli) -> i32 {
 }
 
 /// Installs the launcher's stderr logger, filtered by `DUCTILE_LOG` (default `warn`).
+/// `DUCTILE_LOG_FORMAT=json` writes one JSON object per line.
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env(crate::contract::ENV_LOG)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    ductile_coordinator::logs::init_from_env(ductile_coordinator::logs::LogSetup {
+        default_filter: "warn",
+        target: true,
+        span_close: false,
+    });
 }
 
 #[cfg(test)]

@@ -156,6 +156,9 @@ pub struct OperatorArgs {
     /// Image of node 0's coordinator container [default: DUCTILE_OPERATOR_COORDINATOR_IMAGE].
     #[arg(long, value_name = "IMAGE")]
     pub coordinator_image: Option<String>,
+    /// Log lines as `text` or one JSON object per line [default: DUCTILE_LOG_FORMAT, else text].
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub log_format: Option<ductile_coordinator::logs::LogFormat>,
 }
 
 impl OperatorArgs {
@@ -180,16 +183,18 @@ impl OperatorArgs {
 }
 
 /// The whole operator process, for a `main`: logs to stderr (`DUCTILE_LOG`,
-/// default `info`), configuration from `args` and the environment (exit 2
+/// default `info`; `--log-format`), configuration from `args` and the environment (exit 2
 /// when it is bad), a tokio runtime, [`main`] (exit 1 when it fails).
 pub fn run_process(program: &str, args: &OperatorArgs) -> i32 {
-    let filter = tracing_subscriber::EnvFilter::try_from_env(crate::contract::ENV_LOG)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .try_init();
+    let logs = ductile_coordinator::logs::LogSetup {
+        default_filter: "info",
+        target: false,
+        span_close: false,
+    };
+    match args.log_format {
+        Some(format) => ductile_coordinator::logs::init(logs, format),
+        None => ductile_coordinator::logs::init_from_env(logs),
+    }
     let config = match args.config(|name| std::env::var(name).ok()) {
         Ok(config) => config,
         Err(error) => {
