@@ -272,3 +272,32 @@ fn replayed_statistics_give_the_live_plan() {
     }
     assert_eq!(replayed, 2, "one dump per LB step (iterations 10 and 20)");
 }
+
+/// Steady-state steps move only when the plan gains enough (`+lb-min-gain`,
+/// default 5% of the makespan): a uniform Jacobi2D gives Greedy nothing worth
+/// 50% (measurement noise alone is a few percent), so no step reshuffles the
+/// blocks; a PE at a quarter of the speed is worth a rate-aware rebalance
+/// at the default threshold.
+#[test]
+fn steady_state_steps_move_only_when_the_gain_is_worth_it() {
+    let lb_lines = |extra: &[&str]| {
+        let mut args = vec![
+            "--grid", "256", "--block", "32", "--iters", "40", "--lb-every", "10", "--quiet", "+lb-report",
+        ];
+        args.extend_from_slice(extra);
+        let job = run(2, 1, "jacobi2d", &args);
+        job.expect_code(0, &format!("jacobi2d {extra:?}"));
+        let lines: Vec<String> = job.stdout.lines().filter(|l| l.starts_with("lb step=")).map(String::from).collect();
+        assert_eq!(lines.len(), 3, "{}", job.stdout);
+        lines
+    };
+    for line in lb_lines(&["+lb", "Greedy", "+lb-min-gain", "0.5"]) {
+        assert!(line.contains("migrations=0") && line.contains("kept=gain_below_min"), "{line}");
+    }
+    let skewed = lb_lines(&["+lb", "GreedyRefineRateAware", "+pe-speed", "1:0.25"]);
+    assert!(
+        skewed.iter().any(|l| !l.contains("migrations=0") && !l.contains("kept=")),
+        "a PE at a quarter speed is worth moving blocks off:\n{}",
+        skewed.join("\n")
+    );
+}

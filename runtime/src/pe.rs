@@ -222,6 +222,8 @@ pub struct PeCtx {
     /// Root: broadcast sequence numbers, LB steps.
     next_bcast: HashMap<CollId, u64>,
     lb_root: HashMap<CollId, LbRoot>,
+    /// PE 0: each array's loads and speeds at earlier steps (smoothing).
+    lb_history: HashMap<CollId, crate::lb::steady::History>,
     lb_steps: HashMap<CollId, u64>,
     lb: HashMap<CollId, LbStep>,
     /// Root, with `+lb-period`: when each collection was last balanced.
@@ -762,6 +764,7 @@ impl Pe {
             measured_since: Instant::now(),
             next_bcast: HashMap::new(),
             lb_root: HashMap::new(),
+            lb_history: HashMap::new(),
             lb_steps: HashMap::new(),
             lb: HashMap::new(),
             last_balanced: HashMap::new(),

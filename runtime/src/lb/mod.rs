@@ -29,6 +29,7 @@
 
 pub mod optimal;
 pub mod stats;
+pub mod steady;
 pub mod strategy;
 
 #[cfg(test)]

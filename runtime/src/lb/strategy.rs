@@ -33,6 +33,12 @@ pub trait Strategy: Send + Sync + fmt::Debug {
     fn name(&self) -> &'static str;
     /// Places every object of `stats` on a PE.
     fn solve(&self, stats: &LbStats) -> Result<Assignment>;
+    /// Whether it balances load, so that a plan that gains too little may
+    /// be skipped ([`super::steady::worth_moving`]); `Rotate` moves for the
+    /// sake of moving.
+    fn balances(&self) -> bool {
+        true
+    }
 }
 
 /// One object's place in a plan (the serialized form of an [`Assignment`]).
@@ -315,6 +321,10 @@ impl Strategy for Refine {
 impl Strategy for Rotate {
     fn name(&self) -> &'static str {
         "Rotate"
+    }
+
+    fn balances(&self) -> bool {
+        false
     }
 
     fn solve(&self, stats: &LbStats) -> Result<Assignment> {

@@ -50,8 +50,22 @@ fn calibrate(charge: &mut dyn FnMut(Duration) -> Duration) -> f64 {
 }
 
 impl Pe {
+    /// The span of this PE's part `phase` of LB step `step`: in the logs,
+    /// `lb_step{epoch step pe phase}`, timed when it closes.
+    fn lb_span(&self, phase: &'static str, step: u64) -> tracing::span::EnteredSpan {
+        tracing::debug_span!(
+            "lb_step",
+            epoch = self.ctx.topo.epoch(),
+            step,
+            pe = self.ctx.pe,
+            phase
+        )
+        .entered()
+    }
+
     pub(super) fn lb_collect(&mut self, coll: CollId, step: u64) {
         let me = self.ctx.pe;
+        let _span = self.lb_span("collect", step);
         let busy_before = self.ctx.busy;
         let speed = calibrate(&mut |d| self.ctx.charge(d));
         // The calibration is the runtime's work, not an element's.
@@ -106,6 +120,7 @@ impl Pe {
     }
 
     pub(super) fn lb_report(&mut self, coll: CollId, step: u64, pe: PeStat, objs: Vec<ObjStat>) {
+        let _span = self.lb_span("report", step);
         let npes = self.ctx.num_pes() as usize;
         let Some(root) = self.ctx.lb_root.get_mut(&coll).filter(|r| r.step == step) else {
             error!("ignoring load statistics for an unknown step {step} of collection {coll:#x}");
@@ -130,6 +145,14 @@ impl Pe {
             p.leaving = root.leaving.contains(&p.pe);
         }
         let options = self.ctx.node.options.clone();
+        // Steady-state steps balance averaged measurements; a rescale's step
+        // acts on what it measured, and the PEs are renumbered after it.
+        let history = self.ctx.lb_history.entry(coll).or_default();
+        if forced {
+            history.reset();
+        } else {
+            history.smooth(&mut stats, options.lb_smoothing);
+        }
         let strategy = if forced {
             options.rescale_strategy.clone()
         } else {
@@ -177,22 +200,28 @@ impl Pe {
         };
         let before = ratio(&Assignment::current(&stats));
         let after = ratio(&plan);
+        let worth = forced
+            || !strategy.balances()
+            || crate::lb::steady::worth_moving(before, after, options.lb_min_gain);
+        let moves = if worth { moves } else { Vec::new() };
         let root = self.ctx.lb_root.get_mut(&coll).expect("present");
         root.planned = Some(Instant::now());
         root.migrations = moves.len() as u64;
         root.summary = format!(
-            "lb step={step} strategy={} objs={} pes={} migrations={} max_avg_before={before:.4} max_avg_after={after:.4} strategy_ms={solve_ms:.3} collect_ms={:.3}",
+            "lb step={step} strategy={} objs={} pes={} migrations={} max_avg_before={before:.4} max_avg_after={after:.4} strategy_ms={solve_ms:.3} collect_ms={:.3}{}",
             strategy.name(),
             stats.objs.len(),
             stats.pes.len(),
             moves.len(),
             (solve_start - root.started).as_secs_f64() * 1e3,
+            if worth { "" } else { " kept=gain_below_min" },
         );
         debug!("{}", root.summary);
         self.ctx.send_sys(0, SysMsg::LbPlan { coll, step, moves });
     }
 
     pub(super) fn lb_apply(&mut self, coll: CollId, step: u64, moves: Vec<(IndexKey, PeId, PeId)>) {
+        let _span = self.lb_span("migrate", step);
         let me = self.ctx.pe;
         let mut sent = 0u64;
         let mut outgoing = Vec::new();
@@ -254,6 +283,7 @@ impl Pe {
     }
 
     pub(super) fn lb_done(&mut self, coll: CollId, step: u64, bytes: u64, staging_ns: u64) {
+        let _span = self.lb_span("done", step);
         let npes = self.ctx.num_pes();
         let report = self.ctx.node.options.lb_report;
         let Some(root) = self.ctx.lb_root.get_mut(&coll).filter(|r| r.step == step) else {
