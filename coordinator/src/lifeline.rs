@@ -36,7 +36,9 @@ pub enum LifelineError {
         error: std::io::Error,
     },
     /// The descriptor is something other than a pipe.
-    #[error("{ENV_LAUNCHER_FD}={0}: the descriptor is not a pipe; the launcher's end cannot be watched")]
+    #[error(
+        "{ENV_LAUNCHER_FD}={0}: the descriptor is not a pipe; the launcher's end cannot be watched"
+    )]
     NotAPipe(u32),
     /// The watching thread could not start.
     #[error("cannot start the launcher watchdog thread: {0}")]

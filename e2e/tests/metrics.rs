@@ -318,4 +318,14 @@ fn prometheus_scrapes_node_0_and_sees_each_rescale_with_its_stages_and_gpu_work(
         "the job ended early:\n{}",
         std::fs::read_to_string(work.path().join("job.stderr")).unwrap_or_default()
     );
+    // Stop it as a user would (SIGTERM: the launcher stops every process and
+    // records the outcome). This test used to end with the SIGKILL of the
+    // drop, which left the job's coordinator running (issue 22).
+    let _ = Command::new("kill")
+        .args(["-TERM", &job.0.id().to_string()])
+        .status();
+    assert!(
+        eventually(WAIT, || job.0.try_wait().ok().flatten().is_some()),
+        "the job did not stop on SIGTERM"
+    );
 }

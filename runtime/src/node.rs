@@ -366,20 +366,17 @@ fn install_panic_exit() {
 }
 
 /// Exits when the local launcher that started this node goes away, so a
-/// killed `ductile run` never leaves orphans behind.
+/// killed `ductile run` never leaves orphans behind. The launcher's lifeline
+/// (an inherited pipe, [`ductile_coordinator::lifeline`]) reaches the node
+/// through wrapper scripts too, which the parent pid would not.
 fn watch_launcher() {
-    let Some(pid) = env_var(contract::ENV_LAUNCHER_PID).and_then(|p| p.parse::<u32>().ok()) else {
-        return;
-    };
-    let _ = std::thread::Builder::new()
-        .name("ductile-watchdog".into())
-        .spawn(move || loop {
-            if std::os::unix::process::parent_id() != pid {
-                eprintln!("ductile node: the launcher (pid {pid}) is gone; exiting");
-                std::process::exit(EXIT_ABORTED);
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        });
+    let watched = ductile_coordinator::lifeline::watch(|| {
+        eprintln!("ductile node: the launcher that started this job is gone; exiting");
+        std::process::exit(EXIT_ABORTED);
+    });
+    if let Err(error) = watched {
+        tracing::warn!(%error, "this node will not notice if its launcher is killed");
+    }
 }
 
 /// Runs this process as a node of a job, with the chare types, readonlies and
@@ -825,16 +822,19 @@ fn start_pes(
             .unwrap_or(100),
     );
     let mut commands = Vec::new();
+    let cpus = crate::affinity::allowed_cpus();
     let handles = (0..topo.local_pes() as usize)
         .map(|rank| {
             let (tx, rx) = crossbeam_channel::unbounded();
             commands.push(tx);
-            let (node, topo) = (node.clone(), topo.clone());
+            let (node, topo, cpus) = (node.clone(), topo.clone(), cpus.clone());
             let pe_id = topo.local_pe(rank);
             std::thread::Builder::new()
                 .name(format!("ductile-pe-{rank}"))
                 .spawn(move || {
                     crate::gpu::bind_pe(rank);
+                    let pes = topo.local_pes() as usize;
+                    crate::affinity::pin_this_pe(rank, pes, &cpus, node.options.pe_affinity);
                     let mut pe = Pe::new(node.clone(), topo, pe_id);
                     if pe_id == 0 && main_here {
                         match env_var(contract::ENV_RESTORE) {

@@ -31,7 +31,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use ductile_coordinator::{Client, Secret};
+use ductile_coordinator::{lifeline, Client, Secret};
 use nix::sys::signal::Signal;
 
 use crate::contract;
@@ -629,6 +629,7 @@ fn node_command(spec: &JobSpec, program: &Path, env: &NodeEnv, joining: &Joining
         // read would stop them (SIGTTIN).
         .stdin(Stdio::null())
         .process_group(0);
+    hand_down_lifeline(&mut cmd);
     match joining {
         Joining::Launch {
             index,
@@ -745,6 +746,18 @@ fn start_processes(
     Ok((secret, env))
 }
 
+/// Gives a child the launcher's lifeline (its watchdog ends it when this
+/// launcher ends, however it ends; see [`process::lifeline_fd`]).
+fn hand_down_lifeline(cmd: &mut Command) {
+    match process::lifeline_fd() {
+        Ok(fd) => cmd.env(lifeline::ENV_LAUNCHER_FD, fd.to_string()),
+        Err(problem) => {
+            tracing::warn!(%problem, "children will not notice if this launcher is killed");
+            cmd.env_remove(lifeline::ENV_LAUNCHER_FD)
+        }
+    };
+}
+
 /// How a coordinator starts.
 #[derive(Debug, Clone, Copy)]
 enum CoordinatorMode {
@@ -806,8 +819,9 @@ fn spawn_coordinator(
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
-        .process_group(0)
-        .spawn()
+        .process_group(0);
+    hand_down_lifeline(&mut cmd);
+    cmd.spawn()
         .map_err(|source| LaunchError::CoordinatorSpawn {
             exe: spec.coordinator_exe.clone(),
             source,

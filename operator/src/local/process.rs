@@ -15,6 +15,43 @@ use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
+/// The launcher's lifeline ([`ductile_coordinator::lifeline`]): a pipe made
+/// once per launcher process and kept until the process ends. Its read end,
+/// without close-on-exec, is inherited by every process the launcher starts
+/// (and by whatever those start, wrapper scripts included); its write end,
+/// close-on-exec, is held here only. When the launcher ends, however it ends,
+/// the kernel closes the write end and every child's watchdog sees
+/// end-of-file.
+struct Lifeline {
+    reader: std::io::PipeReader,
+    _writer: std::io::PipeWriter,
+}
+
+static LIFELINE: std::sync::OnceLock<Result<Lifeline, String>> = std::sync::OnceLock::new();
+
+/// The descriptor number children find the lifeline at (the value of
+/// [`ductile_coordinator::lifeline::ENV_LAUNCHER_FD`]); made on first use.
+pub fn lifeline_fd() -> Result<i32, String> {
+    use std::os::fd::AsRawFd;
+    let made = LIFELINE.get_or_init(|| {
+        let (reader, writer) =
+            std::io::pipe().map_err(|e| format!("cannot make the launcher's lifeline pipe: {e}"))?;
+        // Children inherit the read end only.
+        nix::fcntl::fcntl(
+            &reader,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|e| format!("cannot hand the launcher's lifeline down: {e}"))?;
+        Ok(Lifeline {
+            reader,
+            _writer: writer,
+        })
+    });
+    made.as_ref()
+        .map(|line| line.reader.as_raw_fd())
+        .map_err(Clone::clone)
+}
+
 /// How often the launcher looks at its children. Short enough that an exit is
 /// seen promptly, long enough to cost nothing.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);

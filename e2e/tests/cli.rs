@@ -1,0 +1,238 @@
+//! The local CLI seen from outside, with real processes: what is left when a
+//! launcher is killed (nothing, wrapper scripts included), a coordinator
+//! whose job is gone, and one restarted under a job that rejoins it.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ductile_coordinator::proto::{Registration, Role};
+use ductile_coordinator::{Admission, Client, Secret};
+use ductile_e2e::{alive, bin, eventually};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A child process killed when the test ends, however it ends.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Every live process whose environment holds `marker` (`KEY=VALUE`): what
+/// a `ductile run` given that variable started, however deep.
+fn marked(marker: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() || !alive(pid) {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ.split(|&b| b == 0).any(|kv| kv == marker.as_bytes()) {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// A shell script that runs its arguments without `exec` (as HPC wrappers
+/// that load modules or set the environment do), then reports.
+fn wrapper(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("wrap.sh");
+    std::fs::write(
+        &path,
+        "#!/bin/sh\n# no exec: the program is a grandchild of the launcher\n\"$@\"\ncode=$?\necho \"wrapper: the program exited with $code\" >&2\nexit $code\n",
+    )
+    .expect("writing the wrapper");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+#[test]
+fn a_launcher_killed_with_sigkill_leaves_no_process_behind_even_through_a_wrapper() {
+    let work = tempfile::tempdir().expect("temp dir");
+    let state = work.path().join("s");
+    let marker_value = format!("{}-{}", std::process::id(), work.path().display());
+    let marker = format!("DUCTILE_TEST_MARK={marker_value}");
+    let launcher = Command::new(bin("ductile"))
+        .args(["run", "--nodes", "3", "--timeout", "300", "--state-dir"])
+        .arg(&state)
+        .arg("--")
+        .arg(wrapper(work.path()))
+        .arg(bin("jacobi2d"))
+        .args(["--grid", "512", "--block", "64", "--iters", "10000000"])
+        .env("DUCTILE_TEST_MARK", &marker_value)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning ductile run");
+    let mut launcher = Killed(launcher);
+    // The job runs: node 0 (behind its wrapper) serves the control endpoint.
+    assert!(
+        eventually(WAIT, || state.join("control.addr").exists()),
+        "the job never started"
+    );
+    let before = marked(&marker);
+    let programs = before
+        .iter()
+        .filter(|(_, cmd)| cmd.contains("jacobi2d") && !cmd.contains("wrap.sh"))
+        .count();
+    assert_eq!(programs, 3, "three nodes behind three wrappers: {before:?}");
+    assert!(
+        before.iter().any(|(_, cmd)| cmd.contains(" coordinator ")),
+        "{before:?}"
+    );
+
+    launcher.0.kill().expect("SIGKILL to the launcher");
+    let _ = launcher.0.wait();
+    let t0 = Instant::now();
+    let gone = eventually(Duration::from_secs(10), || marked(&marker).is_empty());
+    let left = marked(&marker);
+    for (pid, _) in &left {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    assert!(
+        gone,
+        "left running {:.1}s after the launcher was killed: {left:?}",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// Starts `ductile coordinator` with `args`; returns it and its address.
+fn coordinator(secret: &Secret, args: &[&str]) -> (Killed, String) {
+    let mut child = Command::new(bin("ductile"))
+        .arg("coordinator")
+        .args(args)
+        .args(["--secret-env", "DUCTILE_SECRET"])
+        .env("DUCTILE_SECRET", secret.to_hex())
+        .env_remove("DUCTILE_LAUNCHER_FD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning the coordinator");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the coordinator's address line");
+    (Killed(child), line.trim().to_owned())
+}
+
+fn member(index: u32) -> Registration {
+    Registration {
+        role: Role::Launch { index },
+        address: b"127.0.0.1:1".to_vec(),
+        pes: 1,
+        host: "test".into(),
+        pid: std::process::id(),
+        fingerprint: 7,
+    }
+}
+
+fn stderr_of(mut child: Killed) -> (Option<i32>, String) {
+    use std::io::Read;
+    let status = child.0.wait().expect("wait");
+    let mut text = String::new();
+    if let Some(mut err) = child.0.stderr.take() {
+        let _ = err.read_to_string(&mut text);
+    }
+    (status.code(), text)
+}
+
+/// Waits up to `limit` for the child to exit; whether it did.
+fn exits_within(child: &mut Killed, limit: Duration) -> bool {
+    eventually(limit, || child.0.try_wait().ok().flatten().is_some())
+}
+
+#[test]
+fn a_coordinator_whose_members_are_all_gone_after_the_start_exits() {
+    let secret = Secret::generate();
+    let (mut coord, addr) = coordinator(
+        &secret,
+        &["--listen", "127.0.0.1:0", "--expect", "2", "--idle-timeout", "1"],
+    );
+    let clients: Vec<Client> = (0..2)
+        .map(|_| Client::connect(&addr, &secret, WAIT).expect("connect"))
+        .collect();
+    let threads: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            std::thread::spawn(move || {
+                let admitted = c.register(member(i as u32), WAIT).expect("register");
+                assert!(matches!(admitted, Admission::Member { .. }));
+                c
+            })
+        })
+        .collect();
+    let clients: Vec<Client> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // The job runs; the members stay connected: nothing happens.
+    assert!(!exits_within(&mut coord, Duration::from_secs(2)));
+    // Both gone, as when their processes are killed.
+    for c in clients {
+        c.close();
+    }
+    assert!(
+        exits_within(&mut coord, Duration::from_secs(15)),
+        "the coordinator outlived its job"
+    );
+    let (code, stderr) = stderr_of(coord);
+    assert_eq!(code, Some(5), "{stderr}");
+    assert!(
+        stderr.contains("no member of the job has been connected"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_restarted_coordinator_that_members_rejoin_keeps_serving_past_the_idle_timeout() {
+    let secret = Secret::generate();
+    let (coord, addr) = coordinator(
+        &secret,
+        &["--listen", "127.0.0.1:0", "--expect", "1", "--idle-timeout", "1"],
+    );
+    let node0 = Client::connect(&addr, &secret, WAIT).expect("connect");
+    let Admission::Member { view, .. } = node0.register(member(0), WAIT).expect("register")
+    else {
+        panic!("not admitted")
+    };
+    // The coordinator is lost (SIGKILL); a new one starts on the same address
+    // and node 0 hands it the view, as after `ductile run` restarts one.
+    drop(coord);
+    let _ = node0.recv_timeout(Duration::from_millis(500));
+    node0.close();
+    let (mut coord, again) = coordinator(
+        &secret,
+        &["--listen", &addr, "--recover", "--idle-timeout", "1"],
+    );
+    assert_eq!(again, addr);
+    let node0 = Client::connect(&addr, &secret, WAIT).expect("reconnect");
+    let restored = node0.restore(view.clone(), 7, WAIT).expect("restore");
+    assert_eq!(restored, view);
+    // Three idle timeouts later it still serves its rejoined member.
+    assert!(!exits_within(&mut coord, Duration::from_secs(3)));
+    assert!(alive(coord.0.id()));
+    let code = node0
+        .shutdown_barrier(view.epoch, 0, WAIT)
+        .expect("the barrier");
+    assert_eq!(code, 0);
+    assert!(exits_within(&mut coord, Duration::from_secs(15)));
+    let (code, stderr) = stderr_of(coord);
+    assert_eq!(code, Some(0), "{stderr}");
+}
