@@ -4,7 +4,23 @@
 //! a request after the script's last is an error). PE 0's control endpoint
 //! is a fake job behind a real `serve_connection` server on loopback.
 
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::context::JobRuntime;
+use super::objects::{self, ObjectSettings};
 use super::*;
+use crate::crd::ElasticJob;
+use crate::policy::{Capacity, Decision, Event};
+use ductile_coordinator::control::{JobStatus, RescaleReport, RescaleRequest};
+use ductile_coordinator::Secret;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::watcher;
+use kube::Client;
+use serde_json::json;
 use ductile_coordinator::control::{serve_connection, ControlReply, ControlRequest, StageTime};
 use ductile_coordinator::proto::{Member, PendingNewcomer};
 use http::{Method, Request, Response, StatusCode};

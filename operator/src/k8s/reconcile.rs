@@ -1,0 +1,380 @@
+//! One reconcile of one ElasticJob: validation, the finalizer, the owned
+//! objects, then the steps of the other modules in order; and the requeue
+//! and error backoff.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ductile_coordinator::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret as K8sSecret, Service};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
+use kube::{Api, ResourceExt};
+
+use super::context::*;
+use super::control::ControlTarget;
+use super::decide::*;
+use super::error::*;
+use super::lifecycle::*;
+use super::notices::{self, PodState};
+use super::objects;
+use super::observe::*;
+use super::pods::*;
+use super::rescale::*;
+use super::status::*;
+use super::MANAGER;
+use crate::crd::{ElasticJob, ElasticJobStatus, Phase};
+
+/// One reconcile of one ElasticJob (see the module docs for what it does).
+pub async fn reconcile(job: Arc<ElasticJob>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconcile();
+    let name = job.name_any();
+    let ns = job
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    let jobs: Api<ElasticJob> = Api::namespaced(ctx.client.clone(), &ns);
+
+    if !objects::is_deleting(&job) {
+        if let Err(invalid) = job.spec.validate() {
+            tracing::warn!(job = %name, %invalid, "invalid spec: nothing changed");
+            let old = job.status.clone().unwrap_or_default();
+            let status = ElasticJobStatus {
+                observed_generation: job.metadata.generation,
+                conditions: vec![condition(
+                    &job,
+                    &old.conditions,
+                    "SpecValid",
+                    false,
+                    "InvalidSpec",
+                    invalid.to_string(),
+                    ctx.now(),
+                )],
+                ..old
+            };
+            patch_status(&jobs, &job, &status).await?;
+            return Ok(Action::await_change());
+        }
+    }
+
+    let job_key = key(&job);
+    let result = finalizer(&jobs, objects::FINALIZER, job, |event| async {
+        match event {
+            FinalizerEvent::Apply(job) => {
+                let mut rt = ctx.take_runtime(&job_key, &job);
+                let result = apply(&job, &ctx, &mut rt).await;
+                ctx.put_runtime(job_key.clone(), rt);
+                result
+            }
+            FinalizerEvent::Cleanup(job) => cleanup(&job, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    if result.is_ok() {
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&job_key);
+    }
+    result
+}
+
+/// Teardown before the finalizer goes: the job's pods are deleted now (not
+/// left to the garbage collector, so that no newcomer keeps waiting and no
+/// node outlives its job), and the job's policy is forgotten. The Service
+/// and generated Secret go with their owner reference.
+pub async fn cleanup(job: &ElasticJob, ctx: &Context) -> Result<Action> {
+    let ns = job
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(job.name_any()))?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    delete_job_pods(job, &pods).await?;
+    ctx.forget(&key(job));
+    tracing::info!(job = %job.name_any(), "torn down");
+    ctx.publish(
+        job,
+        EventType::Normal,
+        "TornDown",
+        "Cleanup",
+        "the job's pods were deleted".to_owned(),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+pub(super) async fn ensure_secret(
+    job: &ElasticJob,
+    ctx: &Context,
+    rt: &mut JobRuntime,
+) -> Result<()> {
+    if rt.secret.is_some() {
+        return Ok(());
+    }
+    let ns = job.namespace().unwrap_or_default();
+    let secrets: Api<K8sSecret> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = objects::secret_name(job);
+    let key = job
+        .spec
+        .secret_ref
+        .as_ref()
+        .map_or(objects::SECRET_KEY, |r| r.key.as_str());
+    match secrets.get_opt(&name).await? {
+        Some(existing) => {
+            let bytes = existing
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .ok_or_else(|| Error::Secret {
+                    name: name.clone(),
+                    problem: format!("has no key {key:?}"),
+                })?;
+            let text = String::from_utf8_lossy(&bytes.0);
+            let secret = Secret::from_hex(text.trim()).map_err(|e| Error::Secret {
+                name: name.clone(),
+                problem: e.to_string(),
+            })?;
+            rt.secret = Some(secret);
+        }
+        None if job.spec.secret_ref.is_none() => {
+            let secret = Secret::generate();
+            secrets
+                .create(
+                    &PostParams::default(),
+                    &objects::job_secret(job, &secret.to_hex()),
+                )
+                .await?;
+            tracing::info!(job = %job.name_any(), secret = %name, "job secret created");
+            rt.secret = Some(secret);
+        }
+        None => {
+            return Err(Error::Secret {
+                name,
+                problem: "not found (spec.secretRef names it)".to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) -> Result<Action> {
+    let name = job.name_any();
+    let ns = job
+        .namespace()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    let client = ctx.client.clone();
+    let jobs: Api<ElasticJob> = Api::namespaced(client.clone(), &ns);
+    let old = job.status.clone().unwrap_or_default();
+
+    ensure_secret(job, ctx, rt).await?;
+
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    services
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&objects::headless_service(job)),
+        )
+        .await?;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let listed = pods
+        .list(&ListParams::default().labels(&objects::selector(job)))
+        .await?;
+    let mut view = PodView {
+        by_name: listed
+            .items
+            .into_iter()
+            .map(|p| (p.name_any(), p))
+            .collect(),
+        deleted: BTreeSet::new(),
+    };
+    rt.policy
+        .reserve_names(view.by_name.keys().map(String::as_str));
+
+    if job.spec.suspend {
+        return suspend(job, ctx, rt, &mut view, &pods, &jobs, &old).await;
+    }
+
+    // Before epoch 1 the launch members are the pods 0..replicas; after it,
+    // growth goes through newcomers (the policy).
+    let launched = !rt.fresh_start && (old.epoch.is_some() || rt.view.is_some());
+    if !launched {
+        // A resumed or relaunched job starts afresh: every pod of the run
+        // before must be gone first (their names are the launch pods').
+        if old.phase == Some(Phase::Suspended) {
+            ctx.publish(
+                job,
+                EventType::Normal,
+                "Resumed",
+                "Launch",
+                "spec.suspend is off: the job is launched again".to_owned(),
+            )
+            .await;
+        }
+        if rt.fresh_start || matches!(old.phase, Some(Phase::Pending | Phase::Suspended)) {
+            let leftovers = leftover_pods(&view);
+            if !leftovers.is_empty() {
+                tracing::info!(job = %name, ?leftovers, "waiting for the pods of the last run to go");
+                if leftovers.iter().any(|(_, deleting)| !deleting) {
+                    delete_job_pods(job, &pods).await?;
+                }
+                let waiting = leftovers.len();
+                let mut status = fresh_status(
+                    job,
+                    ctx,
+                    &old,
+                    Phase::Pending,
+                    "WaitingForPods",
+                    format!("{waiting} pod(s) of the last run are still terminating"),
+                );
+                status.replicas = i32::try_from(waiting).unwrap_or(i32::MAX);
+                patch_status(&jobs, job, &status).await?;
+                return Ok(Action::requeue(Duration::from_secs(5)));
+            }
+        }
+        let replicas = u32::try_from(job.spec.replicas).unwrap_or(0);
+        for index in 0..replicas {
+            if let std::collections::btree_map::Entry::Vacant(slot) =
+                view.by_name.entry(objects::pod_name(job, index))
+            {
+                let pod = pods
+                    .create(
+                        &PostParams::default(),
+                        &objects::launch_pod(job, index, &ctx.settings),
+                    )
+                    .await?;
+                slot.insert(pod);
+            }
+        }
+        rt.fresh_start = false;
+    }
+
+    // Node 0 ends the job: its program's exit is the job's. A pod already
+    // being deleted (a relaunch's) ended nothing new.
+    let root = view.by_name.get(&objects::pod_name(job, 0)).cloned();
+    let root_state = root.as_ref().map(notices::pod_state);
+    let root_deleting = root
+        .as_ref()
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_some());
+    if let Some(end @ (PodState::Succeeded | PodState::Failed)) = root_state {
+        if end == PodState::Failed && !root_deleting {
+            if let Some(action) = relaunch(job, ctx, rt, root.as_ref(), &pods, &jobs, &old).await? {
+                return Ok(action);
+            }
+        }
+        let phase = if end == PodState::Succeeded {
+            Phase::Succeeded
+        } else {
+            Phase::Failed
+        };
+        if old.phase != Some(phase) {
+            ctx.publish(
+                job,
+                if phase == Phase::Failed {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                &phase.to_string(),
+                "JobEnded",
+                format!("node 0 ended: the job {phase}"),
+            )
+            .await;
+        }
+        let mut status = build_status(job, ctx, rt, &view, phase, &old);
+        if phase == Phase::Failed {
+            status
+                .conditions
+                .push(failed_condition(job, &old, root.as_ref(), ctx.now()));
+        }
+        patch_status(&jobs, job, &status).await?;
+        return Ok(Action::await_change());
+    }
+
+    // The answer of a rescale running in the background, if it came.
+    finish_rescale(job, ctx, rt).await;
+
+    // The job's own view, from PE 0 (not while it works on a rescale: the
+    // last view holds until the answer).
+    let root_ip = root
+        .as_ref()
+        .filter(|_| root_state == Some(PodState::Running))
+        .and_then(|p| p.status.as_ref()?.pod_ip.clone());
+    let target = root_ip
+        .zip(rt.secret.clone())
+        .map(|(ip, secret)| ControlTarget {
+            address: format!("{ip}:{}", ctx.control_port),
+            secret,
+        });
+    if let (Some(target), None) = (&target, &rt.rescale) {
+        let endpoint = ctx.control.clone();
+        let t = target.clone();
+        match tokio::task::spawn_blocking(move || endpoint.status(&t)).await {
+            Ok(Ok(status)) => {
+                rt.view = Some(status);
+                rt.control_error = None;
+            }
+            Ok(Err(error)) => {
+                tracing::info!(job = %name, %error, "control endpoint not answering");
+                rt.control_error = Some(error.to_string());
+            }
+            Err(join) => return Err(Error::Task(join.to_string())),
+        }
+    }
+
+    if rt.view.is_some() {
+        observe(job, ctx, rt, &view).await;
+        if let Some(target) = &target {
+            carry_out(job, ctx, rt, &mut view, &pods, target).await?;
+        }
+    }
+
+    let phase = if rt.rescale.is_some() {
+        Phase::Rescaling
+    } else if rt.view.is_some() {
+        Phase::Running
+    } else {
+        Phase::Launching
+    };
+    let status = build_status(job, ctx, rt, &view, phase, &old);
+    patch_status(&jobs, job, &status).await?;
+    Ok(Action::requeue(requeue_after(ctx, rt)))
+}
+
+/// When to look again: the policy's next wake-up, or soon while the job
+/// launches or newcomers register (only the control endpoint shows that).
+pub(super) fn requeue_after(ctx: &Context, rt: &JobRuntime) -> Duration {
+    let now = rt.vt(ctx.now());
+    let mut after = Duration::from_secs(60);
+    if let Some(wake) = rt.policy.next_wakeup(now) {
+        after = after.min(wake.saturating_sub(now).max(Duration::from_secs(1)));
+    }
+    let waiting_newcomers = rt
+        .newcomers
+        .keys()
+        .any(|n| !rt.gone.contains(n) && !rt.policy.members().any(|m| &m.0 == n));
+    if rt.view.is_none() || rt.control_error.is_some() || waiting_newcomers {
+        after = after.min(Duration::from_secs(5));
+    }
+    after
+}
+
+/// Requeue after a failed reconcile, with exponential backoff per job
+/// (5 s, 10 s, 20 s ... up to 5 minutes; reset by a success).
+pub fn error_policy(job: Arc<ElasticJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(error.class());
+    let mut failures = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
+    let count = failures.entry(key(&job)).or_insert(0);
+    let delay = backoff(*count);
+    *count = count.saturating_add(1);
+    tracing::warn!(job = %job.name_any(), %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// The wait after `failures` consecutive failed reconciles.
+pub fn backoff(failures: u32) -> Duration {
+    Duration::from_secs(5u64.saturating_mul(1u64 << failures.min(6)).min(300))
+}
