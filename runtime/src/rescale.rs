@@ -394,6 +394,10 @@ impl Driver {
         let me = old.my_node();
         let plan = crate::elastic::plan(&view, &order.request()).map_err(|e| e.to_string())?;
         let leaving = plan.node_map[me as usize].is_none();
+        // One tree per rescale in the logs (`DUCTILE_LOG=ductile=debug`,
+        // docs/metrics.md): its stages are children, timed when they close.
+        let _rescale = tracing::debug_span!("rescale", epoch = old.epoch(), node = me).entered();
+        let stop = tracing::debug_span!("stop").entered();
         debug!(node = me, leaving, "all PEs stopped; draining");
         node.set_draining(true);
         self.drain(1, &old)?;
@@ -413,6 +417,7 @@ impl Driver {
         })?;
         self.drain(2, &old)?;
         node.set_draining(false);
+        drop(stop);
         // Everything sent in the old view has arrived: take it out of the
         // inboxes now, before the first message of the new view can land there.
         let late: Vec<Vec<Envelope>> = (0..local)
@@ -434,6 +439,7 @@ impl Driver {
             self.command_all(|| PeCommand::Depart);
             return Ok(());
         }
+        let commit = tracing::debug_span!("commit").entered();
         let next = if me == 0 {
             let t = Instant::now();
             let next = self.commit(order)?;
@@ -455,6 +461,8 @@ impl Driver {
                 _ => Pick::Keep,
             })?
         };
+        drop(commit);
+        let _reconcile = tracing::debug_span!("reconcile").entered();
         let t = Instant::now();
         let uid = old.my_uid();
         let new_me = next

@@ -501,6 +501,8 @@ impl Pe {
     /// A survivor re-enters in the new view: new number, translated queues,
     /// rebuilt location and quiescence bookkeeping. Same thread, same chares.
     fn reenter(&mut self, r: &Reentry, late: Vec<Envelope>) {
+        let _span =
+            tracing::debug_span!("reentry", epoch = r.old.epoch(), pe = self.ctx.pe).entered();
         // The inbox may already hold messages of the new view (from PEs that
         // re-entered first): they stay there, untranslated.
         for env in late {
