@@ -61,6 +61,27 @@ pub fn render(registry: &prometheus::Registry) -> String {
     page
 }
 
+/// The sample names `families` expose: a histogram's `_bucket`, `_sum`
+/// and `_count`, a counter's or a gauge's own name (what a query can name).
+pub fn series_names(families: &[prometheus::proto::MetricFamily]) -> Vec<String> {
+    use prometheus::proto::MetricType;
+    let mut names = Vec::new();
+    for f in families {
+        let name = f.name();
+        match f.get_field_type() {
+            MetricType::HISTOGRAM | MetricType::SUMMARY => {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    names.push(format!("{name}{suffix}"));
+                }
+            }
+            _ => names.push(name.to_owned()),
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// One reply of the server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Page {

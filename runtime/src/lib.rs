@@ -30,6 +30,7 @@ pub mod gpu;
 pub mod lb;
 mod link;
 mod metrics;
+pub use metrics::exported_series;
 mod msg;
 pub mod node;
 pub mod options;

@@ -565,6 +565,55 @@ impl Collector for NodeCollector {
     }
 }
 
+/// Every sample name a node can export (histograms as their `_bucket`,
+/// `_sum` and `_count`), from the collectors themselves: what a dashboard
+/// or an alert may query (docs/metrics.md).
+pub fn exported_series() -> Vec<String> {
+    let registry = Registry::new();
+    let r = Rescales::new();
+    r.register(&registry);
+    r.ended(Outcome::Refused);
+    r.committed(&RescaleReport {
+        epoch_before: 1,
+        epoch: 2,
+        removed: Vec::new(),
+        admitted: Vec::new(),
+        pes_before: 1,
+        pes: 1,
+        migrations: 0,
+        stages: Vec::new(),
+        mechanism_ms: 0.0,
+        total_ms: 0.0,
+        gpu: Vec::new(),
+    });
+    r.stages.with_label_values(&["stop"]).observe(0.0);
+    r.lb_step(false, 0.0, 0, 0);
+    let mut families = registry.gather();
+    let node = NodeCollector::new(Weak::new());
+    node.gpu_start.with_label_values(&["context"]).set(0.0);
+    let singles: [&dyn Collector; 9] = [
+        &node.pes,
+        &node.member,
+        &node.id,
+        &node.epoch,
+        &node.nodes,
+        &node.job_pes,
+        &node.gpu_devices,
+        &node.gpu_contexts,
+        &node.gpu_start,
+    ];
+    for c in singles {
+        families.extend(c.collect());
+    }
+    // Scratch families, refilled by every scrape.
+    for c in [&TRAFFIC.frames, &TRAFFIC.bytes] {
+        c.with_label_values(&["tcp", "sent"]).inc_by(0);
+        families.extend(c.collect());
+    }
+    families.extend(PROGRESS.collect());
+    exposition::series_names(&families)
+}
+
 /// Binds `listen` and serves `/metrics` from a thread; writes the bound
 /// address to `addr_file` (atomically) when given.
 pub(crate) fn start(

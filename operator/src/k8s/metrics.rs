@@ -198,6 +198,20 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Every sample name the operator can export (histograms as their
+    /// `_bucket`, `_sum` and `_count`): what a dashboard may query.
+    pub fn exported_series() -> Vec<String> {
+        let m = Metrics::default();
+        m.reconcile();
+        m.error("e");
+        m.member_notice("m", "k");
+        m.rescale_requested("r");
+        m.rescale_committed("r");
+        m.rescale_failed("r");
+        m.notice_to_commit_for("m", 1.0);
+        exposition::series_names(&m.registry.gather())
+    }
+
     /// The metrics in the Prometheus text format.
     pub fn render(&self) -> String {
         exposition::render(&self.registry)
