@@ -16,6 +16,7 @@
 //! ```
 //! See the README's "Writing a chare" for a walk-through.
 
+pub mod affinity;
 pub mod buffer;
 pub mod bulk;
 pub mod callback;

@@ -13,6 +13,7 @@
 //! | `+lb-smoothing A` | weight of the newest measurement in the loads and speeds a steady-state step balances (an exponential average over steps; 1: none); default 0.5 |
 //! | `+lb-min-gain G` | a steady-state step migrates only when its plan shortens the predicted makespan by more than this fraction; default 0.05 (0: any gain) |
 //! | `+lb-period SECS` | periodic balancing: an `at_sync` step only balances when SECS have passed since the last one that did (others resume at once) |
+//! | `+pe-affinity[=on\|off\|auto]` | pin PE `i` of a node to the `i`-th CPU it may use; default `auto`: only when the node has exactly a CPU per PE (a dedicated cpuset); bare `+pe-affinity` is `on` |
 //! | `+pe-speed PE:F,...` | emulate slower PEs: PE `PE` does `F` times the work per second (0 < F <= 1) |
 //! | `+link-delay-us MAX` | emulate an uneven network: each frame from another node waits a random 0..MAX µs before delivery (order per link kept), so messages on different paths overtake each other; for tests |
 //!
@@ -48,6 +49,8 @@ pub struct Options {
     /// `+link-delay-us MAX`: the longest emulated delay of a frame from
     /// another node (zero: none).
     pub link_delay: std::time::Duration,
+    /// `+pe-affinity`: when PE threads are pinned to cores.
+    pub pe_affinity: crate::affinity::Affinity,
     /// `+lb-smoothing A`: weight of the newest measurement (see [`lb::steady`]).
     pub lb_smoothing: f64,
     /// `+lb-min-gain G`: the makespan fraction a plan must gain to be carried out.
@@ -68,6 +71,7 @@ impl Default for Options {
             newcomer: false,
             coordinator: None,
             link_delay: std::time::Duration::ZERO,
+            pe_affinity: crate::affinity::Affinity::Auto,
             lb_smoothing: lb::steady::DEFAULT_SMOOTHING,
             lb_min_gain: lb::steady::DEFAULT_MIN_GAIN,
         }
@@ -126,6 +130,12 @@ pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
                 let us: u64 = v.parse().map_err(|_| format!("+link-delay-us: `{v}` is not a whole number of microseconds"))?;
                 opts.link_delay = std::time::Duration::from_micros(us);
             }
+            "pe-affinity" => {
+                opts.pe_affinity = match &inline {
+                    Some(v) => v.parse()?,
+                    None => crate::affinity::Affinity::On,
+                };
+            }
             "lb-smoothing" => {
                 let v = value("a weight in (0, 1]")?;
                 opts.lb_smoothing = v.parse().ok().filter(|a: &f64| *a > 0.0 && *a <= 1.0).ok_or_else(|| format!("+lb-smoothing: `{v}` is not a weight in (0, 1]"))?;
@@ -142,7 +152,7 @@ pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
                 opts.rescale_strategy = Arc::from(lb::by_name(&name, Params::default()).map_err(|e| e.to_string())?);
             }
             other => {
-                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +lb-smoothing, +lb-min-gain, +lb-rescale, +pe-speed, +link-delay-us)"))
+                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +lb-smoothing, +lb-min-gain, +lb-rescale, +pe-affinity, +pe-speed, +link-delay-us)"))
             }
         }
     }

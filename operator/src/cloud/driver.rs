@@ -262,6 +262,7 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
         terminal: io::stdout().is_terminal().then(io::stdout),
         last_line: String::new(),
     };
+    driver.record.cgroup = driver.quotas.as_ref().map(|q| q.root().display().to_string());
     driver.record.speed = if driver.quotas.is_some() { "cgroup" } else { "emulated" }.into();
     let exit = driver.run_job(&mut launcher, stop, say);
     driver.finish(exit, say)

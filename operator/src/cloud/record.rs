@@ -104,6 +104,8 @@ pub struct Record {
     pub time_factor: f64,
     /// How instance speed was made real: `cgroup` or `emulated`.
     pub speed: String,
+    /// The job's cgroup directory (removed at the end), with quotas.
+    pub cgroup: Option<String>,
     /// Cores that speed 1.0 gives a PE.
     pub cpu_per_speed: f64,
     /// Events.
