@@ -9,6 +9,8 @@ use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
 use super::context::*;
+use super::notices::{self, PodState};
+use super::objects;
 use super::error::*;
 use super::pods::*;
 use super::status::*;
@@ -76,7 +78,7 @@ pub(super) async fn relaunch(
     job: &ElasticJob,
     ctx: &Context,
     rt: &mut JobRuntime,
-    root: Option<&Pod>,
+    why: &str,
     pods: &Api<Pod>,
     jobs: &Api<ElasticJob>,
     old: &ElasticJobStatus,
@@ -89,7 +91,6 @@ pub(super) async fn relaunch(
         return Ok(None);
     }
     let attempt = old.restarts + 1;
-    let why = root.map_or_else(|| "node 0 failed".to_owned(), root_failure);
     delete_job_pods(job, pods).await?;
     tracing::warn!(job = %job.name_any(), attempt, limit, %why, "relaunching the job");
     ctx.publish(
@@ -119,39 +120,68 @@ pub(super) async fn relaunch(
     Ok(Some(Action::requeue(Duration::from_secs(5))))
 }
 
-/// How node 0's pod failed, from its node container's termination state.
-pub(super) fn root_failure(pod: &Pod) -> String {
-    let terminated = pod
+/// How node 0's run ended, judged by its node container (and the
+/// coordinator's): a pod's phase alone misses a node container that died
+/// while the coordinator container keeps the pod `Running`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum RootEnd {
+    /// The node program exited 0: the job is done.
+    Succeeded,
+    /// Node 0 failed; why, in words (the container, its exit code and reason).
+    Failed(String),
+}
+
+/// How node 0's pod `root` ended, if it did. `launched`: the job had
+/// started, so a missing node-0 pod (deleted, evicted, its node gone) is a
+/// failure too. `node_container` is the name of the node's container.
+pub(super) fn root_end(root: Option<&Pod>, launched: bool, node_container: &str) -> Option<RootEnd> {
+    let Some(pod) = root else {
+        return launched.then(|| {
+            RootEnd::Failed("node 0's pod is gone (deleted or evicted while the job ran)".to_owned())
+        });
+    };
+    let statuses = pod
         .status
         .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|all| {
-            all.iter()
-                .find(|c| {
-                    c.name != "coordinator"
-                        && c.state
-                            .as_ref()
-                            .and_then(|s| s.terminated.as_ref())
-                            .is_some_and(|t| t.exit_code != 0)
-                })
-                .or_else(|| {
-                    all.iter().find(|c| {
-                        c.state
-                            .as_ref()
-                            .and_then(|s| s.terminated.as_ref())
-                            .is_some_and(|t| t.exit_code != 0)
-                    })
-                })
-        })
-        .and_then(|c| {
-            let t = c.state.as_ref()?.terminated.as_ref()?;
-            Some(format!(
-                "container {} exited with code {}",
-                c.name, t.exit_code
-            ))
+        .and_then(|s| s.container_statuses.as_deref())
+        .unwrap_or_default();
+    let terminated = |name: &str| {
+        statuses
+            .iter()
+            .find(|c| c.name == name)
+            .and_then(|c| c.state.as_ref()?.terminated.clone())
+    };
+    let describe = |name: &str, t: &k8s_openapi::api::core::v1::ContainerStateTerminated| {
+        let mut how = format!("container {name} exited with code {}", t.exit_code);
+        if let Some(reason) = t.reason.as_deref().filter(|r| !r.is_empty()) {
+            how.push_str(&format!(" ({reason})"));
+        }
+        how
+    };
+    if let Some(t) = terminated(node_container) {
+        return Some(if t.exit_code == 0 {
+            RootEnd::Succeeded
+        } else {
+            RootEnd::Failed(format!("node 0 failed: {}", describe(node_container, &t)))
         });
-    match terminated {
-        Some(how) => format!("node 0 failed ({how})"),
-        None => "node 0 failed".to_owned(),
+    }
+    // The coordinator ends after the job; one that fails first fails it.
+    if let Some(t) = terminated(objects::COORDINATOR_CONTAINER).filter(|t| t.exit_code != 0) {
+        return Some(RootEnd::Failed(format!(
+            "node 0 failed: {}",
+            describe(objects::COORDINATOR_CONTAINER, &t)
+        )));
+    }
+    match notices::pod_state(pod) {
+        PodState::Succeeded => Some(RootEnd::Succeeded),
+        PodState::Failed => {
+            let status = pod.status.as_ref();
+            let reason = status.and_then(|s| s.reason.clone()).unwrap_or_default();
+            let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
+            Some(RootEnd::Failed(
+                format!("node 0's pod failed {reason} {message}").trim_end().to_owned(),
+            ))
+        }
+        _ => None,
     }
 }

@@ -39,6 +39,8 @@ pub const ROLE_LABEL: &str = "ductile.dev/role";
 pub const REPLACES_ANNOTATION: &str = "ductile.dev/replaces";
 /// Finalizer the operator puts on every ElasticJob it manages.
 pub const FINALIZER: &str = "ductile.dev/teardown";
+/// Name of the coordinator's container in node 0's pod.
+pub const COORDINATOR_CONTAINER: &str = "coordinator";
 /// Port of the coordinator in node 0's pod.
 pub const COORDINATOR_PORT: i32 = 7070;
 /// Port of PE 0's control endpoint (rescale requests).
@@ -321,7 +323,7 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
         pod_spec.containers.insert(
             0,
             Container {
-                name: "coordinator".to_owned(),
+                name: COORDINATOR_CONTAINER.to_owned(),
                 image: Some(settings.coordinator_image.clone()),
                 args: Some(vec![
                     "coordinator".to_owned(),

@@ -252,43 +252,51 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
         rt.fresh_start = false;
     }
 
-    // Node 0 ends the job: its program's exit is the job's. A pod already
-    // being deleted (a relaunch's) ended nothing new.
+    // Node 0 ends the job: its node container's exit is the job's. A pod
+    // already being deleted (a relaunch's) ended nothing new.
     let root = view.by_name.get(&objects::pod_name(job, 0)).cloned();
     let root_state = root.as_ref().map(notices::pod_state);
     let root_deleting = root
         .as_ref()
         .is_some_and(|p| p.metadata.deletion_timestamp.is_some());
-    if let Some(end @ (PodState::Succeeded | PodState::Failed)) = root_state {
-        if end == PodState::Failed && !root_deleting {
-            if let Some(action) = relaunch(job, ctx, rt, root.as_ref(), &pods, &jobs, &old).await? {
-                return Ok(action);
+    let node_container = job
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map_or("", |c| c.name.as_str());
+    let judged = launched && old.phase != Some(Phase::Succeeded);
+    if let Some(end) = root_end(root.as_ref(), judged, node_container) {
+        if let RootEnd::Failed(why) = &end {
+            if !root_deleting {
+                if let Some(action) = relaunch(job, ctx, rt, why, &pods, &jobs, &old).await? {
+                    return Ok(action);
+                }
             }
         }
-        let phase = if end == PodState::Succeeded {
-            Phase::Succeeded
-        } else {
-            Phase::Failed
+        let phase = match end {
+            RootEnd::Succeeded => Phase::Succeeded,
+            RootEnd::Failed(_) => Phase::Failed,
         };
         if old.phase != Some(phase) {
-            ctx.publish(
-                job,
-                if phase == Phase::Failed {
-                    EventType::Warning
-                } else {
-                    EventType::Normal
-                },
-                &phase.to_string(),
-                "JobEnded",
-                format!("node 0 ended: the job {phase}"),
-            )
-            .await;
+            let note = match &end {
+                RootEnd::Failed(why) => format!("{why}: the job Failed"),
+                RootEnd::Succeeded => format!("node 0 ended: the job {phase}"),
+            };
+            let type_ = if phase == Phase::Failed {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            ctx.publish(job, type_, &phase.to_string(), "JobEnded", note)
+                .await;
         }
         let mut status = build_status(job, ctx, rt, &view, phase, &old);
-        if phase == Phase::Failed {
+        if let RootEnd::Failed(why) = &end {
             status
                 .conditions
-                .push(failed_condition(job, &old, root.as_ref(), ctx.now()));
+                .push(failed_condition(job, &old, why, ctx.now()));
         }
         patch_status(&jobs, job, &status).await?;
         return Ok(Action::await_change());

@@ -1,7 +1,6 @@
 //! The ElasticJob's `status`: conditions, the status of a running job and
 //! of one with no run in progress, written by server-side apply.
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -10,7 +9,6 @@ use serde_json::json;
 
 use super::context::*;
 use super::error::*;
-use super::lifecycle::*;
 use super::objects;
 use super::pods::*;
 use super::MANAGER;
@@ -98,10 +96,9 @@ pub(super) fn fresh_status(
 pub(super) fn failed_condition(
     job: &ElasticJob,
     old: &ElasticJobStatus,
-    root: Option<&Pod>,
+    why: &str,
     now: Timestamp,
 ) -> Condition {
-    let why = root.map_or_else(|| "node 0 failed".to_owned(), root_failure);
     let (reason, message) = match job.spec.restart_policy() {
         JobRestartPolicy::OnFailure => (
             "BackoffLimitExceeded",

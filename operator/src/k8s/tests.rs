@@ -1358,14 +1358,102 @@ async fn suspending_a_running_job_deletes_its_pods_and_resuming_relaunches_it() 
     assert_eq!(status["phase"], "Launching");
 }
 
+/// Node 0's pod after its node container died while the coordinator
+/// container runs on: the pod stays `Running`, only the node container's
+/// state says the job is over.
 fn failed_root() -> Value {
     let mut pod = running_pod("jacobi-0", "on-demand", "launch", "od-1");
-    pod["status"] = json!({"phase": "Failed", "containerStatuses": [
-        {"name": "coordinator", "ready": false, "restartCount": 0, "image": "op:1", "imageID": "",
-         "state": {"terminated": {"exitCode": 0}}},
+    pod["status"] = json!({"phase": "Running", "podIP": "127.0.0.1", "containerStatuses": [
+        {"name": "coordinator", "ready": true, "restartCount": 0, "image": "op:1", "imageID": "",
+         "state": {"running": {"startedAt": "2025-06-01T11:00:00Z"}}},
         {"name": "node", "ready": false, "restartCount": 0, "image": "apps:1", "imageID": "",
-         "state": {"terminated": {"exitCode": 3}}}]});
+         "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}]});
     pod
+}
+
+#[test]
+fn node_zero_is_judged_by_its_node_container() {
+    use super::lifecycle::{root_end, RootEnd};
+    let pod = |value: Value| serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(value).unwrap();
+    let failed = pod(failed_root());
+    assert_eq!(
+        root_end(Some(&failed), true, "node"),
+        Some(RootEnd::Failed("node 0 failed: container node exited with code 3 (Error)".into()))
+    );
+    // OOM-killed node, coordinator running: failed, with the reason.
+    let mut oom = failed_root();
+    oom["status"]["containerStatuses"][1]["state"] = json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}});
+    assert!(matches!(root_end(Some(&pod(oom)), true, "node"), Some(RootEnd::Failed(why)) if why.contains("137 (OOMKilled)")));
+    // The node exited 0 (the coordinator follows): the job succeeded.
+    let mut done = failed_root();
+    done["status"]["containerStatuses"][1]["state"] = json!({"terminated": {"exitCode": 0}});
+    assert_eq!(root_end(Some(&pod(done)), true, "node"), Some(RootEnd::Succeeded));
+    // The coordinator failed while the node runs: failed.
+    let mut coordinator = failed_root();
+    coordinator["status"]["containerStatuses"][0]["state"] = json!({"terminated": {"exitCode": 1}});
+    coordinator["status"]["containerStatuses"][1]["state"] = json!({"running": {}});
+    assert!(matches!(root_end(Some(&pod(coordinator)), true, "node"), Some(RootEnd::Failed(why)) if why.contains("container coordinator exited with code 1")));
+    // Both running: not over.
+    let mut running = failed_root();
+    running["status"]["containerStatuses"][1]["state"] = json!({"running": {}});
+    assert_eq!(root_end(Some(&pod(running)), true, "node"), None);
+    // An evicted pod (phase Failed, no container states).
+    let mut evicted = running_pod("jacobi-0", "on-demand", "launch", "od-1");
+    evicted["status"] = json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"});
+    assert!(matches!(root_end(Some(&pod(evicted)), true, "node"), Some(RootEnd::Failed(why)) if why.contains("Evicted low on memory")));
+    // No pod: a failure once the job ran, nothing before.
+    assert!(matches!(root_end(None, true, "node"), Some(RootEnd::Failed(why)) if why.contains("gone")));
+    assert_eq!(root_end(None, false, "node"), None);
+}
+
+#[tokio::test]
+async fn a_deleted_node_zero_pod_fails_the_job_and_relaunches_it() {
+    // A fresh context: the operator restarted; the status says Running at
+    // epoch 1, and node 0's pod is gone.
+    let secret = Secret::generate();
+    let (harness, handle) = context();
+    let mut job_value = running_job_json();
+    job_value["spec"]["restartPolicy"] = "OnFailure".into();
+    let listed = launch_pods()[1..].to_vec();
+    let first = job_value.clone();
+    let (action, _, (event, status)) =
+        reconcile_against(&harness.ctx, &first.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &listed).await;
+            expect_pods_deleted(&mut handle).await;
+            let event = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &first).await;
+            (handle, (event, status))
+        })
+        .await;
+    assert_eq!(
+        action.expect("reconcile succeeds"),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(event.0, "Relaunch");
+    assert!(event.1.contains("node 0's pod is gone"), "{event:?}");
+    assert_eq!(status["phase"], "Pending");
+    assert_eq!(status["restarts"], 1);
+
+    // Under restartPolicy Never the same job is Failed at once, saying why.
+    let (harness, handle) = context();
+    let never = running_job_json();
+    let listed = launch_pods()[1..].to_vec();
+    let secret = Secret::generate();
+    let (action, _, (event, status)) =
+        reconcile_against(&harness.ctx, &never.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &listed).await;
+            let event = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &never).await;
+            (handle, (event, status))
+        })
+        .await;
+    assert_eq!(action.expect("reconcile succeeds"), Action::await_change());
+    assert_eq!(event.0, "Failed");
+    assert!(event.1.contains("gone"), "{event:?}");
+    assert_eq!(status["phase"], "Failed");
+    let failed = &status["conditions"][2];
+    assert_eq!(failed["reason"], "NodeZeroFailed");
+    assert!(failed["message"].as_str().unwrap().contains("gone"), "{failed}");
 }
 
 #[tokio::test]
