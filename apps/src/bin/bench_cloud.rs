@@ -1,0 +1,454 @@
+//! `bench_cloud`: the papers' experiments on the local cloud (`ductile
+//! cloud`), as tables + JSON (`target/bench/cloud.json`) + a plot of the
+//! rescale-period sweep (`target/bench/cloud-period.svg`).
+//!
+//! Every run is a real Jacobi2D job on a fleet of node processes in CPU
+//! quotas, driven by the operator's policy; each experiment compares runs
+//! made in one sitting against an uninterrupted run of the same job on the
+//! same fleet, and checks that every run printed the same checksum.
+//!
+//! * `simultaneous`: 16 instances, 1/2/4/8 interruption notices at once,
+//!   with proactive replacement (a rebalance recommendation early enough
+//!   for the replacements to boot before the notice) and without;
+//! * `period`: 8 instances, one live swap (recommendation, replacement,
+//!   one commit) every P real seconds: slowdown against P;
+//! * `staggered`: 8 instances, a seeded random trace of notices, under
+//!   three policies: CompleteReplacement with emergency rescales, Immediate
+//!   with emergency rescales, and CompleteReplacement waiting late in the
+//!   notice window for the replacement (one commit per notice);
+//! * `hetero`: two instance types of different real speed (quota), load
+//!   balancing rate-aware against none, and against the ideal.
+//!
+//! This machine has few cores: every instance is one PE, the quotas share
+//! 90% of the cores, and the oversubscription is printed with each table.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{anyhow, bail, Context, Result};
+use ductile_apps::bench;
+use serde_json::{json, Value};
+
+/// One job on one fleet with one scenario.
+#[derive(Clone, Debug)]
+struct Run {
+    label: String,
+    instances: u32,
+    grid: u32,
+    block: u32,
+    iters: u32,
+    lb: &'static str,
+    mode: &'static str,
+    emergency: bool,
+    /// `instanceTypes` and `fleet` of the scenario.
+    fleet: String,
+    time_factor: f64,
+    events: Vec<String>,
+    random: Option<String>,
+    cpu_per_speed: Option<f64>,
+}
+
+impl Run {
+    fn job_yaml(&self) -> String {
+        format!(
+            "apiVersion: ductile.dev/v1alpha1
+kind: ElasticJob
+metadata: {{ name: j }}
+spec:
+  replicas: {n}
+  minReplicas: 1
+  pesPerPod: 1
+  template:
+    spec:
+      containers:
+        - name: node
+          image: apps
+          command: [jacobi2d, --grid, '{g}', --block, '{b}', --iters, '{i}', --residual-every, '100', --lb-every, '20', +lb, {lb}]
+          env: [{{ name: DUCTILE_LOG, value: warn }}]
+  onDemand: {{ replicas: 1 }}
+  rescalePolicy:
+    rebalance: {{ mode: {mode}, timeoutSeconds: 120 }}
+    emergencyOnInterruption: {em}
+    shrinkWhenNoReplacement: true
+",
+            n = self.instances,
+            g = self.grid,
+            b = self.block,
+            i = self.iters,
+            lb = self.lb,
+            mode = self.mode,
+            em = self.emergency
+        )
+    }
+
+    fn scenario_yaml(&self) -> String {
+        let mut s = format!("timeFactor: {}\n", self.time_factor);
+        if let Some(c) = self.cpu_per_speed {
+            s += &format!("cpuPerSpeed: {c}\n");
+        }
+        s += &self.fleet;
+        if !self.events.is_empty() {
+            s += "events:\n";
+            for e in &self.events {
+                s += &format!("  - {e}\n");
+            }
+        }
+        if let Some(r) = &self.random {
+            s += &format!("random: {r}\n");
+        }
+        s
+    }
+}
+
+/// What a run measured.
+#[derive(Clone, Debug)]
+struct Outcome {
+    label: String,
+    /// The job's own compute time (jacobi2d's `seconds=`).
+    seconds: f64,
+    checksum: String,
+    summary: Value,
+    rescales: u64,
+}
+
+const HOMOGENEOUS: &str = "instanceTypes:
+  - { name: m5.large, pes: 1, speed: 1.0, price: { onDemand: 0.096, spot: 0.037 } }
+fleet: { onDemand: m5.large, spot: [m5.large], bootSeconds: 40 }
+";
+
+struct Bench {
+    ductile: PathBuf,
+    path_env: String,
+    dir: PathBuf,
+    quick: bool,
+}
+
+impl Bench {
+    fn run(&self, run: &Run) -> Result<Outcome> {
+        let dir = self.dir.join(run.label.replace([' ', '/', '='], "_"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("job.yaml"), run.job_yaml())?;
+        std::fs::write(dir.join("scenario.yaml"), run.scenario_yaml())?;
+        let out = Command::new(&self.ductile)
+            .args(["cloud", "--no-verify", "--timeout", "600", "-f"])
+            .arg(dir.join("job.yaml"))
+            .arg("-s")
+            .arg(dir.join("scenario.yaml"))
+            .arg("--out")
+            .arg(&dir)
+            .arg("--state-dir")
+            .arg(dir.join("s"))
+            .env("PATH", &self.path_env)
+            .stdin(Stdio::null())
+            .output()
+            .context("running ductile cloud")?;
+        let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+        if !out.status.success() {
+            bail!(
+                "{}: ductile cloud exited {:?}:\n{}\n{}",
+                run.label,
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout),
+                bench::tail(&log, 20)
+            );
+        }
+        let record: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("cloud.json"))?)?;
+        let line = log
+            .lines()
+            .rev()
+            .find(|l| l.starts_with("jacobi2d "))
+            .ok_or_else(|| anyhow!("{}: no jacobi2d summary line in job.log", run.label))?;
+        let rescales = record["summary"]["committedByReason"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+        Ok(Outcome {
+            label: run.label.clone(),
+            seconds: bench::num(line, "seconds")?,
+            checksum: record["record"]["checksum"].as_str().unwrap_or("-").to_owned(),
+            summary: record["summary"].clone(),
+            rescales,
+        })
+    }
+
+    fn base(&self, label: &str, instances: u32, iters: u32) -> Run {
+        Run {
+            label: label.to_owned(),
+            instances,
+            grid: if self.quick { 512 } else { 1024 },
+            block: 64,
+            iters: if self.quick { iters / 4 } else { iters },
+            // Jacobi2D's load is uniform: no steady-state balancing, so the
+            // runs differ only by what the cloud did (a rescale still
+            // evacuates and populates with +lb-rescale's strategy).
+            lb: "Null",
+            mode: "CompleteReplacement",
+            emergency: true,
+            fleet: HOMOGENEOUS.to_owned(),
+            time_factor: 20.0,
+            events: Vec::new(),
+            random: None,
+            cpu_per_speed: None,
+        }
+    }
+}
+
+fn overhead(o: &Outcome, base: &Outcome) -> f64 {
+    100.0 * (o.seconds / base.seconds - 1.0)
+}
+
+fn row(o: &Outcome, base: &Outcome, extra: &str) -> String {
+    format!(
+        "| {} | {:.2} | {:+.1}% | {} | {} | {}{} |",
+        o.label,
+        o.seconds,
+        overhead(o, base),
+        o.rescales,
+        o.summary["noticesHandled"],
+        if o.checksum == base.checksum { "same" } else { "DIFFERS" },
+        extra
+    )
+}
+
+fn outcome_json(o: &Outcome, base: &Outcome) -> Value {
+    json!({
+        "label": o.label, "seconds": o.seconds, "overheadPct": overhead(o, base),
+        "rescales": o.rescales, "checksum": o.checksum, "checksumEqual": o.checksum == base.checksum,
+        "summary": o.summary,
+    })
+}
+
+/// 16 instances, k notices at once, with and without proactive replacement.
+fn simultaneous(b: &Bench) -> Result<Value> {
+    let base = b.run(&b.base("16 instances, no interruption", 16, 2000))?;
+    let mut rows = vec![row(&base, &base, "")];
+    let mut out = vec![outcome_json(&base, &base)];
+    for k in [1u32, 2, 4, 8] {
+        for proactive in [true, false] {
+            let mut r = b.base(&format!("{k} at once, {}", if proactive { "proactive" } else { "notice only" }), 16, 2000);
+            for m in 1..=k {
+                if proactive {
+                    r.events.push(format!("{{ at: 20, rebalanceRecommendation: j-{m} }}"));
+                }
+                r.events.push(format!("{{ at: 120, interruption: j-{m}, deadline: 120 }}"));
+            }
+            let o = b.run(&r)?;
+            rows.push(row(&o, &base, ""));
+            out.push(outcome_json(&o, &base));
+        }
+    }
+    println!("\n## simultaneous interruptions (16 instances of 1 PE on this machine's cores)\n");
+    println!("| run | seconds | overhead | rescales | notices handled | checksum |\n|---|---|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(json!(out))
+}
+
+/// One live swap every P real seconds, 8 instances.
+fn period(b: &Bench) -> Result<(Value, Vec<(f64, f64)>)> {
+    let base = b.run(&b.base("8 instances, no rescale", 8, 3000))?;
+    let mut rows = vec![row(&base, &base, " | -")];
+    let mut out = vec![outcome_json(&base, &base)];
+    let mut curve = Vec::new();
+    let factor = 20.0;
+    for p in [2.0f64, 4.0, 8.0, 16.0] {
+        let mut r = b.base(&format!("a swap every {p} s"), 8, 3000);
+        r.mode = "Immediate";
+        // Boot quicker than the period, so each recommendation is one swap.
+        r.fleet = HOMOGENEOUS.replace("bootSeconds: 40", &format!("bootSeconds: {}", (p * factor / 2.0).min(40.0)));
+        let horizon = 120.0 * factor;
+        let mut t = p * factor;
+        let mut i = 0u32;
+        while t < horizon {
+            let victim = if i < 7 { format!("j-{}", i + 1) } else { format!("j-n{}", i - 7) };
+            r.events.push(format!("{{ at: {t}, rebalanceRecommendation: {victim} }}"));
+            t += p * factor;
+            i += 1;
+        }
+        let o = b.run(&r)?;
+        curve.push((p, overhead(&o, &base)));
+        rows.push(row(&o, &base, &format!(" | {:.2}", o.seconds / o.rescales.max(1) as f64)));
+        out.push(outcome_json(&o, &base));
+    }
+    println!("\n## rescale-period sweep (8 instances of 1 PE, one swap per period)\n");
+    println!("| run | seconds | overhead | rescales | notices handled | checksum | s per rescale |\n|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    Ok((json!(out), curve))
+}
+
+/// Staggered random notices under three policies, 8 instances.
+fn staggered(b: &Bench) -> Result<Value> {
+    let base = b.run(&b.base("8 instances, no interruption", 8, 3000))?;
+    let mut rows = vec![row(&base, &base, " | - | -")];
+    let mut out = vec![outcome_json(&base, &base)];
+    let trace = "{ seed: 7, noticesPerInstanceHour: 40, batch: 1, recommendationLead: 0, deadline: 120, until: 600 }";
+    for (label, mode, emergency) in [
+        ("CompleteReplacement + emergency", "CompleteReplacement", true),
+        ("Immediate + emergency", "Immediate", true),
+        ("CompleteReplacement, late (no emergency)", "CompleteReplacement", false),
+    ] {
+        let mut r = b.base(label, 8, 3000);
+        r.mode = mode;
+        r.emergency = emergency;
+        r.random = Some(trace.to_owned());
+        let o = b.run(&r)?;
+        rows.push(row(
+            &o,
+            &base,
+            &format!(
+                " | {:.0} | {:.0}",
+                o.summary["idleNewcomerSeconds"].as_f64().unwrap_or(0.0),
+                o.summary["memberSecondsShort"].as_f64().unwrap_or(0.0)
+            ),
+        ));
+        out.push(outcome_json(&o, &base));
+    }
+    println!("\n## staggered random interruptions (8 instances of 1 PE, seeded trace)\n");
+    println!("| policy | seconds | overhead | rescales | notices handled | checksum | idle newcomer inst-s | member-s short |\n|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(json!(out))
+}
+
+/// Two instance types of different real speed; rate-aware balancing.
+fn hetero(b: &Bench) -> Result<Value> {
+    let types = "instanceTypes:
+  - { name: fast, pes: 1, speed: 1.0, price: { onDemand: 0.1, spot: 0.04 } }
+  - { name: slow, pes: 1, speed: 0.5, price: { onDemand: 0.05, spot: 0.02 } }
+";
+    let cpu = 0.6;
+    let mut homog = b.base("2 fast instances (work measure)", 2, 1500);
+    homog.fleet = format!("{types}fleet: {{ onDemand: fast, spot: [fast] }}\n");
+    homog.cpu_per_speed = Some(cpu);
+    let w = b.run(&homog)?;
+    // Work in speed-seconds; the mixed fleet has 1 + 1 + 0.5 + 0.5 = 3 speed units.
+    let ideal = w.seconds * 2.0 / 3.0;
+    let mut rows = Vec::new();
+    let mut out = vec![json!({ "label": w.label, "seconds": w.seconds, "idealMixedSeconds": ideal })];
+    for lb in ["Null", "GreedyRefine", "GreedyRefineRateAware"] {
+        let mut r = b.base(&format!("2 fast + 2 slow, +lb {lb}"), 4, 1500);
+        r.fleet = format!("{types}fleet: {{ onDemand: fast, spot: [slow, fast, slow] }}\n");
+        r.cpu_per_speed = Some(cpu);
+        r.lb = lb;
+        let o = b.run(&r)?;
+        rows.push(format!(
+            "| {} | {:.2} | {:+.1}% | {} |",
+            o.label,
+            o.seconds,
+            100.0 * (o.seconds / ideal - 1.0),
+            if o.checksum == w.checksum { "same" } else { "DIFFERS" }
+        ));
+        out.push(json!({ "label": o.label, "seconds": o.seconds, "aboveIdealPct": 100.0 * (o.seconds / ideal - 1.0), "checksumEqual": o.checksum == w.checksum }));
+    }
+    println!("\n## heterogeneous fleet (quotas: fast {cpu} core, slow {} core per PE)\n", cpu / 2.0);
+    println!("ideal (the 2-fast run's work over 3 speed units): {ideal:.2} s\n");
+    println!("| run | seconds | above ideal | checksum |\n|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(json!(out))
+}
+
+fn period_svg(curve: &[(f64, f64)]) -> String {
+    let (w, h, l, t, pw, ph) = (560.0, 320.0, 60.0, 30.0, 460.0, 230.0);
+    let max_p = curve.iter().map(|c| c.0).fold(1.0, f64::max);
+    let max_o = curve.iter().map(|c| c.1).fold(1.0, f64::max) * 1.1;
+    let x = |p: f64| l + pw * (p.log2() + 1.0) / (max_p.log2() + 1.0);
+    let y = |o: f64| t + ph * (1.0 - o.max(0.0) / max_o);
+    let pts: Vec<String> = curve.iter().map(|(p, o)| format!("{:.1},{:.1}", x(*p), y(*o))).collect();
+    let mut s = format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="{w}" height="{h}" fill="white"/><text x="{l}" y="18">slowdown against rescale period (live swaps, 8 instances)</text><polyline points="{}" fill="none" stroke="#1f77b4" stroke-width="2"/><line x1="{l}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#d62728" stroke-dasharray="4 3"/><text x="{}" y="{:.1}" fill="#d62728">1%</text><line x1="{l}" x2="{l}" y1="{t}" y2="{}" stroke="#000"/><line x1="{l}" x2="{}" y1="{}" y2="{}" stroke="#000"/>"##,
+        pts.join(" "),
+        l + pw,
+        y(1.0),
+        y(1.0),
+        l + pw + 4.0,
+        y(1.0) + 4.0,
+        t + ph,
+        l + pw,
+        t + ph,
+        t + ph
+    );
+    for (p, o) in curve {
+        s += &format!(
+            r##"<circle cx="{:.1}" cy="{:.1}" r="3" fill="#1f77b4"/><text x="{:.1}" y="{:.1}" text-anchor="middle">{p} s</text><text x="{:.1}" y="{:.1}" text-anchor="middle">{o:.1}%</text>"##,
+            x(*p),
+            y(*o),
+            x(*p),
+            t + ph + 16.0,
+            x(*p),
+            y(*o) - 8.0
+        );
+    }
+    s += &format!(r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">rescale period (real seconds)</text><text x="14" y="{:.1}" transform="rotate(-90 14 {:.1})" text-anchor="middle">overhead</text></svg>"#, l + pw / 2.0, t + ph + 34.0, t + ph / 2.0, t + ph / 2.0);
+    s
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut quick = false;
+    let mut which: Vec<String> = ["simultaneous", "period", "staggered", "hetero"].map(String::from).to_vec();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--experiments" => {
+                which = it.next().ok_or_else(|| anyhow!("--experiments needs a list"))?.split(',').map(String::from).collect()
+            }
+            "-h" | "--help" => {
+                println!("usage: bench_cloud [--experiments simultaneous,period,staggered,hetero] [--quick]\n\nRuns the local-cloud experiments (docs/benchmarks.md); writes target/bench/cloud.json and cloud-period.svg.");
+                return Ok(());
+            }
+            other => bail!("unknown argument {other:?} (see --help)"),
+        }
+    }
+    for w in &which {
+        if !["simultaneous", "period", "staggered", "hetero"].contains(&w.as_str()) {
+            bail!("unknown experiment {w:?}: choose from simultaneous, period, staggered, hetero");
+        }
+    }
+    let (bin_dir, target) = bench::bin_and_target_dirs()?;
+    let ductile = bench::sibling(&bin_dir, "ductile", "bench_cloud", "cargo build --release --workspace --bins")?;
+    bench::sibling(&bin_dir, "jacobi2d", "bench_cloud", "cargo build --release --workspace --bins")?;
+    let out_dir = target.join("bench");
+    let b = Bench {
+        ductile,
+        path_env: format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default()),
+        dir: out_dir.join("cloud-runs"),
+        quick,
+    };
+    let load_before = bench::loadavg();
+    let mut results = serde_json::Map::new();
+    let has = |w: &str| which.iter().any(|x| x == w);
+    if has("simultaneous") {
+        results.insert("simultaneous".into(), simultaneous(&b)?);
+    }
+    if has("period") {
+        let (v, curve) = period(&b)?;
+        results.insert("period".into(), v);
+        std::fs::write(out_dir.join("cloud-period.svg"), period_svg(&curve))?;
+    }
+    if has("staggered") {
+        results.insert("staggered".into(), staggered(&b)?);
+    }
+    if has("hetero") {
+        results.insert("hetero".into(), hetero(&b)?);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = json!({
+        "bench": "cloud",
+        "quick": quick,
+        "machine": { "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "cpu": bench::cpu_model(), "loadBefore": load_before.clone(), "loadAfter": bench::loadavg() },
+        "commit": bench::git_commit(&root),
+        "results": results,
+    });
+    std::fs::create_dir_all(&out_dir)?;
+    std::fs::write(out_dir.join("cloud.json"), serde_json::to_string_pretty(&doc)?)?;
+    println!("\nload average before {}, after {}", load_before.unwrap_or_default(), bench::loadavg().unwrap_or_default());
+    println!("wrote {}", out_dir.join("cloud.json").display());
+    Ok(())
+}
