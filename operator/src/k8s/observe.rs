@@ -113,7 +113,7 @@ pub(super) async fn observe(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime
         if !rt.noticed.insert((pod.clone(), kind)) {
             continue;
         }
-        ctx.metrics.notice(kind.label());
+        ctx.metrics.member_notice(&pod, kind.label());
         rt.first_notice.entry(pod.clone()).or_insert(now_ts);
         let member = MemberId(pod.clone());
         let event = if kind.is_interruption() {

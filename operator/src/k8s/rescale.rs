@@ -164,7 +164,7 @@ pub(super) async fn rescale_outcome(
                 if let Some(first) = rt.first_notice.remove(pod) {
                     let waited =
                         Duration::try_from(now_ts.duration_since(first)).unwrap_or_default();
-                    ctx.metrics.notice_to_commit(waited.as_secs_f64());
+                    ctx.metrics.notice_to_commit_for(pod, waited.as_secs_f64());
                 }
             }
             ctx.metrics.rescale_committed(&reason_text);
