@@ -252,7 +252,10 @@ impl ControlError {
     /// Whether asking again later, after reading the view again, may succeed
     /// (nothing was done by this request).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ControlError::ViewChanged { .. } | ControlError::Busy(_))
+        matches!(
+            self,
+            ControlError::ViewChanged { .. } | ControlError::Busy(_)
+        )
     }
 }
 
@@ -280,13 +283,47 @@ fn recv<T: serde::de::DeserializeOwned>(s: &mut TcpStream) -> Result<T, ControlE
     Ok(decode_payload(&payload)?)
 }
 
+/// The tool on the other end of a control connection, as seen while its
+/// request is being served: a long request (a rescale) asks whether the
+/// tool is still there before it does something nobody waits for.
+pub struct Peer<'a> {
+    stream: &'a TcpStream,
+}
+
+impl Peer<'_> {
+    /// Whether the tool closed its end (or the connection broke). A tool
+    /// waits for its answer without writing, so a readable end of file
+    /// means it went away.
+    pub fn gone(&self) -> bool {
+        if self.stream.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let gone = match self.stream.peek(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        };
+        gone || self.stream.set_nonblocking(false).is_err()
+    }
+}
+
 /// Serves one control connection: authenticates it, then answers requests
 /// with `answer` until the peer closes. Bad frames and wrong secrets get an
 /// error reply and end the connection.
 pub fn serve_connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     secret: &Secret,
     mut answer: impl FnMut(&ControlRequest) -> ControlReply,
+) -> Result<(), ControlError> {
+    serve_watched(stream, secret, |req, _| answer(req))
+}
+
+/// As [`serve_connection`]; `answer` also gets the [`Peer`], to notice a
+/// tool that went away while its request was served.
+pub fn serve_watched(
+    mut stream: TcpStream,
+    secret: &Secret,
+    mut answer: impl FnMut(&ControlRequest, &Peer<'_>) -> ControlReply,
 ) -> Result<(), ControlError> {
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut nonce = [0u8; 32];
@@ -333,7 +370,8 @@ pub fn serve_connection(
                 return Err(e);
             }
         };
-        send(&mut stream, &answer(&req))?;
+        let reply = answer(&req, &Peer { stream: &stream });
+        send(&mut stream, &reply)?;
     }
 }
 
@@ -441,9 +479,11 @@ mod tests {
                 ControlRequest::Rescale(_) => ControlReply::Busy {
                     message: "another rescale is in progress".into(),
                 },
-                ControlRequest::Hello { .. } | ControlRequest::Checkpoint(_) => ControlReply::Error {
-                    message: "not served here".into(),
-                },
+                ControlRequest::Hello { .. } | ControlRequest::Checkpoint(_) => {
+                    ControlReply::Error {
+                        message: "not served here".into(),
+                    }
+                }
             })
         });
         (addr, h)
@@ -477,13 +517,17 @@ mod tests {
         );
         assert!(e.is_retryable());
         assert!(
-            e.to_string()
-                .contains("the view changed: epoch 2, now 3; node ids are renumbered by every commit"),
+            e.to_string().contains(
+                "the view changed: epoch 2, now 3; node ids are renumbered by every commit"
+            ),
             "{e}"
         );
         // The connection stays usable after a refusal.
         let e = c.rescale(req(3), Duration::from_secs(5)).unwrap_err();
-        assert!(matches!(e, ControlError::Busy(ref m) if m.contains("in progress")), "{e}");
+        assert!(
+            matches!(e, ControlError::Busy(ref m) if m.contains("in progress")),
+            "{e}"
+        );
         assert!(e.is_retryable());
         assert_eq!(c.status().unwrap().epoch, 3);
         drop(c);

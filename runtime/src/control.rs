@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ductile_coordinator::control::{serve_connection, ControlReply, ControlRequest, JobStatus};
+use ductile_coordinator::control::{serve_watched, ControlReply, ControlRequest, JobStatus};
 use ductile_coordinator::secret::Secret;
 use tracing::{debug, warn};
 
@@ -53,13 +53,16 @@ pub(crate) fn start(
                             .peer_addr()
                             .map(|a| a.to_string())
                             .unwrap_or_default();
-                        let result = serve_connection(stream, &secret, |req| match req {
+                        let result = serve_watched(stream, &secret, |req, peer| match req {
                             ControlRequest::Status => status(&node, &coordinator, started),
                             ControlRequest::Rescale(req) => {
                                 match coordinator.live(COORDINATOR_WAIT) {
-                                    Ok(client) => {
-                                        crate::elastic::serve_request(&node, &client, req.clone())
-                                    }
+                                    Ok(client) => crate::elastic::serve_request(
+                                        &node,
+                                        &client,
+                                        req.clone(),
+                                        peer,
+                                    ),
                                     Err(e) => unreachable_coordinator(&coordinator, e),
                                 }
                             }

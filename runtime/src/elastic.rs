@@ -12,15 +12,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_channel::RecvTimeoutError;
 use ductile_coordinator::client::Client;
 pub use ductile_coordinator::control::RescaleRequest;
-use ductile_coordinator::control::{ControlReply, RescaleReport};
+use ductile_coordinator::control::{ControlReply, Peer, RescaleReport};
 use ductile_coordinator::proto::{NodeId, View};
+use tracing::warn;
 
 use crate::metrics::{self, Outcome};
 use crate::msg::{Dest, Envelope, Payload};
 use crate::node::NodeShared;
-use crate::rescale::Desk;
+use crate::rescale::{overdue, Desk, Overdue, Stage, StageBounds};
 use crate::system::{StopOrder, SysMsg};
 
 use crate::topo::Pe;
@@ -129,8 +131,8 @@ pub fn plan(view: &View, req: &RescaleRequest) -> Result<Renumbering, RescaleErr
     })
 }
 
-/// How long the control endpoint waits for a rescale to complete.
-const RESCALE_TIMEOUT: Duration = Duration::from_secs(600);
+/// How often node 0's watchdog looks at the rescale it serves.
+const WATCH_TICK: Duration = Duration::from_millis(50);
 
 /// Serves a rescale request on node 0's control endpoint: checks it, admits
 /// at most the newcomers that wait, hands it to PE 0 and waits for the job
@@ -139,8 +141,9 @@ pub(crate) fn serve_request(
     node: &Arc<NodeShared>,
     coordinator: &Client,
     req: RescaleRequest,
+    peer: &Peer<'_>,
 ) -> ControlReply {
-    match serve(node, coordinator, req) {
+    match serve(node, coordinator, req, peer) {
         Ok(report) => {
             metrics::rescale_committed(&report);
             ControlReply::Rescaled(report)
@@ -156,6 +159,7 @@ fn serve(
     node: &Arc<NodeShared>,
     coordinator: &Client,
     req: RescaleRequest,
+    peer: &Peer<'_>,
 ) -> Result<RescaleReport, (Outcome, ControlReply)> {
     let refuse = |message: String| Err((Outcome::Refused, ControlReply::Error { message }));
     let Some(view) = node.view() else {
@@ -205,18 +209,60 @@ fn serve(
         counted: false,
     });
     let failed = |message: String| (Outcome::Failed, ControlReply::Error { message });
-    match rx.recv_timeout(RESCALE_TIMEOUT) {
-        Ok(Ok(report)) => Ok(report),
-        Ok(Err(e)) => Err(failed(format!("the rescale failed: {e}"))),
-        Err(_) => Err(failed(format!(
-            "the rescale did not complete within {RESCALE_TIMEOUT:?}"
-        ))),
+    let bounds = StageBounds::get();
+    let mut abandoning = false;
+    // The watchdog: every stage is bounded (docs/elasticity.md, "Bounds").
+    loop {
+        match rx.recv_timeout(WATCH_TICK) {
+            Ok(Ok(report)) => return Ok(report),
+            Ok(Err(e)) => return Err(failed(e)),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(failed("the rescale ended without an answer".into()))
+            }
+        }
+        let Some((stage, elapsed)) = node.with_desk(|d| (d.stage, d.stage_since.elapsed())) else {
+            continue;
+        };
+        let verdict = if stage == Stage::Evacuate && peer.gone() {
+            // Nobody waits for it: it must not run later.
+            Some(Overdue::Abandon(
+                "the tool that asked for it went away".to_string(),
+            ))
+        } else {
+            overdue(stage, elapsed, &bounds)
+        };
+        match verdict {
+            Some(Overdue::Abandon(why)) if !abandoning => {
+                abandoning = true;
+                warn!("abandoning the rescale: {why}");
+                node.with_desk(|d| d.abandon = Some(why));
+                // PE 0 looks at the desk when it gets this again.
+                node.inboxes[0].push(Envelope {
+                    prio: 0,
+                    dest: Dest::System,
+                    payload: Payload::local(SysMsg::RescaleBegin),
+                    counted: false,
+                });
+            }
+            Some(Overdue::Fail(why)) => {
+                let message = format!("the rescale failed after the commit: {why}; ending the job");
+                node.abort(message.clone());
+                node.finish_rescale(Err(message.clone()));
+                return Err(failed(message));
+            }
+            _ => {}
+        }
     }
 }
 
 /// Whether `req` may start now: nothing else in flight, computed against
 /// `view`, and a request `plan` accepts. The refusal is the reply.
-fn check_admission(node: &NodeShared, view: &View, req: &RescaleRequest) -> Result<(), ControlReply> {
+fn check_admission(
+    node: &NodeShared,
+    view: &View,
+    req: &RescaleRequest,
+) -> Result<(), ControlReply> {
     let busy = node.desk.lock().expect("rescale desk poisoned").is_some();
     check_admission_locked(node, busy, view, req)
 }

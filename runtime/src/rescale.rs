@@ -37,8 +37,87 @@ use crate::pe::{LoopExit, PeCommand, Reentry};
 use crate::system::StopOrder;
 use crate::topo::Topology;
 
-/// How long any one step of a rescale may wait for its peers.
+/// How long any one step of a rescale may wait for its peers, by default.
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Environment variable: the bound of every wait of a rescale, in ms
+/// (default 30,000). The evacuate stage gets the same bound; each step of
+/// the node drivers (a drain round, the hand-over, the commit, the barrier)
+/// and each of PE 0's later stages too.
+pub(crate) const ENV_STAGE_TIMEOUT_MS: &str = "DUCTILE_RESCALE_STAGE_TIMEOUT_MS";
+
+/// How long each stage of a rescale may take (docs/elasticity.md,
+/// "Bounds"). Read once per node from [`ENV_STAGE_TIMEOUT_MS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StageBounds {
+    /// The evacuate stage, waiting for load-balancing steps in progress
+    /// included. Past it the rescale is abandoned: nothing was committed.
+    pub evacuate: Duration,
+    /// One wait of a node driver, and each of PE 0's stages after the
+    /// commit (reentry, state, balance).
+    pub step: Duration,
+}
+
+impl StageBounds {
+    /// The bounds this process runs with.
+    pub(crate) fn get() -> StageBounds {
+        static BOUNDS: std::sync::OnceLock<StageBounds> = std::sync::OnceLock::new();
+        *BOUNDS.get_or_init(|| {
+            let step = std::env::var(ENV_STAGE_TIMEOUT_MS)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|&ms| ms > 0)
+                .map_or(STEP_TIMEOUT, Duration::from_millis);
+            StageBounds {
+                evacuate: step,
+                step,
+            }
+        })
+    }
+
+    /// The stop, commit and reconcile stages are bounded by the node
+    /// drivers' own waits (a few steps each); this is node 0's backstop
+    /// over all of them together.
+    fn driver_backstop(&self) -> Duration {
+        self.step * 8
+    }
+}
+
+/// What node 0 does about a rescale whose stage ran past its bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Overdue {
+    /// Nothing was committed: drop the rescale, the job goes on at its size.
+    Abandon(String),
+    /// The commit happened (or may have): end the job with this error.
+    Fail(String),
+}
+
+/// Whether a rescale that has been in `stage` for `elapsed` ran past its
+/// bound, and what to do then. Pure, so it is tested in virtual time.
+pub(crate) fn overdue(stage: Stage, elapsed: Duration, bounds: &StageBounds) -> Option<Overdue> {
+    let over = |bound: Duration| elapsed > bound;
+    match stage {
+        Stage::Evacuate if over(bounds.evacuate) => Some(Overdue::Abandon(format!(
+            "stage evacuate did not end within {:?}",
+            bounds.evacuate
+        ))),
+        Stage::Stop | Stage::Commit | Stage::Reconcile if over(bounds.driver_backstop()) => {
+            Some(Overdue::Fail(format!(
+                "stage {} did not end within {:?}",
+                stage.name(),
+                bounds.driver_backstop()
+            )))
+        }
+        Stage::Reentry | Stage::State | Stage::Balance if over(bounds.step) => {
+            Some(Overdue::Fail(format!(
+                "stage {} did not end within {:?}",
+                stage.name(),
+                bounds.step
+            )))
+        }
+        _ => None,
+    }
+}
 
 /// The stages of a rescale, in protocol order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +139,19 @@ pub(crate) enum Stage {
 }
 
 impl Stage {
+    /// The stage after this one (`None` after the last).
+    pub(crate) fn next(self) -> Option<Stage> {
+        Some(match self {
+            Stage::Evacuate => Stage::Stop,
+            Stage::Stop => Stage::Commit,
+            Stage::Commit => Stage::Reconcile,
+            Stage::Reconcile => Stage::Reentry,
+            Stage::Reentry => Stage::State,
+            Stage::State => Stage::Balance,
+            Stage::Balance => return None,
+        })
+    }
+
     pub(crate) fn name(self) -> &'static str {
         match self {
             Stage::Evacuate => "evacuate",
@@ -109,6 +201,13 @@ pub(crate) struct Desk {
     /// only in the measurement mode of `gpu::ENV_CONTEXT_ON_REENTRY`).
     pub gpu_staging_ms: f64,
     pub gpu_context_ms: Option<f64>,
+    /// The stage in progress, and since when (what node 0's watchdog
+    /// checks against [`StageBounds`]).
+    pub stage: Stage,
+    pub stage_since: Instant,
+    /// Set by node 0's watchdog: PE 0 drops the rescale if it has not
+    /// told the PEs to stop yet (the reason goes to the tool).
+    pub abandon: Option<String>,
 }
 
 impl Desk {
@@ -129,11 +228,19 @@ impl Desk {
             reentry_from: None,
             gpu_staging_ms: 0.0,
             gpu_context_ms: None,
+            stage: Stage::Evacuate,
+            stage_since: Instant::now(),
+            abandon: None,
         }
     }
 
+    /// `stage` ended after `ms`; the next one begins.
     pub(crate) fn record(&mut self, stage: Stage, ms: f64) {
         self.stages.push((stage, ms));
+        if let Some(next) = stage.next() {
+            self.stage = next;
+            self.stage_since = Instant::now();
+        }
     }
 
     /// Sends the answer: the report against `view` (the job's view now), or the error.
@@ -301,9 +408,15 @@ impl Driver {
                     if self.stopped == self.commands.len() {
                         self.stopped = 0;
                         if let Err(e) = self.rescale(&order) {
+                            let stage = self
+                                .node
+                                .with_desk(|d| format!(" in stage {}", d.stage.name()))
+                                .unwrap_or_default();
                             self.node
-                                .abort(format!("rescale failed: {e}; ending the job"));
-                            self.node.finish_rescale(Err(e));
+                                .abort(format!("rescale failed{stage}: {e}; ending the job"));
+                            self.node.finish_rescale(Err(format!(
+                                "the rescale failed{stage}: {e}; the job ends"
+                            )));
                             self.command_all(|| PeCommand::Depart);
                         }
                     }
@@ -404,7 +517,7 @@ impl Driver {
         self.command_all(|| PeCommand::HandOver { leaving });
         let local = self.commands.len();
         let mut handed = 0;
-        self.wait_for("the PEs' hand-over", STEP_TIMEOUT, |e| match e {
+        self.wait_for("the PEs' hand-over", StageBounds::get().step, |e| match e {
             Some(NodeEvent::HandedOver) => {
                 handed += 1;
                 if handed == local {
@@ -431,10 +544,14 @@ impl Driver {
             });
         }
         if leaving {
-            self.wait_for("Die from the coordinator", STEP_TIMEOUT, |e| match e {
-                Some(NodeEvent::Coordinator(ServerMsg::Die { .. })) => Pick::Done(()),
-                _ => Pick::Keep,
-            })?;
+            self.wait_for(
+                "Die from the coordinator",
+                StageBounds::get().step,
+                |e| match e {
+                    Some(NodeEvent::Coordinator(ServerMsg::Die { .. })) => Pick::Done(()),
+                    _ => Pick::Keep,
+                },
+            )?;
             info!(node = me, "removed by the rescale; leaving the job");
             self.command_all(|| PeCommand::Depart);
             return Ok(());
@@ -452,14 +569,18 @@ impl Driver {
             }
             next
         } else {
-            self.wait_for("the new view from node 0", STEP_TIMEOUT, |e| match e {
-                Some(NodeEvent::Frame {
-                    src: 0,
-                    frame: ControlFrame::View(v),
-                    ..
-                }) => Pick::Done(v.clone()),
-                _ => Pick::Keep,
-            })?
+            self.wait_for(
+                "the new view from node 0",
+                StageBounds::get().step,
+                |e| match e {
+                    Some(NodeEvent::Frame {
+                        src: 0,
+                        frame: ControlFrame::View(v),
+                        ..
+                    }) => Pick::Done(v.clone()),
+                    _ => Pick::Keep,
+                },
+            )?
         };
         drop(commit);
         let _reconcile = tracing::debug_span!("reconcile").entered();
@@ -515,33 +636,41 @@ impl Driver {
         let children = topo.node_children(me);
         let mut ready = 0;
         if !children.is_empty() {
-            self.wait_for("the barrier (children ready)", STEP_TIMEOUT, |e| match e {
-                Some(NodeEvent::Frame {
-                    frame: ControlFrame::Ready,
-                    epoch_bits,
-                    ..
-                }) if *epoch_bits == bits => {
-                    ready += 1;
-                    if ready == children.len() {
-                        Pick::Done(())
-                    } else {
-                        Pick::Took
+            self.wait_for(
+                "the barrier (children ready)",
+                StageBounds::get().step,
+                |e| match e {
+                    Some(NodeEvent::Frame {
+                        frame: ControlFrame::Ready,
+                        epoch_bits,
+                        ..
+                    }) if *epoch_bits == bits => {
+                        ready += 1;
+                        if ready == children.len() {
+                            Pick::Done(())
+                        } else {
+                            Pick::Took
+                        }
                     }
-                }
-                _ => Pick::Keep,
-            })?;
+                    _ => Pick::Keep,
+                },
+            )?;
         }
         if let Some(parent) = topo.node_parent(me) {
             node.send_control(parent, epoch, &ControlFrame::Ready)
                 .map_err(|e| format!("barrier: {e}"))?;
-            self.wait_for("the barrier (release)", STEP_TIMEOUT, |e| match e {
-                Some(NodeEvent::Frame {
-                    frame: ControlFrame::Go,
-                    epoch_bits,
-                    ..
-                }) if *epoch_bits == bits => Pick::Done(()),
-                _ => Pick::Keep,
-            })?;
+            self.wait_for(
+                "the barrier (release)",
+                StageBounds::get().step,
+                |e| match e {
+                    Some(NodeEvent::Frame {
+                        frame: ControlFrame::Go,
+                        epoch_bits,
+                        ..
+                    }) if *epoch_bits == bits => Pick::Done(()),
+                    _ => Pick::Keep,
+                },
+            )?;
         }
         for c in children {
             node.send_control(c, epoch, &ControlFrame::Go)
@@ -576,7 +705,7 @@ impl Driver {
         let bits = topo.epoch() & 0xffff;
         let mut expected: HashMap<NodeId, u64> = HashMap::new();
         let what = format!("drain round {round}");
-        self.wait_for(&what, STEP_TIMEOUT, |e| {
+        self.wait_for(&what, StageBounds::get().step, |e| {
             let took = match e {
                 Some(NodeEvent::Frame {
                     src,
@@ -622,7 +751,7 @@ impl Driver {
         if !children.is_empty() {
             let mut heard = 0;
             let what = format!("drain round {round} (the counts of node {me}'s subtree)");
-            self.wait_for(&what, STEP_TIMEOUT, |e| match e {
+            self.wait_for(&what, StageBounds::get().step, |e| match e {
                 Some(NodeEvent::Frame {
                     src,
                     epoch_bits,
@@ -646,7 +775,7 @@ impl Driver {
                 node.send_control(parent, epoch, &ControlFrame::DrainUp { round, sent: sum })
                     .map_err(|e| format!("drain: {e}"))?;
                 let what = format!("drain round {round} (the totals from node {parent})");
-                self.wait_for(&what, STEP_TIMEOUT, |e| match e {
+                self.wait_for(&what, StageBounds::get().step, |e| match e {
                     Some(NodeEvent::Frame {
                         epoch_bits,
                         frame: ControlFrame::DrainDown { round: r, totals },
@@ -679,7 +808,7 @@ impl Driver {
         }
         let peers: Vec<NodeId> = (0..n).filter(|&p| p != me).collect();
         let what = format!("drain round {round} ({expect} frames)");
-        self.wait_for(&what, STEP_TIMEOUT, |e| {
+        self.wait_for(&what, StageBounds::get().step, |e| {
             // Another wait's event (a DrainUp of the next round, the new
             // view) is kept even when the count is complete: the next
             // `None` poll ends this wait.
@@ -701,18 +830,18 @@ impl Driver {
             let admit = if order.admit > 0 {
                 let pending = self
                     .client
-                    .settled(STEP_TIMEOUT)
-                    .query_pending(order.epoch, STEP_TIMEOUT)
+                    .settled(StageBounds::get().step)
+                    .query_pending(order.epoch, StageBounds::get().step)
                     .map_err(|e| format!("asking the coordinator for newcomers: {e}"))?;
                 order.admit.min(pending.len() as u32)
             } else {
                 0
             };
-            match self.client.settled(STEP_TIMEOUT).commit(
+            match self.client.settled(StageBounds::get().step).commit(
                 order.epoch,
                 order.remove.clone(),
                 admit,
-                STEP_TIMEOUT,
+                StageBounds::get().step,
             ) {
                 Ok(view) => return Ok(view),
                 // A newcomer vanished between the query and the commit: ask again.
@@ -786,6 +915,46 @@ mod tests {
                 proptest::prop_assert_eq!(*total, rows.iter().map(|r| r[col]).sum::<u64>());
             }
         }
+    }
+
+    #[test]
+    fn every_stage_is_bounded_and_only_evacuate_is_abandoned() {
+        let b = StageBounds {
+            evacuate: Duration::from_secs(5),
+            step: Duration::from_secs(2),
+        };
+        let ms = Duration::from_millis;
+        let mut stage = Some(Stage::Evacuate);
+        let mut seen = 0;
+        while let Some(s) = stage {
+            seen += 1;
+            // Within its bound, nothing happens, however long the rescale ran.
+            assert_eq!(overdue(s, ms(1999), &b), None, "{s:?}");
+            // Far past any bound, every stage ends one way or the other.
+            match overdue(s, Duration::from_secs(3600), &b) {
+                Some(Overdue::Abandon(why)) => {
+                    assert_eq!(s, Stage::Evacuate);
+                    assert!(why.contains("stage evacuate"), "{why}");
+                }
+                Some(Overdue::Fail(why)) => {
+                    assert_ne!(s, Stage::Evacuate);
+                    assert!(why.contains(&format!("stage {}", s.name())), "{why}");
+                }
+                None => panic!("stage {s:?} is unbounded"),
+            }
+            stage = s.next();
+        }
+        assert_eq!(seen, 7, "every stage visited once, in order");
+        assert_eq!(
+            overdue(Stage::Evacuate, ms(5001), &b).map(|o| matches!(o, Overdue::Abandon(_))),
+            Some(true)
+        );
+        assert_eq!(
+            overdue(Stage::State, ms(2001), &b).map(|o| matches!(o, Overdue::Fail(_))),
+            Some(true)
+        );
+        // The drivers' stages get node 0's backstop, beyond their own waits.
+        assert_eq!(overdue(Stage::Stop, ms(2001), &b), None);
     }
 
     #[test]

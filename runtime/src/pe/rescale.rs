@@ -130,10 +130,17 @@ impl PeCtx {
 impl Pe {
     // ---- PE 0: driving the rescale ----
 
-    /// The control endpoint queued a request on the desk.
+    /// The control endpoint queued a request on the desk, or (while one
+    /// is in progress) asks PE 0 to look at the desk again: its watchdog
+    /// may have asked to abandon it.
     pub(super) fn rescale_begin(&mut self) {
+        if self.ctx.rescale.is_some() {
+            self.rescale_check_abandon();
+            return;
+        }
         let Some(order) = self.ctx.desk(|d| d.order.clone()) else {
-            error!("a rescale began without a request on the desk");
+            // A late look at a rescale that ended meanwhile.
+            debug!("no rescale on the desk");
             return;
         };
         let view = self.ctx.node.view().expect("a member has a view");
@@ -141,7 +148,9 @@ impl Pe {
             Ok(p) => p,
             Err(e) => {
                 // Checked when the request arrived; the view cannot have changed since.
-                self.ctx.node.finish_rescale(Err(e.to_string()));
+                self.ctx
+                    .node
+                    .finish_rescale(Err(format!("rescale refused: {e}")));
                 return;
             }
         };
@@ -224,6 +233,76 @@ impl Pe {
                 }
             }
         }
+    }
+
+    /// Drops the rescale if node 0's watchdog asked to and no PE was told
+    /// to stop yet: nothing was committed, so the job goes on at its size.
+    /// The evacuation's steps in progress are forgotten (their late
+    /// reports are ignored, as for any unknown step); elements they moved
+    /// stay where they are, a valid placement in the current view.
+    fn rescale_check_abandon(&mut self) {
+        let Some(why) = self.ctx.desk(|d| d.abandon.clone()).flatten() else {
+            return;
+        };
+        let r = self.ctx.rescale.as_ref().expect("checked by the caller");
+        let stuck = match &r.phase {
+            Phase::Waiting => self.unanswered_lb(None),
+            Phase::Evacuating(colls) => self.unanswered_lb(Some(colls)),
+            // Too late: the node drivers bound the rest.
+            _ => return,
+        };
+        let r = self.ctx.rescale.take().expect("in progress");
+        if let Phase::Evacuating(colls) = &r.phase {
+            for coll in colls {
+                self.ctx.lb_root.remove(coll);
+            }
+        }
+        warn!(
+            remove = ?r.order.remove,
+            admit = r.order.admit,
+            "rescale abandoned in stage evacuate: {why}{stuck}"
+        );
+        self.ctx.node.finish_rescale(Err(format!(
+            "the rescale was abandoned in stage evacuate: {why}{stuck}; nothing was committed and the job goes on at its size"
+        )));
+        // `at_sync` steps that waited for the rescale run now.
+        for coll in r.deferred {
+            let cb = CallbackSpec {
+                target: crate::callback::Target::LbSync { coll },
+                prefix: Vec::new(),
+            };
+            self.ctx.deliver_callback(&cb, &Value::Unit);
+        }
+    }
+
+    /// Which nodes a load-balancing step in progress (of `colls`, or any)
+    /// still waits for, in words (empty when it cannot tell).
+    fn unanswered_lb(&self, colls: Option<&Vec<CollId>>) -> String {
+        let topo = &self.ctx.topo;
+        let mut nodes = std::collections::BTreeSet::new();
+        for (coll, root) in &self.ctx.lb_root {
+            if colls.is_some_and(|c| !c.contains(coll)) {
+                continue;
+            }
+            if root.planned.is_none() {
+                let answered: std::collections::HashSet<PeId> =
+                    root.reports.iter().map(|(p, _)| p.pe).collect();
+                for pe in 0..topo.num_pes() {
+                    if !answered.contains(&pe) {
+                        nodes.insert(topo.node_of(pe));
+                    }
+                }
+            }
+        }
+        if nodes.is_empty() {
+            return String::new();
+        }
+        let list: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+        format!(
+            " (load statistics missing from node{} {})",
+            if nodes.len() == 1 { "" } else { "s" },
+            list.join(", ")
+        )
     }
 
     fn set_phase(&mut self, phase: Phase) {
