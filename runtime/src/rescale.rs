@@ -288,6 +288,20 @@ impl Desk {
                 gpu,
             }
         });
+        if let Ok(r) = &report {
+            // One line per rescale where the job runs (its stderr), so a
+            // rescale is visible without asking for it.
+            eprintln!(
+                "ductile: rescaled epoch {} -> {}: nodes {} -> {}, PEs {} -> {}, {:.1} ms (mechanism)",
+                r.epoch_before,
+                r.epoch,
+                self.old_members,
+                view.members.len(),
+                r.pes_before,
+                r.pes,
+                r.mechanism_ms
+            );
+        }
         let _ = self.reply.send(report);
     }
 }
