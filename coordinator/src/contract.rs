@@ -41,7 +41,9 @@ pub const ENV_RESTORE: &str = "DUCTILE_RESTORE";
 /// Exit code of every process of a job that ended after writing a
 /// checkpoint it was asked to end with (`EX_TEMPFAIL`: to be continued).
 pub const EXIT_CHECKPOINTED: i32 = 75;
-/// Local fleet only: pid of the launcher; the node exits when that process goes away.
+/// Local fleet only: pid of the launcher (informational; the node watches its
+/// launcher through [`crate::lifeline::ENV_LAUNCHER_FD`], which wrapper
+/// scripts do not break).
 pub const ENV_LAUNCHER_PID: &str = "DUCTILE_LAUNCHER_PID";
 /// `tracing` filter directive for the process's logs (e.g. `info,ductile=debug`).
 pub const ENV_LOG: &str = "DUCTILE_LOG";

@@ -41,9 +41,11 @@ use crate::state::DEFAULT_JOB;
 
 mod cloud;
 mod job;
+mod list;
 mod rescale;
 mod run;
 mod status;
+mod stop;
 mod wait_left;
 
 pub use rescale::{plan_rescale, render_report, rescale, Removal};
@@ -80,8 +82,16 @@ pub enum Command {
     /// Run a job on this machine: a coordinator and N node processes of PROGRAM.
     #[command(override_usage = "ductile run [OPTIONS] --nodes <N> -- <PROGRAM> [ARGS]...")]
     Run(RunArgs),
-    /// Show a running job's membership: epoch, nodes, PEs, waiting newcomers.
+    /// Show a running job's membership: epoch, nodes, PEs, waiting newcomers
+    /// (or how an ended job ended).
     Status(StatusArgs),
+    /// Stop a running job (as Ctrl-C in its `ductile run` terminal would) and
+    /// wait until every process of it is gone.
+    Stop(StopArgs),
+    /// List the jobs under the state root, running or ended.
+    List(ListArgs),
+    /// Resize a running job to N nodes in all (adds or removes the difference).
+    Scale(ScaleArgs),
     /// Grow a running job: start K newcomers and admit them in one rescale.
     Expand(ExpandArgs),
     /// Shrink a running job: remove its K highest-numbered nodes, or the nodes named.
@@ -120,7 +130,7 @@ pub enum Command {
 #[derive(Args, Debug, Clone)]
 pub struct JobTarget {
     /// Job name (as given to `ductile run --job`).
-    #[arg(long, value_name = "NAME", default_value = DEFAULT_JOB)]
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_JOB, conflicts_with = "state_dir")]
     pub job: String,
     /// The job's state directory (as given to `ductile run --state-dir`).
     #[arg(long, value_name = "DIR")]
@@ -136,6 +146,44 @@ pub struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Seconds the command may take (a job that is starting is waited for).
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
+    pub timeout: Duration,
+}
+
+/// Arguments of `ductile stop`.
+#[derive(Args, Debug, Clone)]
+pub struct StopArgs {
+    /// The job.
+    #[command(flatten)]
+    pub target: JobTarget,
+    /// Seconds to wait for the job's processes to end.
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_secs)]
+    pub timeout: Duration,
+}
+
+/// Arguments of `ductile list`.
+#[derive(Args, Debug, Clone)]
+pub struct ListArgs {
+    /// The root under which the jobs' state directories are [default:
+    /// $DUCTILE_STATE_DIR, else ${XDG_STATE_HOME:-$HOME/.local/state}/ductile].
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `ductile scale`.
+#[derive(Args, Debug, Clone)]
+pub struct ScaleArgs {
+    /// The number of nodes the job should have, in all (at least 1: node 0
+    /// never leaves).
+    #[arg(long, short = 'n', value_name = "N", value_parser = parse_count)]
+    pub nodes: u32,
+    /// Common options.
+    #[command(flatten)]
+    pub options: RescaleOptions,
 }
 
 /// Options every rescaling command takes.
@@ -172,8 +220,8 @@ pub enum Mode {
 /// Arguments of `ductile expand`.
 #[derive(Args, Debug, Clone)]
 pub struct ExpandArgs {
-    /// Number of nodes to add.
-    #[arg(long, short = 'n', value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SPAWN)))]
+    /// Number of nodes to add (a change, not a total: see `ductile scale`).
+    #[arg(long, short = 'n', value_name = "K", value_parser = parse_spawn_count)]
     pub nodes: u32,
     /// Common options.
     #[command(flatten)]
@@ -184,8 +232,9 @@ pub struct ExpandArgs {
 #[derive(Args, Debug, Clone)]
 #[command(group(ArgGroup::new("which").required(true).args(["nodes", "remove"])))]
 pub struct ShrinkArgs {
-    /// Remove the K highest-numbered nodes (at most all but node 0).
-    #[arg(long, short = 'n', value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Remove the K highest-numbered nodes (a change, not a total; at most
+    /// all but node 0).
+    #[arg(long, short = 'n', value_name = "K", value_parser = parse_count)]
     pub nodes: Option<u32>,
     /// Remove these nodes (ids as `ductile status` shows them; never 0).
     #[arg(long, value_name = "ID,...", value_delimiter = ',', num_args = 1..)]
@@ -203,7 +252,7 @@ pub struct RescaleArgs {
     #[arg(long, value_name = "ID,...", value_delimiter = ',', num_args = 1..)]
     pub remove: Vec<NodeId>,
     /// Start this many newcomers and admit them.
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SPAWN)))]
+    #[arg(long, value_name = "K", value_parser = parse_spawn_count)]
     pub add: Option<u32>,
     /// Common options.
     #[command(flatten)]
@@ -244,10 +293,10 @@ pub struct WaitLeftArgs {
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     /// Number of node processes.
-    #[arg(long, short = 'n', value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, short = 'n', value_name = "N", value_parser = parse_count)]
     pub nodes: u32,
     /// PEs (scheduler threads) per node.
-    #[arg(long, short = 'p', value_name = "P", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, short = 'p', value_name = "P", default_value_t = 1, value_parser = parse_count)]
     pub pes_per_node: u32,
     /// Job name; names the default state directory.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_JOB)]
@@ -280,14 +329,31 @@ pub struct RunArgs {
     /// port; the address is written to metrics.addr in the state directory).
     #[arg(long, value_name = "PORT")]
     pub metrics_port: Option<u16>,
-    /// The program every node runs, and its arguments (after `--`).
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "PROGRAM [ARGS]"
-    )]
+    /// The program every node runs, and its arguments (after `--`). The
+    /// program's own flags follow it; a flag before it is `ductile run`'s
+    /// (an unknown one is refused, not taken for the program).
+    #[arg(required = true, trailing_var_arg = true, value_name = "PROGRAM [ARGS]")]
     pub command: Vec<OsString>,
+}
+
+/// Parses a count of at least 1 (nodes, PEs).
+pub fn parse_count(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{text:?} is not a whole number (at least 1)")),
+    }
+}
+
+/// Parses a number of newcomers to start at once: 1 to [`MAX_SPAWN`].
+pub fn parse_spawn_count(text: &str) -> Result<u32, String> {
+    let n = parse_count(text)?;
+    if n > MAX_SPAWN {
+        return Err(format!(
+            "at most {MAX_SPAWN} newcomers at once (run the command again for more)"
+        ));
+    }
+    Ok(n)
 }
 
 /// Parses a positive number of seconds (`2`, `0.5`).
@@ -334,6 +400,9 @@ pub fn dispatch(cli: Cli) -> i32 {
             run(args)
         }
         Command::Status(args) => status(args),
+        Command::Stop(args) => stop::stop(&args),
+        Command::List(args) => list::list(&args),
+        Command::Scale(args) => rescale::scale(args.nodes, &args.options),
         Command::Expand(args) => rescale(Removal::None, args.nodes, &args.options),
         Command::Shrink(args) => {
             let removal = match args.nodes {
@@ -455,6 +524,67 @@ mod tests {
             let err = Cli::try_parse_from(bad).unwrap_err();
             assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_flag_before_the_program_is_ductiles_never_the_program() {
+        // `--pes` is not a flag of `run`: refused with a suggestion, not run.
+        let err = parse(&["run", "--nodes", "1", "--pes", "2", "--", "jacobi2d"]).unwrap_err();
+        assert_eq!(err.exit_code(), EXIT_USAGE);
+        let text = err.to_string();
+        assert!(text.contains("--pes-per-node"), "a suggestion: {text}");
+        let err = parse(&["run", "--node", "2", "--", "jacobi2d"]).unwrap_err();
+        assert!(err.to_string().contains("--nodes"), "{err}");
+        // The program's own flags, after it, are the program's.
+        let Command::Run(args) = parse(&["run", "-n", "1", "jacobi2d", "--grid", "8", "-q"]).unwrap()
+        else {
+            panic!("not run")
+        };
+        assert_eq!(args.command, ["jacobi2d", "--grid", "8", "-q"].map(OsString::from));
+    }
+
+    #[test]
+    fn counts_say_what_they_accept() {
+        let err = parse(&["run", "--nodes", "0", "--", "p"]).unwrap_err();
+        assert!(err.to_string().contains("must be at least 1"), "{err}");
+        assert!(!err.to_string().contains("4294967295"), "{err}");
+        let err = parse(&["expand", "--nodes", "65"]).unwrap_err();
+        assert!(err.to_string().contains("at most 64 newcomers"), "{err}");
+    }
+
+    #[test]
+    fn job_and_state_dir_together_are_refused() {
+        for cmd in ["status", "stop"] {
+            let err = parse(&[cmd, "--job", "a", "--state-dir", "/s"]).unwrap_err();
+            assert_eq!(err.exit_code(), EXIT_USAGE, "{cmd}");
+        }
+        // Either alone is fine; the default job name is not "given".
+        assert!(parse(&["status", "--state-dir", "/s"]).is_ok());
+        assert!(parse(&["status", "--job", "a"]).is_ok());
+    }
+
+    #[test]
+    fn scale_stop_and_list_parse() {
+        let Command::Scale(args) = parse(&["scale", "--nodes", "3", "--timeout", "5"]).unwrap() else {
+            panic!("not scale")
+        };
+        assert_eq!(args.nodes, 3);
+        assert_eq!(args.options.timeout, Duration::from_secs(5));
+        assert!(parse(&["scale"]).is_err());
+        assert!(parse(&["scale", "--nodes", "0"]).is_err());
+        let Command::Stop(args) = parse(&["stop", "--job", "j"]).unwrap() else {
+            panic!("not stop")
+        };
+        assert_eq!(args.target.job, "j");
+        assert_eq!(args.timeout, Duration::from_secs(60));
+        let Command::List(args) = parse(&["list", "--json"]).unwrap() else {
+            panic!("not list")
+        };
+        assert!(args.json && args.root.is_none());
+        let Command::Status(args) = parse(&["status"]).unwrap() else {
+            panic!("not status")
+        };
+        assert_eq!(args.timeout, Duration::from_secs(10));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::job::{connect_job, JobConnection};
 use super::{say, Mode, RescaleOptions, EXIT_FAILED, EXIT_USAGE};
-use crate::local::channel::{self, ChannelError, Reply, Request};
+use crate::local::channel::{self, ChannelError, Reply, Request, MAX_SPAWN};
 use crate::local::process::{pid_alive, POLL_INTERVAL};
 use crate::state::{read_job_state, LAUNCHER_SOCKET_FILE};
 
@@ -192,13 +192,55 @@ fn pid_list(pids: &[u32]) -> String {
         .join(", ")
 }
 
+/// `ductile scale --nodes N`: the job's size as a target (like `kubectl
+/// scale --replicas`): the difference to the current size is added
+/// (`expand`) or removed from the highest-numbered nodes (`shrink`).
+pub fn scale(nodes: u32, options: &RescaleOptions) -> i32 {
+    let current = match connect_job(&options.target, options.timeout) {
+        Ok(mut job) => match job.client.status() {
+            Ok(status) => status.members.len() as u32,
+            Err(e) => {
+                say(&format!("the job did not answer a status request: {e}"));
+                return EXIT_FAILED;
+            }
+        },
+        Err(err) => {
+            say(err.message());
+            return EXIT_USAGE;
+        }
+    };
+    match nodes.cmp(&current) {
+        std::cmp::Ordering::Equal => {
+            say(&format!(
+                "the job already has {nodes} node{}; nothing to do",
+                if nodes == 1 { "" } else { "s" }
+            ));
+            0
+        }
+        std::cmp::Ordering::Greater => {
+            let add = nodes - current;
+            if add > MAX_SPAWN {
+                say(&format!(
+                    "that adds {add} nodes; at most {MAX_SPAWN} at once"
+                ));
+                return EXIT_USAGE;
+            }
+            rescale(Removal::None, add, options)
+        }
+        std::cmp::Ordering::Less => rescale(Removal::Highest(current - nodes), 0, options),
+    }
+}
+
+/// The least time the launcher gets to answer a spawn request.
+const SPAWN_REPLY_FLOOR: Duration = Duration::from_secs(10);
+
 /// `ductile expand`, `ductile shrink` and `ductile rescale`: checks the
 /// request against the job's membership, has the launcher start the
 /// newcomers and waits until they are registered, then asks node 0 for the
 /// rescale and reports it. Returns the exit code.
 pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
     let deadline = Instant::now() + options.timeout;
-    let mut job = match connect_job(&options.target) {
+    let mut job = match connect_job(&options.target, options.timeout) {
         Ok(job) => job,
         Err(err) => {
             say(err.message());
@@ -226,7 +268,13 @@ pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
 
     let mut spawned: Vec<u32> = Vec::new();
     if add > 0 {
-        let left = deadline.saturating_duration_since(Instant::now());
+        // Starting processes takes the launcher milliseconds; a reply cut
+        // off by a very short --timeout would leave newcomers nobody knows
+        // of, so the spawn itself gets a floor (what it started is stopped
+        // below when the command gives up).
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(SPAWN_REPLY_FLOOR);
         let asked = ask_launcher(&job.dir, &Request::Spawn { count: add }, left);
         match asked {
             Ok(pids) => spawned = pids,
@@ -276,6 +324,10 @@ pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
                 "the job did not report the rescale within --timeout ({:.1}s); it may still complete: see `ductile status`",
                 options.timeout.as_secs_f64()
             ));
+            // A command that gives up cancels what it started: newcomers not
+            // admitted by now are stopped (the launcher refuses to stop one
+            // that was admitted meanwhile).
+            stop_unadmitted(&job.dir, &spawned);
             return EXIT_FAILED;
         }
         Err(e) => {
@@ -454,7 +506,7 @@ fn rescale_by_restart(
     let (place_ms, balance_ms, restore_total) =
         (field("place_ms"), field("balance_ms"), field("total_ms"));
     let relaunch_ms = ((restored_at - checkpointed).as_secs_f64() * 1e3 - restore_total).max(0.0);
-    let epoch = connect_job(&options.target)
+    let epoch = connect_job(&options.target, Duration::from_secs(10))
         .ok()
         .and_then(|mut j| j.client.status().ok())
         .map_or(0, |s| s.epoch);

@@ -4,33 +4,61 @@
 use std::fmt::Write as _;
 
 use ductile_coordinator::control::JobStatus;
-use serde::Serialize;
 
-use super::job::{connect_job, Unreachable};
+use super::job::{connect_job, running_launcher, Unreachable};
 use super::{say, StatusArgs, EXIT_FAILED, EXIT_USAGE};
-use crate::state::{read_job_state, NewcomerRecord};
+use crate::state::{read_job_state, resolve_state_dir, NewcomerRecord, Outcome};
 
-/// `ductile status --json`: the job's status, plus the newcomers its
-/// launcher started (from `job.json`).
-#[derive(Serialize)]
-struct StatusOutput<'a> {
-    #[serde(flatten)]
-    status: &'a JobStatus,
-    launcher_newcomers: &'a [NewcomerRecord],
+/// `ductile status --json`: the job's status (member addresses as text),
+/// plus the newcomers its launcher started (from `job.json`).
+fn status_json(status: &JobStatus, newcomers: &[NewcomerRecord]) -> serde_json::Value {
+    let mut value = serde_json::to_value(status).unwrap_or_default();
+    if let Some(members) = value.get_mut("members").and_then(|m| m.as_array_mut()) {
+        for (json, member) in members.iter_mut().zip(&status.members) {
+            json["address"] = serde_json::Value::String(address_text(&member.address));
+        }
+    }
+    value["running"] = serde_json::Value::Bool(true);
+    value["launcher_newcomers"] = serde_json::to_value(newcomers).unwrap_or_default();
+    value
 }
 
-/// `ductile status`: asks the running job's node 0 through its control endpoint.
+/// A member's transport address as text: itself when it is printable
+/// (`127.0.0.1:40123` for TCP), else hex (a UCX worker address).
+pub fn address_text(address: &[u8]) -> String {
+    match std::str::from_utf8(address) {
+        Ok(text) if text.chars().all(|c| c.is_ascii_graphic()) => text.to_owned(),
+        _ => address.iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}
+
+/// One line on how a job ended.
+pub fn describe_outcome(outcome: &Outcome) -> String {
+    let result = serde_json::to_value(outcome.result)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let mut line = format!(
+        "{result}, exit code {}, after {:.1}s",
+        outcome.exit_code, outcome.elapsed_s
+    );
+    if !outcome.message.is_empty() {
+        let _ = write!(line, ": {}", outcome.message);
+    }
+    line
+}
+
+/// `ductile status`: asks the running job's node 0 through its control
+/// endpoint; a job that is starting is waited for (--timeout); for an ended
+/// job, how it ended (from `job.json`).
 pub fn status(args: StatusArgs) -> i32 {
-    let mut job = match connect_job(&args.target) {
+    let mut job = match connect_job(&args.target, args.timeout) {
         Ok(job) => job,
         Err(err @ Unreachable::Usage(_)) => {
             say(err.message());
             return EXIT_USAGE;
         }
-        Err(err) => {
-            say(err.message());
-            return EXIT_FAILED;
-        }
+        Err(err) => return ended_job_status(&args, err.message()),
     };
     let status = match job.client.status() {
         Ok(s) => s,
@@ -47,11 +75,7 @@ pub fn status(args: StatusArgs) -> i32 {
         .map(|state| state.newcomers)
         .unwrap_or_default();
     if args.json {
-        let output = StatusOutput {
-            status: &status,
-            launcher_newcomers: &newcomers,
-        };
-        match serde_json::to_string_pretty(&output) {
+        match serde_json::to_string_pretty(&status_json(&status, &newcomers)) {
             Ok(text) => println!("{text}"),
             Err(e) => {
                 say(&format!("cannot encode the status: {e}"));
@@ -61,6 +85,35 @@ pub fn status(args: StatusArgs) -> i32 {
         return 0;
     }
     print!("{}", render_status(&status, &newcomers));
+    0
+}
+
+/// No running job: how the last one in that state directory ended, if
+/// `job.json` says (exit 0), else `why` (exit 2).
+fn ended_job_status(args: &StatusArgs, why: &str) -> i32 {
+    let outcome = resolve_state_dir(args.target.state_dir.as_deref(), &args.target.job, |k| {
+        std::env::var_os(k)
+    })
+    .ok()
+    .filter(|dir| running_launcher(dir).is_none())
+    .and_then(|dir| read_job_state(&dir).ok())
+    .and_then(|state| state.outcome.map(|o| (state.job, o)));
+    let Some((name, outcome)) = outcome else {
+        say(why);
+        return EXIT_USAGE;
+    };
+    if args.json {
+        let value = serde_json::json!({ "job": name, "running": false, "outcome": outcome });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+    } else {
+        println!(
+            "job {name} is not running; it ended: {}",
+            describe_outcome(&outcome)
+        );
+    }
     0
 }
 
@@ -115,7 +168,7 @@ mod tests {
         let member = |node: u32, pid: u32| Member {
             node,
             uid: u64::from(node) + 1,
-            address: vec![],
+            address: format!("127.0.0.1:{}", 40000 + node).into_bytes(),
             pes: 2,
             host: "vm".into(),
             pid,
@@ -162,12 +215,15 @@ newcomers started by the launcher:
         assert_eq!(text, want);
         assert!(!render_status(&status, &[]).contains("launcher"));
 
-        let json = serde_json::to_value(StatusOutput {
-            status: &status,
-            launcher_newcomers: &newcomers,
-        })
-        .unwrap();
+        let json = status_json(&status, &newcomers);
         assert_eq!(json["epoch"], 2);
         assert_eq!(json["launcher_newcomers"][2]["exit"], "exited with code 3");
+        assert_eq!(json["members"][1]["address"], "127.0.0.1:40001", "as text");
+        assert_eq!(json["running"], true);
+        assert_eq!(
+            address_text(&[0, 1, 0xab]),
+            "0001ab",
+            "binary addresses in hex"
+        );
     }
 }

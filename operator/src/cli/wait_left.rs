@@ -58,7 +58,7 @@ pub fn wait_left(args: &WaitLeftArgs) -> i32 {
                 }
             }
         }
-        None => match local_endpoint(&args.target) {
+        None => match local_endpoint(&args.target, args.timeout) {
             Ok((_, addr, secret)) => (addr, secret),
             Err(err) => {
                 say(err.message());

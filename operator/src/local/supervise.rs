@@ -291,21 +291,47 @@ impl fmt::Display for Failure {
             Failure::NodeKilled { who, pid, exit, at } => {
                 write!(f, "{who} (pid {pid}) {exit} at {}", secs(*at))
             }
-            Failure::NodeExitedBeforeStart { index, pid, exit, at } => write!(
+            Failure::NodeExitedBeforeStart {
+                index,
+                pid,
+                exit,
+                at,
+            } => write!(
                 f,
-                "node {index} (pid {pid}) {exit} at {}, before the job started (did it register with the coordinator?)",
-                secs(*at)
+                "node {index} (pid {pid}) {exit} at {}, before the job started ({})",
+                secs(*at),
+                if exit.code() == Some(EXIT_PROGRAM_USAGE) {
+                    "the program refused its arguments: see its message above"
+                } else {
+                    "did it register with the coordinator?"
+                }
             ),
-            Failure::Stragglers { first, pid, exit, at, running, grace } => write!(
+            Failure::Stragglers {
+                first,
+                pid,
+                exit,
+                at,
+                running,
+                grace,
+            } => write!(
                 f,
                 "{first} (pid {pid}) {exit} at {}, but {} kept running for {} more",
                 secs(*at),
                 list(running),
                 secs(*grace)
             ),
-            Failure::Coordinator { exit, at, started, exited_nodes } => {
+            Failure::Coordinator {
+                exit,
+                at,
+                started,
+                exited_nodes,
+            } => {
                 if *started {
-                    write!(f, "the coordinator {exit} at {} while the job was running", secs(*at))?;
+                    write!(
+                        f,
+                        "the coordinator {exit} at {} while the job was running",
+                        secs(*at)
+                    )?;
                 } else {
                     write!(
                         f,
@@ -327,7 +353,10 @@ impl fmt::Display for Failure {
                 match why {
                     NotRestarted::NoneLeft { restarts } => {
                         let s = if *restarts == 1 { "" } else { "s" };
-                        write!(f, "it had been restarted {restarts} time{s} already, the most allowed")
+                        write!(
+                            f,
+                            "it had been restarted {restarts} time{s} already, the most allowed"
+                        )
                     }
                     NotRestarted::Failed { attempts, last } => {
                         let s = if *attempts == 1 { "" } else { "s" };
@@ -341,17 +370,32 @@ impl fmt::Display for Failure {
                 secs(*launch_timeout)
             ),
             Failure::Disagreement { disagreeing } => {
-                write!(f, "node 0 exited with code 0 but {}", disagreement(disagreeing))
+                write!(
+                    f,
+                    "node 0 exited with code 0 but {}",
+                    disagreement(disagreeing)
+                )
             }
         }
     }
 }
+
+/// The code a program exits with when it refuses its arguments (clap's,
+/// and `ductile run`'s own usage code).
+pub const EXIT_PROGRAM_USAGE: i32 = 2;
 
 impl JobEnd {
     /// The exit code `ductile run` returns for this ending.
     pub fn exit_code(&self) -> i32 {
         match self {
             JobEnd::Completed { code, .. } => *code,
+            // A program that refused its arguments before joining is a
+            // usage error of the whole command.
+            JobEnd::Failed(Failure::NodeExitedBeforeStart { exit, .. })
+                if exit.code() == Some(EXIT_PROGRAM_USAGE) =>
+            {
+                EXIT_PROGRAM_USAGE
+            }
             JobEnd::Failed(_) | JobEnd::TimedOut { .. } => 1,
             JobEnd::Interrupted { signal } => 128 + signal,
         }
@@ -361,7 +405,7 @@ impl JobEnd {
     pub fn message(&self) -> Option<String> {
         match self {
             JobEnd::Completed { disagreeing, code } if !disagreeing.is_empty() => Some(format!(
-                "the job exited with code {code} (node 0's), but {}",
+                "node 0 exited with code {code}, the job's code ({} after it; see node 0's output above for why)",
                 disagreement(disagreeing)
             )),
             JobEnd::Completed { .. } => None,
@@ -920,9 +964,12 @@ impl Supervisor {
             .filter_map(|(who, exit)| code_of(exit).map(|c| (who, c)))
             .filter(|&(_, c)| c != code)
             .collect();
-        // Members that disagree with node 0 mean something went wrong beyond
-        // the program's own choice of code (a panic, a lost peer): fail the job.
-        if !disagreeing.is_empty() {
+        // Node 0's nonzero code is the job's verdict and passes through (the
+        // others typically end with a lost peer as a consequence: they are
+        // named, after it). Members that disagree with a node 0 that exited
+        // 0 mean something went wrong beyond the program's own choice of
+        // code (a panic, a lost peer): that fails the job.
+        if code == 0 && !disagreeing.is_empty() {
             JobEnd::Failed(Failure::Disagreement { disagreeing })
         } else {
             JobEnd::Completed { code, disagreeing }
@@ -1216,14 +1263,33 @@ mod tests {
     }
 
     #[test]
-    fn nodes_disagreeing_with_a_failing_node_zero_fail_the_job() {
+    fn a_program_refusing_its_arguments_before_the_start_is_a_usage_error() {
+        let mut sup = sup(2);
+        sup.node_exited(0, Exit::Code(2), s(0.1));
+        sup.node_exited(1, Exit::Code(2), s(0.1));
+        sup.not_started(s(0.2));
+        let end = sup.poll(s(0.2)).unwrap();
+        assert_eq!(end.exit_code(), 2);
+        assert!(
+            end.message().unwrap().contains("refused its arguments"),
+            "{end:?}"
+        );
+    }
+
+    #[test]
+    fn a_failing_node_zeros_code_passes_through_and_the_others_are_named_after_it() {
+        // `jacobi2d --grid abc`: node 0 refuses its arguments (2), node 1
+        // loses its peer (3).
         let mut sup = sup(2);
         sup.job_started();
-        sup.node_exited(0, Exit::Code(3), s(1.0));
-        sup.node_exited(1, Exit::Code(1), s(1.0));
+        sup.node_exited(0, Exit::Code(2), s(1.0));
+        sup.node_exited(1, Exit::Code(3), s(1.0));
         let end = sup.poll(s(1.0)).unwrap();
-        assert_eq!(end.exit_code(), 1);
-        assert!(end.message().unwrap().contains("node 1 exited with code 1"));
+        assert_eq!(end.exit_code(), 2, "node 0's code passes through");
+        assert_eq!(
+            end.message().unwrap(),
+            "node 0 exited with code 2, the job's code (node 1 exited with code 3 after it; see node 0's output above for why)"
+        );
     }
 
     #[test]
