@@ -219,13 +219,14 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| CloudError::Io(log_path.clone(), e))?)
         .stderr(log);
+    let started = std::time::SystemTime::now();
     let launcher = cmd
         .spawn()
         .map_err(|e| CloudError::Launch(format!("cannot start {}: {e}", opts.ductile.display())))?;
     let mut launcher = KillOnDrop(Some(launcher));
 
     let t0 = Instant::now();
-    let (addr, secret) = wait_for_job(&opts.state_dir, launcher.child(), stop, Duration::from_secs(60))?;
+    let (addr, secret) = wait_for_job(&opts.state_dir, launcher.child(), stop, Duration::from_secs(60), started)?;
     let mut driver = Driver {
         loaded,
         opts,
@@ -265,7 +266,7 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     driver.record.cgroup = driver.quotas.as_ref().map(|q| q.root().display().to_string());
     driver.record.speed = if driver.quotas.is_some() { "cgroup" } else { "emulated" }.into();
     let exit = driver.run_job(&mut launcher, stop, say);
-    driver.finish(exit, say)
+    driver.finish(exit)
 }
 
 /// Kills the launcher (and so the job) if the driver returns early.
@@ -282,14 +283,15 @@ impl Drop for KillOnDrop {
         if let Some(mut child) = self.0.take() {
             if let Ok(None) = child.try_wait() {
                 // SIGTERM: the launcher stops every node and the coordinator.
-                signal_group_or_pid(child.id(), Signal::SIGTERM);
+                signal_pid(child.id(), Signal::SIGTERM);
                 let _ = child.wait();
             }
         }
     }
 }
 
-fn signal_group_or_pid(pid: u32, signal: Signal) {
+/// Signals one process (the launcher, which stops its job's process groups itself).
+fn signal_pid(pid: u32, signal: Signal) {
     if let Ok(raw) = i32::try_from(pid) {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), signal);
     }
@@ -314,13 +316,21 @@ fn emulated_speeds(loaded: &Loaded) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join(","))
 }
 
-/// Waits until the launcher has written the control address and secret.
-fn wait_for_job(dir: &Path, launcher: &mut Child, stop: &AtomicBool, limit: Duration) -> Result<(String, Secret), CloudError> {
+/// Waits until the launcher has written the control address and secret
+/// (files older than `since` are a previous job's, not this one's).
+fn wait_for_job(
+    dir: &Path,
+    launcher: &mut Child,
+    stop: &AtomicBool,
+    limit: Duration,
+    since: std::time::SystemTime,
+) -> Result<(String, Secret), CloudError> {
     let start = Instant::now();
+    let fresh = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).is_ok_and(|t| t >= since);
     loop {
         let read = |n: &str| std::fs::read_to_string(dir.join(n)).map(|s| s.trim().to_owned());
         if let (Ok(addr), Ok(secret)) = (read(CONTROL_ADDR_FILE), read(SECRET_FILE)) {
-            if !addr.is_empty() {
+            if !addr.is_empty() && fresh(&dir.join(CONTROL_ADDR_FILE)) {
                 let secret = Secret::from_hex(&secret).map_err(|e| CloudError::Launch(format!("unreadable job secret: {e}")))?;
                 return Ok((addr, secret));
             }
@@ -384,7 +394,7 @@ impl Driver<'_> {
             if stop.load(Ordering::SeqCst) && !stopping {
                 stopping = true;
                 self.mark("report", None, "stopped by the user: stopping the job".into(), say);
-                signal_group_or_pid(launcher.child().id(), Signal::SIGTERM);
+                signal_pid(launcher.child().id(), Signal::SIGTERM);
             }
             if let Ok(Some(status)) = launcher.child().try_wait() {
                 self.log.poll();
@@ -822,7 +832,7 @@ impl Driver<'_> {
         }
     }
 
-    fn finish(mut self, exit: Option<i32>, say: &mut dyn FnMut(&str)) -> Result<Record, CloudError> {
+    fn finish(mut self, exit: Option<i32>) -> Result<Record, CloudError> {
         self.clear_line();
         let (sim, real) = self.now();
         let names: Vec<String> = self.cloud.instances().map(|i| i.name.clone()).collect();
@@ -837,7 +847,6 @@ impl Driver<'_> {
         self.record.instances = self.cloud.instances().cloned().collect();
         // The quotas go once every process of the job is gone.
         drop(self.quotas.take());
-        let _ = say;
         Ok(self.record)
     }
 }
