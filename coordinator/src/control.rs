@@ -10,7 +10,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -246,6 +246,15 @@ pub enum ControlError {
     /// Another rescale or checkpoint is in flight; nothing was done.
     #[error("refused: {0}")]
     Busy(String),
+    /// The other end closed the connection before it answered: node 0
+    /// ended (its log, or `ductile run`'s output, says why and in which
+    /// stage), or the tool went away.
+    #[error("the connection closed before {0} was answered (node 0 ended or was ended; its log says why)")]
+    Closed(&'static str),
+    /// An authenticated tool said nothing for this long; the server ended
+    /// the connection.
+    #[error("no request for {0:?}: connection closed")]
+    Idle(Duration),
 }
 
 impl ControlError {
@@ -283,6 +292,53 @@ fn recv<T: serde::de::DeserializeOwned>(s: &mut TcpStream) -> Result<T, ControlE
     Ok(decode_payload(&payload)?)
 }
 
+/// How long a peer has, in total, to prove the job secret: a peer that
+/// trickles a byte at a time does not keep its connection longer.
+pub const AUTH_DEADLINE: Duration = Duration::from_secs(3);
+
+/// How long an authenticated tool may stay silent between requests.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads exactly `buf` by `deadline`, however the bytes are spread out.
+fn read_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    let mut at = 0;
+    while at < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the peer did not authenticate within {AUTH_DEADLINE:?}"),
+            ));
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[at..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The first frame of a connection, read by `deadline` in total.
+fn recv_by<T: serde::de::DeserializeOwned>(
+    s: &mut TcpStream,
+    deadline: Instant,
+) -> Result<T, ControlError> {
+    let mut header = [0u8; HEADER_LEN];
+    read_by(s, &mut header, deadline)?;
+    let len = parse_header(&header)?;
+    let mut payload = vec![0u8; len];
+    read_by(s, &mut payload, deadline)?;
+    Ok(decode_payload(&payload)?)
+}
+
 /// The tool on the other end of a control connection, as seen while its
 /// request is being served: a long request (a rescale) asks whether the
 /// tool is still there before it does something nobody waits for.
@@ -315,23 +371,32 @@ pub fn serve_connection(
     secret: &Secret,
     mut answer: impl FnMut(&ControlRequest) -> ControlReply,
 ) -> Result<(), ControlError> {
-    serve_watched(stream, secret, |req, _| answer(req))
+    serve_watched(stream, secret, || {}, |req, _| answer(req))
 }
 
 /// As [`serve_connection`]; `answer` also gets the [`Peer`], to notice a
-/// tool that went away while its request was served.
+/// tool that went away while its request was served, and `welcomed` is
+/// called once the peer proved the secret (a server that keeps a small
+/// budget for unauthenticated peers releases its slot there). The proof
+/// must come within [`AUTH_DEADLINE`] in total; an authenticated tool may
+/// then stay silent up to [`IDLE_TIMEOUT`] between requests.
 pub fn serve_watched(
     mut stream: TcpStream,
     secret: &Secret,
+    welcomed: impl FnOnce(),
     mut answer: impl FnMut(&ControlRequest, &Peer<'_>) -> ControlReply,
 ) -> Result<(), ControlError> {
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let deadline = Instant::now() + AUTH_DEADLINE;
+    stream.set_write_timeout(Some(AUTH_DEADLINE))?;
     let mut nonce = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut nonce);
     send(&mut stream, &ControlReply::Challenge { nonce })?;
-    match recv::<ControlRequest>(&mut stream) {
+    match recv_by::<ControlRequest>(&mut stream, deadline) {
         Ok(ControlRequest::Hello { proof }) if secret.verify(CONTROL_CONTEXT, &nonce, &proof) => {
             send(&mut stream, &ControlReply::Welcome)?;
+            welcomed();
+            stream.set_read_timeout(Some(IDLE_TIMEOUT))?;
+            stream.set_write_timeout(Some(IDLE_TIMEOUT))?;
         }
         Ok(_) => {
             let message =
@@ -360,6 +425,15 @@ pub fn serve_watched(
             Err(ControlError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Ok(())
             }
+            // An idle tool's connection ends quietly: nothing was refused.
+            Err(ControlError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(ControlError::Idle(IDLE_TIMEOUT))
+            }
             Err(e) => {
                 let _ = send(
                     &mut stream,
@@ -372,6 +446,16 @@ pub fn serve_watched(
         };
         let reply = answer(&req, &Peer { stream: &stream });
         send(&mut stream, &reply)?;
+    }
+}
+
+/// The answer to a request; an end of file is [`ControlError::Closed`].
+fn reply(s: &mut TcpStream, what: &'static str) -> Result<ControlReply, ControlError> {
+    match recv::<ControlReply>(s) {
+        Err(ControlError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Err(ControlError::Closed(what))
+        }
+        other => other,
     }
 }
 
@@ -409,7 +493,7 @@ impl ControlClient {
     /// The job's status.
     pub fn status(&mut self) -> Result<JobStatus, ControlError> {
         send(&mut self.stream, &ControlRequest::Status)?;
-        match recv::<ControlReply>(&mut self.stream)? {
+        match reply(&mut self.stream, "the status request")? {
             ControlReply::Status(s) => Ok(s),
             other => Err(refusal(other)),
         }
@@ -424,7 +508,7 @@ impl ControlClient {
     ) -> Result<RescaleReport, ControlError> {
         self.stream.set_read_timeout(Some(timeout))?;
         send(&mut self.stream, &ControlRequest::Rescale(req))?;
-        match recv::<ControlReply>(&mut self.stream)? {
+        match reply(&mut self.stream, "the rescale")? {
             ControlReply::Rescaled(r) => Ok(r),
             other => Err(refusal(other)),
         }
@@ -447,7 +531,7 @@ impl ControlClient {
             req.wait_ms.min(own)
         };
         send(&mut self.stream, &ControlRequest::Checkpoint(req))?;
-        match recv::<ControlReply>(&mut self.stream)? {
+        match reply(&mut self.stream, "the checkpoint")? {
             ControlReply::Checkpointed(r) => Ok(r),
             other => Err(refusal(other)),
         }
@@ -545,6 +629,30 @@ mod tests {
             "{err}"
         );
         assert!(h.join().unwrap().is_err());
+    }
+
+    #[test]
+    fn a_peer_that_trickles_bytes_is_cut_off_at_the_authentication_deadline() {
+        let (addr, h) = server(Secret::generate());
+        let mut s = TcpStream::connect(&addr).unwrap();
+        let started = Instant::now();
+        let _: ControlReply = recv(&mut s).unwrap();
+        // One byte of a header every half second: each read is quick, the
+        // whole never completes.
+        let mut cut = false;
+        for b in b"DUCT\x02\x00\x00\x00\xff\x00\x00\x00" {
+            std::thread::sleep(Duration::from_millis(500));
+            if s.write_all(&[*b]).is_err() {
+                cut = true;
+                break;
+            }
+        }
+        let r = h.join().unwrap();
+        assert!(
+            matches!(&r, Err(ControlError::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut),
+            "{r:?}"
+        );
+        assert!(cut || started.elapsed() >= AUTH_DEADLINE);
     }
 
     #[test]

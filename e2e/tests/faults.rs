@@ -38,6 +38,11 @@ impl Job {
     /// Starts `jacobi2d spec` on `nodes` x 1 PE; newcomers stop themselves
     /// when `hold_newcomers`.
     fn start(nodes: u32, spec: &[String], hold_newcomers: bool) -> Job {
+        Job::start_with(nodes, spec, hold_newcomers, &[])
+    }
+
+    /// As [`Job::start`], with environment variables for every process.
+    fn start_with(nodes: u32, spec: &[String], hold_newcomers: bool, env: &[(&str, &str)]) -> Job {
         let state = tempfile::tempdir().expect("temp dir");
         let mut command: Vec<PathBuf> = Vec::new();
         if hold_newcomers {
@@ -57,6 +62,7 @@ impl Job {
             .args(["--timeout", "300", "--"])
             .args(&command)
             .args(spec)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -270,5 +276,46 @@ fn a_request_computed_against_an_old_view_is_refused_not_misapplied() {
     assert_eq!(now.len(), 3);
     assert_eq!(now[2].pid, held, "the held newcomer was admitted");
     assert_eq!(uids(&now[..2]), vec![first[0].uid, first[2].uid]);
+    completes_with(job, &want);
+}
+
+/// Issue 15, item 2: with a node stopped (SIGSTOP), a shrink cannot
+/// evacuate (the load-balancing step waits for that node's statistics).
+/// Past the stage's bound node 0 abandons it, names the node, and the job
+/// goes on at its size; once the node runs again, a rescale works and the
+/// checksum is the reference's.
+#[test]
+fn a_stopped_node_gets_the_evacuate_stage_abandoned_not_stalled() {
+    let spec = ductile_e2e::jacobi_args(30_000);
+    let want = reference(&spec);
+    let job = Job::start_with(
+        4,
+        &spec,
+        false,
+        &[("DUCTILE_RESCALE_STAGE_TIMEOUT_MS", "2000")],
+    );
+    let first = job.members();
+    signal(first[3].pid, "-STOP");
+    let out = job
+        .spawn_ductile(&["shrink", "--remove", "2"])
+        .wait_with_output()
+        .expect("ductile shrink");
+    signal(first[3].pid, "-CONT");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "the shrink must fail\n{stderr}");
+    assert!(
+        stderr.contains("abandoned in stage evacuate")
+            && stderr.contains("node 3")
+            && stderr.contains("the job goes on at its size"),
+        "the refusal does not say what happened\n{stderr}"
+    );
+    // Nothing changed, and nothing runs later.
+    std::thread::sleep(Duration::from_millis(500));
+    let status = job.control().status().expect("status");
+    assert_eq!(status.epoch, 1);
+    assert_eq!(uids(&status.members), uids(&first));
+    // The job is sound: the same shrink now goes through.
+    let r = job.ductile(&["shrink", "--remove", "2"]);
+    assert_eq!(r["epoch"].as_u64(), Some(2), "{r}");
     completes_with(job, &want);
 }

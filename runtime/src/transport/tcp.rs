@@ -114,8 +114,19 @@ impl TcpTransport {
         s.write_all(&hello)
             .map_err(io_err(format!("handshake with node {node}")))?;
         let mut answer = [0u8; 32];
-        s.read_exact(&mut answer).map_err(|_| {
-            TransportError::Handshake(format!("node {node} at {addr} refused our job secret"))
+        // The acceptor closes without answering when the proof is wrong;
+        // it also closes when it is ending. Say what is known, not a guess.
+        s.read_exact(&mut answer).map_err(|e| {
+            TransportError::Handshake(match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => format!(
+                    "node {node} at {addr} closed the connection during the handshake \
+                     (it refuses a wrong job secret so, and so does a node that is ending)"
+                ),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => format!(
+                    "node {node} at {addr} did not answer the handshake within {HANDSHAKE_TIMEOUT:?}"
+                ),
+                _ => format!("handshake with node {node} at {addr}: {e}"),
+            })
         })?;
         if !self.secret.verify(ACCEPT_CONTEXT, &mine, &answer) {
             return Err(TransportError::Handshake(format!(
