@@ -1,5 +1,47 @@
-//! Tiny `--flag value` parsing for the example programs (they take their
-//! arguments from the runtime, so no CLI framework is involved).
+//! The example programs' arguments: clap definitions checked before a node
+//! joins its job ([`parse_or_exit`]), and tiny `--flag value` helpers for the
+//! benchmark drivers.
+//!
+//! A node's command line holds the runtime's own `+flags` (and its
+//! `--newcomer` / `--coordinator` launch flags) besides the program's; the
+//! runtime's option parser ([`ductile::options::parse`]) splits them, and
+//! only the program's go to clap.
+
+/// The program's own arguments from this process's command line, the
+/// runtime's flags taken out; `None` when the runtime's flags do not parse
+/// (the runtime then reports that itself when the node starts).
+pub fn program_args() -> Option<Vec<String>> {
+    let argv: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    ductile::options::parse(argv).ok().map(|(_, rest)| rest)
+}
+
+/// Parses `args` (the program's own) as `P`, with `name` as the program name.
+pub fn try_parse<P: clap::Parser>(name: &str, args: &[String]) -> Result<P, clap::Error> {
+    P::try_parse_from(std::iter::once(name.to_owned()).chain(args.iter().cloned()))
+}
+
+/// Parses the program's arguments with clap before the node joins its job:
+/// `--help` prints the help with the defaults and exits 0; an unknown flag or
+/// a bad value is refused with clap's message ("did you mean ...") and exit
+/// code 2. Under `ductile run` only launch member 0 prints (every node
+/// refuses the same arguments); the others exit with the same code quietly.
+pub fn parse_or_exit<P: clap::Parser>(name: &str) -> P {
+    let args = program_args().unwrap_or_default();
+    match try_parse::<P>(name, &args) {
+        Ok(parsed) => parsed,
+        Err(err) => {
+            let speaker = std::env::var("DUCTILE_LAUNCH_INDEX")
+                .map_or(std::env::var_os("DUCTILE_ROLE").is_none(), |i| i == "0");
+            if speaker {
+                let _ = err.print();
+            }
+            std::process::exit(err.exit_code())
+        }
+    }
+}
 
 /// Finds `--name value` (or `--name=value`) in `args`.
 pub fn value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {

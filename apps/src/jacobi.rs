@@ -35,14 +35,50 @@ pub struct Spec {
     pub lb_every: u64,
 }
 
+/// `jacobi2d`'s command line (the program's own flags; the runtime's
+/// `+flags` are split off before, see [`crate::args`]).
+#[derive(clap::Parser, Debug, Clone, PartialEq, Eq)]
+#[command(
+    name = "jacobi2d",
+    about = "Jacobi relaxation on a 2D grid of migratable blocks; prints a checksum that no rescale changes",
+    after_help = "Runtime options go with a `+`: +lb STRATEGY, +pe-speed PE:F,... (docs/runtime.md).\nRun it across processes with `ductile run --nodes N -- jacobi2d ...`."
+)]
+pub struct JacobiArgs {
+    /// Grid size in points: N (N x N) or NXxNY.
+    #[arg(long, value_name = "NX[xNY]", default_value = "256", value_parser = args::pair)]
+    pub grid: (u32, u32),
+    /// Block size in points: N or BXxBY (one chare per block).
+    #[arg(long, value_name = "BX[xBY]", default_value = "64", value_parser = args::pair)]
+    pub block: (u32, u32),
+    /// Iterations to run.
+    #[arg(long, value_name = "K", default_value_t = 100)]
+    pub iters: u64,
+    /// Print the residual (with the PE count and iterations/s) every R iterations; 0: never.
+    #[arg(long, value_name = "R", default_value_t = 10)]
+    pub residual_every: u64,
+    /// Load-balance (AtSync) every L iterations; 0: never.
+    #[arg(long, value_name = "L", default_value_t = 0)]
+    pub lb_every: u64,
+    /// Keep the blocks on the nodes' GPUs (docs/gpu.md); same checksum.
+    #[arg(long)]
+    pub gpu: bool,
+    /// Print only the summary and checksum lines.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
 impl Spec {
-    /// Parses `--grid NX[xNY] --block BX[xBY] --iters K --residual-every R`.
+    /// Parses Jacobi2D's arguments (see [`JacobiArgs`]).
     pub fn from_args(a: &[String]) -> Result<Spec, String> {
-        let (nx, ny) = args::pair(args::value(a, "grid").unwrap_or("256"))?;
-        let (bx, by) = args::pair(args::value(a, "block").unwrap_or("64"))?;
-        let iters = args::parse(a, "iters", 100u64)?;
-        let residual_every = args::parse(a, "residual-every", 10u64)?;
-        let lb_every = args::parse(a, "lb-every", 0u64)?;
+        let parsed: JacobiArgs = args::try_parse("jacobi2d", a).map_err(|e| e.to_string())?;
+        Spec::from_parsed(&parsed)
+    }
+
+    /// The spec of parsed arguments; sizes must be positive.
+    pub fn from_parsed(parsed: &JacobiArgs) -> Result<Spec, String> {
+        let ((nx, ny), (bx, by)) = (parsed.grid, parsed.block);
+        let (iters, residual_every, lb_every) =
+            (parsed.iters, parsed.residual_every, parsed.lb_every);
         let s = Spec {
             nx,
             ny,
@@ -483,6 +519,10 @@ pub struct Main {
     started: Option<Instant>,
     residuals: u64,
     last_residual: f64,
+    /// When the last progress line was printed, and at which iteration
+    /// (a clock reading: not carried by a checkpoint).
+    #[serde(skip)]
+    last_report: Option<(Instant, u64)>,
     quiet: bool,
     device: String,
 }
@@ -494,9 +534,14 @@ impl Chare for Main {
     type Msg = MainMsg;
 
     fn new(args: Vec<String>, ctx: &mut Ctx<'_, Self>) -> Self {
-        let spec = Spec::from_args(&args).unwrap_or_else(|e| {
+        // `main` checked the arguments before the node joined; this is the
+        // same parse, on node 0, from the arguments the runtime passed.
+        let parsed: JacobiArgs = args::try_parse("jacobi2d", &args).unwrap_or_else(|e| {
+            let _ = e.print();
+            std::process::exit(e.exit_code())
+        });
+        let spec = Spec::from_parsed(&parsed).unwrap_or_else(|e| {
             eprintln!("jacobi2d: {e}");
-            eprintln!("usage: jacobi2d [--grid NX[xNY]] [--block BX[xBY]] [--iters K] [--residual-every R] [--lb-every L] [--gpu] [--quiet] [+lb STRATEGY] [+pe-speed PE:F,...]");
             std::process::exit(2)
         });
         SPEC.set(ctx, spec);
@@ -506,13 +551,9 @@ impl Chare for Main {
             started: None,
             residuals: 0,
             last_residual: f64::NAN,
-            quiet: args::flag(&args, "quiet"),
-            device: if args::flag(&args, "gpu") {
-                "gpu"
-            } else {
-                "cpu"
-            }
-            .into(),
+            last_report: None,
+            quiet: parsed.quiet,
+            device: if parsed.gpu { "gpu" } else { "cpu" }.into(),
         }
     }
 
@@ -526,10 +567,26 @@ impl Chare for Main {
             MainMsg::Residual(r) => {
                 self.residuals += 1;
                 self.last_residual = r;
+                let iteration = self.residuals * spec.residual_every;
+                // The rate since the last line (since the start for the
+                // first): after an `expand` it visibly goes up.
+                let now = Instant::now();
+                let (since, from) = self
+                    .last_report
+                    .or(self.started.map(|t| (t, 0)))
+                    .unwrap_or((now, iteration));
+                let secs = now.duration_since(since).as_secs_f64();
+                let rate = if secs > 0.0 {
+                    (iteration - from) as f64 / secs
+                } else {
+                    0.0
+                };
+                self.last_report = Some((now, iteration));
                 if !self.quiet {
                     println!(
-                        "iteration {} residual {r:.6e}",
-                        self.residuals * spec.residual_every
+                        "iteration {iteration} residual {r:.6e} pes {} nodes {} iterations/s {rate:.1}",
+                        ctx.num_pes(),
+                        ctx.num_nodes()
                     );
                 }
             }
@@ -575,6 +632,28 @@ pub fn register_gpu(reg: &mut Registry) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn arguments_parse_with_defaults_and_unknown_flags_are_refused() {
+        let s = Spec::from_args(&strings(&["--grid", "64x32", "--iters=5"])).unwrap();
+        assert_eq!((s.nx, s.ny, s.bx, s.by, s.iters), (64, 32, 64, 64, 5));
+        assert_eq!((s.residual_every, s.lb_every), (10, 0), "the defaults");
+        let err =
+            args::try_parse::<JacobiArgs>("jacobi2d", &strings(&["--size", "4096"])).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let err =
+            args::try_parse::<JacobiArgs>("jacobi2d", &strings(&["--iter", "5"])).unwrap_err();
+        assert!(err.to_string().contains("--iters"), "did you mean: {err}");
+        assert!(Spec::from_args(&strings(&["--grid", "abc"])).is_err());
+        assert!(Spec::from_args(&strings(&["--grid", "0"])).is_err());
+        let help = args::try_parse::<JacobiArgs>("jacobi2d", &strings(&["--help"])).unwrap_err();
+        assert_eq!(help.exit_code(), 0);
+        assert!(help.to_string().contains("[default: 256]"), "{help}");
+    }
 
     #[test]
     fn reference_changes_with_iterations_and_is_deterministic() {

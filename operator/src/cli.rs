@@ -332,7 +332,11 @@ pub struct RunArgs {
     /// The program every node runs, and its arguments (after `--`). The
     /// program's own flags follow it; a flag before it is `ductile run`'s
     /// (an unknown one is refused, not taken for the program).
-    #[arg(required = true, trailing_var_arg = true, value_name = "PROGRAM [ARGS]")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        value_name = "PROGRAM [ARGS]"
+    )]
     pub command: Vec<OsString>,
 }
 
@@ -536,11 +540,15 @@ mod tests {
         let err = parse(&["run", "--node", "2", "--", "jacobi2d"]).unwrap_err();
         assert!(err.to_string().contains("--nodes"), "{err}");
         // The program's own flags, after it, are the program's.
-        let Command::Run(args) = parse(&["run", "-n", "1", "jacobi2d", "--grid", "8", "-q"]).unwrap()
+        let Command::Run(args) =
+            parse(&["run", "-n", "1", "jacobi2d", "--grid", "8", "-q"]).unwrap()
         else {
             panic!("not run")
         };
-        assert_eq!(args.command, ["jacobi2d", "--grid", "8", "-q"].map(OsString::from));
+        assert_eq!(
+            args.command,
+            ["jacobi2d", "--grid", "8", "-q"].map(OsString::from)
+        );
     }
 
     #[test]
@@ -565,7 +573,8 @@ mod tests {
 
     #[test]
     fn scale_stop_and_list_parse() {
-        let Command::Scale(args) = parse(&["scale", "--nodes", "3", "--timeout", "5"]).unwrap() else {
+        let Command::Scale(args) = parse(&["scale", "--nodes", "3", "--timeout", "5"]).unwrap()
+        else {
             panic!("not scale")
         };
         assert_eq!(args.nodes, 3);
