@@ -32,7 +32,11 @@ fn marked(marker: &str) -> Vec<(u32, String)> {
         return found;
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         if pid == std::process::id() || !alive(pid) {
@@ -165,7 +169,14 @@ fn a_coordinator_whose_members_are_all_gone_after_the_start_exits() {
     let secret = Secret::generate();
     let (mut coord, addr) = coordinator(
         &secret,
-        &["--listen", "127.0.0.1:0", "--expect", "2", "--idle-timeout", "1"],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--expect",
+            "2",
+            "--idle-timeout",
+            "1",
+        ],
     );
     let clients: Vec<Client> = (0..2)
         .map(|_| Client::connect(&addr, &secret, WAIT).expect("connect"))
@@ -205,11 +216,17 @@ fn a_restarted_coordinator_that_members_rejoin_keeps_serving_past_the_idle_timeo
     let secret = Secret::generate();
     let (coord, addr) = coordinator(
         &secret,
-        &["--listen", "127.0.0.1:0", "--expect", "1", "--idle-timeout", "1"],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--expect",
+            "1",
+            "--idle-timeout",
+            "1",
+        ],
     );
     let node0 = Client::connect(&addr, &secret, WAIT).expect("connect");
-    let Admission::Member { view, .. } = node0.register(member(0), WAIT).expect("register")
-    else {
+    let Admission::Member { view, .. } = node0.register(member(0), WAIT).expect("register") else {
         panic!("not admitted")
     };
     // The coordinator is lost (SIGKILL); a new one starts on the same address
@@ -235,4 +252,163 @@ fn a_restarted_coordinator_that_members_rejoin_keeps_serving_past_the_idle_timeo
     assert!(exits_within(&mut coord, Duration::from_secs(15)));
     let (code, stderr) = stderr_of(coord);
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// Runs `ductile ARGS` to its end; (exit code, stdout, stderr).
+fn ductile(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(bin("ductile"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running ductile");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn jacobi2d_answers_help_and_refuses_unknown_flags() {
+    let run = |args: &[&str]| {
+        Command::new(bin("jacobi2d"))
+            .args(args)
+            .env_remove("DUCTILE_COORDINATOR")
+            .stdin(Stdio::null())
+            .output()
+            .expect("jacobi2d")
+    };
+    let help = run(&["--help"]);
+    assert_eq!(help.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        text.contains("--grid") && text.contains("[default: 256]"),
+        "{text}"
+    );
+    for bad in [&["--bogus"][..], &["--size", "4096"], &["--grid", "abc"]] {
+        let out = run(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+    }
+    let out = run(&["--iter", "5"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--iters"),
+        "a suggestion"
+    );
+    // The runtime's own +flags are not the program's.
+    let out = run(&[
+        "--grid", "16", "--block", "8", "--iters", "2", "--quiet", "+lb", "Greedy",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_program_refusing_its_arguments_makes_ductile_run_exit_2_saying_why() {
+    let state = tempfile::tempdir().expect("temp dir");
+    let (code, _, stderr) = ductile(&[
+        "run",
+        "--nodes",
+        "2",
+        "--timeout",
+        "60",
+        "--state-dir",
+        &state.path().to_string_lossy(),
+        "--",
+        &bin("jacobi2d").to_string_lossy(),
+        "--grid",
+        "abc",
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("`abc` is not N or AxB"), "{stderr}");
+    assert!(stderr.contains("refused its arguments"), "{stderr}");
+    assert!(!stderr.contains("with code 0 but"), "{stderr}");
+}
+
+#[test]
+fn status_waits_for_a_starting_job_prints_addresses_as_text_and_reports_an_ended_one() {
+    let work = tempfile::tempdir().expect("temp dir");
+    let state = work.path().join("s");
+    let state_arg = state.to_string_lossy().into_owned();
+    let launcher = Command::new(bin("ductile"))
+        .args([
+            "run",
+            "--nodes",
+            "2",
+            "--timeout",
+            "120",
+            "--state-dir",
+            &state_arg,
+            "--",
+        ])
+        .arg(bin("jacobi2d"))
+        .args([
+            "--grid",
+            "256",
+            "--block",
+            "32",
+            "--iters",
+            "100000000",
+            "--quiet",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning ductile run");
+    // Reaped as soon as it ends (as a shell would), so `ductile stop` sees it gone.
+    let launcher_pid = launcher.id();
+    let mut launcher = launcher;
+    let reaper = std::thread::spawn(move || launcher.wait());
+    // As soon as the launcher holds its state directory (launcher.pid),
+    // long before node 0 serves: the command waits for the job. (Before the
+    // launcher has written its pid file there is no job to wait for.)
+    assert!(eventually(WAIT, || state.join("launcher.pid").exists()));
+    assert!(
+        !state.join("control.addr").exists(),
+        "the test came too late"
+    );
+    let (code, stdout, stderr) = ductile(&[
+        "status",
+        "--json",
+        "--timeout",
+        "60",
+        "--state-dir",
+        &state_arg,
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let status: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    let address = &status["members"][0]["address"];
+    assert!(
+        address
+            .as_str()
+            .is_some_and(|a| a.starts_with("127.0.0.1:")),
+        "{status}"
+    );
+    assert_eq!(status["running"], true);
+    let (code, stdout, _) = ductile(&["list", "--root", &work.path().to_string_lossy()]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("running"), "{stdout}");
+    // Stopped: `status` then says how it ended.
+    let (code, _, stderr) = ductile(&["stop", "--state-dir", &state_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("stopped: interrupted"), "{stderr}");
+    let (code, stdout, stderr) = ductile(&["status", "--state-dir", &state_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("is not running; it ended: interrupted"),
+        "{stdout}"
+    );
+    let (code, _, _) = ductile(&["stop", "--state-dir", &state_arg]);
+    assert_eq!(code, Some(2), "no running job");
+    assert!(reaper.join().is_ok() && !alive(launcher_pid));
+    let (code, _, _) = ductile(&[
+        "status",
+        "--state-dir",
+        &work.path().join("none").to_string_lossy(),
+    ]);
+    assert_eq!(code, Some(2), "no job ever");
 }
