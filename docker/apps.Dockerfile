@@ -1,15 +1,18 @@
 # The apps image: the Ductile programs (jacobi2d, pingpong, lbbench,
-# megatest, counter, elastic_probe) and `ductile`, for ElasticJob pod
-# templates (`command: ["jacobi2d", "--grid", "16384"]`). The runtime reads
-# its contract (DUCTILE_*) from the environment the operator sets.
+# megatest, counter, elastic_probe) and `ductile` (the spot pods' preStop
+# hook runs `ductile wait-left`), for ElasticJob pod templates
+# (`command: ["jacobi2d", "--grid", "16384"]`). The runtime reads its
+# contract (DUCTILE_*) from the environment the operator sets.
 #
-#   docker build -f docker/apps.Dockerfile -t ghcr.io/ductile/apps:0.1.0 .
+#   docker build -f docker/apps.Dockerfile -t $REGISTRY/ductile-apps:0.1.0 .
 #
-# TCP transport only; a UCX build (cargo feature `ucx`, libucx-dev at build
-# time, libucx0 at run time) is a variant not written yet. Not built where it
-# was written (no Docker there): see docs/operator.md.
+# Multi-stage, distroless (no shell: pod commands name the program, as the
+# examples do), non-root user 65532. TCP transport; the CUDA build of the
+# same programs is `apps-cuda.Dockerfile`. Toolchain: the workspace's
+# `rust-version` (checked by `operator/tests/manifests.rs`). Not built where
+# it was written (no Docker there): see docs/operator.md.
 
-FROM rust:1.85-bookworm AS build
+FROM rust:1.89-bookworm AS build
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
@@ -21,7 +24,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
         install -D -m 0755 "target/release/$b" "/out/$b"; \
     done
 
-FROM debian:bookworm-slim
+FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/
 USER 65532:65532
 # No entrypoint: each ElasticJob names its program in the pod template's command.

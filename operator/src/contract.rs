@@ -43,6 +43,11 @@
 
 use std::time::Duration;
 
+/// Port of the coordinator in node 0's pod.
+pub const COORDINATOR_PORT: i32 = 7070;
+/// Port of PE 0's control endpoint (rescale requests) in node 0's pod.
+pub const CONTROL_PORT: i32 = 7071;
+
 pub use ductile_coordinator::contract::*;
 
 /// The `ductile` subcommand a preStop hook runs.

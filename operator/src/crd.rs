@@ -19,7 +19,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    PodTemplateSpec, Toleration,
+    PodTemplateSpec, ResourceRequirements, SecurityContext, Toleration,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -169,6 +169,11 @@ pub struct ElasticJobSpec {
     #[schemars(range(min = 0))]
     pub backoff_limit: Option<i32>,
 
+    /// The coordinator container of node 0's pod: resources and security
+    /// context; absent: the defaults of [`CoordinatorSpec`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator: Option<CoordinatorSpec>,
+
     /// Suspends the job: its pods are deleted; unsuspending relaunches it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
@@ -176,6 +181,27 @@ pub struct ElasticJobSpec {
 
 fn default_one() -> i32 {
     1
+}
+
+/// The coordinator container the operator adds to node 0's pod. Its image
+/// is the operator's; image pull secrets are the pod's
+/// (`template.spec.imagePullSecrets`).
+///
+/// Defaults: requests equal to limits (`cpu: 100m`, `memory: 128Mi`), so a
+/// node container with equal requests and limits keeps node 0's pod in the
+/// Guaranteed class (static CPU pinning for PE 0) and a CPU-utilisation HPA
+/// finds a request on every container; and the `restricted` Pod Security
+/// profile (non-root, no privilege escalation, every capability dropped,
+/// the runtime's seccomp profile, a read-only root file system).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CoordinatorSpec {
+    /// Resources of the coordinator container, as in a Container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Security context of the coordinator container, as in a Container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<SecurityContext>,
 }
 
 /// Node selector, affinity and tolerations of one part of the job.
@@ -196,6 +222,13 @@ pub struct Placement {
     /// Taints tolerated, as in a Pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<Toleration>>,
+    /// Require the capacity type's node label (EKS managed node groups'
+    /// `eks.amazonaws.com/capacityType` or Karpenter's
+    /// `karpenter.sh/capacity-type`), ANDed with `nodeSelector` and
+    /// `affinity` (default true). Set false for nodes that carry neither
+    /// label (self-managed node groups), and pin by `nodeSelector` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_capacity_type: Option<bool>,
 }
 
 /// Placement of the on-demand part of the job, and its size.
@@ -215,6 +248,13 @@ pub struct OnDemandPlacement {
     /// Taints tolerated, as in a Pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerations: Option<Vec<Toleration>>,
+    /// Require the capacity type's node label (EKS managed node groups'
+    /// `eks.amazonaws.com/capacityType` or Karpenter's
+    /// `karpenter.sh/capacity-type`), ANDed with `nodeSelector` and
+    /// `affinity` (default true). Set false for nodes that carry neither
+    /// label (self-managed node groups), and pin by `nodeSelector` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin_capacity_type: Option<bool>,
 }
 
 impl Default for OnDemandPlacement {
@@ -224,6 +264,7 @@ impl Default for OnDemandPlacement {
             node_selector: None,
             affinity: None,
             tolerations: None,
+            pin_capacity_type: None,
         }
     }
 }
@@ -235,6 +276,7 @@ impl OnDemandPlacement {
             node_selector: self.node_selector.clone(),
             affinity: self.affinity.clone(),
             tolerations: self.tolerations.clone(),
+            pin_capacity_type: self.pin_capacity_type,
         }
     }
 }
@@ -259,15 +301,111 @@ impl CapacityType {
 }
 
 impl Placement {
-    /// The affinity a pod of this part gets: the user's when they gave a node
-    /// selector or an affinity, else the default that matches either
-    /// capacity-type label (node selector terms are ORed).
-    pub fn effective_affinity(&self, capacity: CapacityType) -> Option<Affinity> {
-        if self.node_selector.is_some() || self.affinity.is_some() {
-            return self.affinity.clone();
-        }
-        Some(default_capacity_affinity(capacity))
+    /// Whether the capacity type's label is required (default true).
+    pub fn pins_capacity_type(&self) -> bool {
+        self.pin_capacity_type.unwrap_or(true)
     }
+
+    /// The affinity a pod of this part gets: the template's (`template`),
+    /// then this part's `affinity`, then the capacity-type requirement, all
+    /// merged: required node selector terms are ANDed (each term of one
+    /// with each of the other, as terms are ORed within one), preferred
+    /// terms and pod (anti-)affinities are kept side by side.
+    pub fn effective_affinity(
+        &self,
+        template: Option<&Affinity>,
+        capacity: CapacityType,
+    ) -> Option<Affinity> {
+        let mut merged = template.cloned();
+        if let Some(part) = &self.affinity {
+            merged = Some(merge_affinity(merged, part));
+        }
+        if self.pins_capacity_type() {
+            merged = Some(merge_affinity(merged, &default_capacity_affinity(capacity)));
+        }
+        merged
+    }
+}
+
+/// `extra` merged into `base` (see [`Placement::effective_affinity`]).
+pub fn merge_affinity(base: Option<Affinity>, extra: &Affinity) -> Affinity {
+    let mut out = base.unwrap_or_default();
+    fn append<T: Clone>(into: &mut Option<Vec<T>>, from: &Option<Vec<T>>) {
+        if let Some(from) = from {
+            into.get_or_insert_with(Vec::new)
+                .extend(from.iter().cloned());
+        }
+    }
+    if let Some(extra_node) = &extra.node_affinity {
+        let node = out.node_affinity.get_or_insert_with(NodeAffinity::default);
+        append(
+            &mut node.preferred_during_scheduling_ignored_during_execution,
+            &extra_node.preferred_during_scheduling_ignored_during_execution,
+        );
+        if let Some(extra_required) =
+            &extra_node.required_during_scheduling_ignored_during_execution
+        {
+            node.required_during_scheduling_ignored_during_execution = Some(
+                match node
+                    .required_during_scheduling_ignored_during_execution
+                    .take()
+                {
+                    None => extra_required.clone(),
+                    Some(required) => NodeSelector {
+                        node_selector_terms: and_terms(
+                            &required.node_selector_terms,
+                            &extra_required.node_selector_terms,
+                        ),
+                    },
+                },
+            );
+        }
+    }
+    if let Some(extra_pod) = &extra.pod_affinity {
+        let pod = out.pod_affinity.get_or_insert_with(Default::default);
+        append(
+            &mut pod.required_during_scheduling_ignored_during_execution,
+            &extra_pod.required_during_scheduling_ignored_during_execution,
+        );
+        append(
+            &mut pod.preferred_during_scheduling_ignored_during_execution,
+            &extra_pod.preferred_during_scheduling_ignored_during_execution,
+        );
+    }
+    if let Some(extra_anti) = &extra.pod_anti_affinity {
+        let anti = out.pod_anti_affinity.get_or_insert_with(Default::default);
+        append(
+            &mut anti.required_during_scheduling_ignored_during_execution,
+            &extra_anti.required_during_scheduling_ignored_during_execution,
+        );
+        append(
+            &mut anti.preferred_during_scheduling_ignored_during_execution,
+            &extra_anti.preferred_during_scheduling_ignored_during_execution,
+        );
+    }
+    out
+}
+
+/// Two ORed lists of node selector terms ANDed: every pair's requirements together.
+fn and_terms(a: &[NodeSelectorTerm], b: &[NodeSelectorTerm]) -> Vec<NodeSelectorTerm> {
+    let mut out = Vec::with_capacity(a.len() * b.len());
+    for x in a {
+        for y in b {
+            let mut term = x.clone();
+            if let Some(e) = &y.match_expressions {
+                term.match_expressions
+                    .get_or_insert_with(Vec::new)
+                    .extend(e.iter().cloned());
+            }
+            if let Some(f) = &y.match_fields {
+                term.match_fields
+                    .get_or_insert_with(Vec::new)
+                    .extend(f.iter().cloned());
+            }
+            out.push(term);
+        }
+    }
+    out
 }
 
 /// Required node affinity matching EKS managed node groups' or Karpenter's
@@ -584,8 +722,8 @@ pub enum SpecProblem {
     /// Metrics port taken by the coordinator or the control endpoint.
     #[error(
         "metrics.port is {0}, which node 0's pod uses already (coordinator {coordinator}, control endpoint {control})",
-        coordinator = crate::k8s::objects::COORDINATOR_PORT,
-        control = crate::k8s::objects::CONTROL_PORT
+        coordinator = crate::contract::COORDINATOR_PORT,
+        control = crate::contract::CONTROL_PORT
     )]
     MetricsPortTaken(i32),
     /// Empty secret name.
@@ -687,8 +825,8 @@ impl ElasticJobSpec {
             if !(1..=65535).contains(&metrics.port) {
                 problems.push(P::MetricsPort(metrics.port));
             } else if [
-                crate::k8s::objects::COORDINATOR_PORT,
-                crate::k8s::objects::CONTROL_PORT,
+                crate::contract::COORDINATOR_PORT,
+                crate::contract::CONTROL_PORT,
             ]
             .contains(&metrics.port)
             {
@@ -860,6 +998,7 @@ mod tests {
             metrics: None,
             restart_policy: None,
             backoff_limit: None,
+            coordinator: None,
             suspend: false,
         }
     }
@@ -943,7 +1082,7 @@ mod tests {
     #[test]
     fn default_placement_matches_either_capacity_label() {
         let affinity = Placement::default()
-            .effective_affinity(CapacityType::Spot)
+            .effective_affinity(None, CapacityType::Spot)
             .unwrap();
         let terms = affinity
             .node_affinity
@@ -968,12 +1107,59 @@ mod tests {
     }
 
     #[test]
-    fn a_user_node_selector_replaces_the_default_affinity() {
+    fn user_placement_is_merged_with_the_capacity_requirement() {
+        // A node selector no longer disables the capacity pinning.
         let placement = Placement {
             node_selector: Some([("pool".to_owned(), "hpc".to_owned())].into()),
             ..Placement::default()
         };
-        assert_eq!(placement.effective_affinity(CapacityType::OnDemand), None);
+        assert_eq!(
+            placement.effective_affinity(None, CapacityType::OnDemand),
+            Some(default_capacity_affinity(CapacityType::OnDemand))
+        );
+        // The template's anti-affinity and node terms survive; each of its
+        // required terms is ANDed with each capacity term.
+        let template: Affinity = serde_json::from_value(serde_json::json!({
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}},
+            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "x"}}}]}
+        }))
+        .unwrap();
+        let merged = Placement::default()
+            .effective_affinity(Some(&template), CapacityType::Spot)
+            .unwrap();
+        assert_eq!(merged.pod_anti_affinity, template.pod_anti_affinity);
+        let terms = merged
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 2);
+        for (term, label) in terms
+            .iter()
+            .zip([EKS_CAPACITY_TYPE_LABEL, KARPENTER_CAPACITY_TYPE_LABEL])
+        {
+            let keys: Vec<&str> = term
+                .match_expressions
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|e| e.key.as_str())
+                .collect();
+            assert_eq!(keys, ["zone", label]);
+        }
+        // Pinning off: only what the user gave.
+        let unpinned = Placement {
+            pin_capacity_type: Some(false),
+            ..Placement::default()
+        };
+        assert_eq!(unpinned.effective_affinity(None, CapacityType::Spot), None);
+        assert_eq!(
+            unpinned.effective_affinity(Some(&template), CapacityType::Spot),
+            Some(template)
+        );
     }
 
     #[test]

@@ -361,3 +361,89 @@ fn the_deployment_configures_the_operator_it_runs() {
         );
     }
 }
+
+/// `major.minor` of a version such as `1.89`, `1.89.0`.
+fn minor_version(text: &str) -> (u32, u32) {
+    let mut parts = text.trim().split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// The workspace's `rust-version` is a true MSRV: at least what every
+/// locked dependency declares it needs (`cargo metadata`), and every
+/// Dockerfile builds with exactly that toolchain (a `FROM rust:X` stage or
+/// a `RUST_TOOLCHAIN=X` argument). `cargo build --locked` in an image whose
+/// toolchain is older than a locked crate's `rust-version` fails.
+#[test]
+fn dockerfiles_build_with_the_msrv_the_locked_crates_need() {
+    let root = repo_root();
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let msrv = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .map(|v| minor_version(v.trim_matches('"')))
+        .expect("the workspace sets rust-version");
+
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (needed, by) = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| {
+            let v = p["rust_version"].as_str()?;
+            Some((minor_version(v), format!("{} {}", p["name"], p["version"])))
+        })
+        .max()
+        .expect("some crate declares a rust-version");
+    assert!(
+        msrv >= needed,
+        "rust-version {msrv:?} is below what {by} needs ({needed:?})"
+    );
+
+    let mut dockerfiles = Vec::new();
+    for entry in std::fs::read_dir(root.join("docker")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) == Some("Dockerfile") {
+            dockerfiles.push(path);
+        }
+    }
+    assert!(dockerfiles.len() >= 3, "operator, apps, apps-cuda: {dockerfiles:?}");
+    for path in dockerfiles {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let toolchains: Vec<(u32, u32)> = text
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                let v = l
+                    .strip_prefix("FROM rust:")
+                    .or_else(|| l.strip_prefix("ARG RUST_TOOLCHAIN="))?;
+                Some(minor_version(v.split(['-', ' ']).next().unwrap_or("")))
+            })
+            .collect();
+        assert!(!toolchains.is_empty(), "{}: no Rust toolchain named", path.display());
+        for toolchain in toolchains {
+            assert_eq!(toolchain, msrv, "{}: toolchain vs rust-version", path.display());
+        }
+        // Multi-stage, non-root: the toolchain stays out of the final image.
+        assert!(text.matches("\nFROM ").count() >= 2, "{}: one stage", path.display());
+        let last_user = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("USER "))
+            .last()
+            .unwrap_or("");
+        assert!(
+            !last_user.is_empty() && !last_user.starts_with('0') && !last_user.starts_with("root"),
+            "{}: runs as root",
+            path.display()
+        );
+    }
+}

@@ -16,11 +16,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle, LifecycleHandler,
-    ObjectFieldSelector, Pod, PodSpec, Secret, SecretVolumeSource, Service, ServicePort,
-    ServiceSpec, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, Lifecycle,
+    LifecycleHandler, ObjectFieldSelector, Pod, PodSpec, ResourceRequirements, SeccompProfile,
+    Secret, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 
@@ -41,10 +45,15 @@ pub const REPLACES_ANNOTATION: &str = "ductile.dev/replaces";
 pub const FINALIZER: &str = "ductile.dev/teardown";
 /// Name of the coordinator's container in node 0's pod.
 pub const COORDINATOR_CONTAINER: &str = "coordinator";
-/// Port of the coordinator in node 0's pod.
-pub const COORDINATOR_PORT: i32 = 7070;
-/// Port of PE 0's control endpoint (rescale requests).
-pub const CONTROL_PORT: i32 = 7071;
+pub use crate::contract::{CONTROL_PORT, COORDINATOR_PORT};
+/// Karpenter's annotation that keeps a pod's node from voluntary disruption
+/// (consolidation, drift, expiry).
+pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+/// The Cluster Autoscaler's annotation that keeps it from evicting a pod to
+/// scale its node down.
+pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+/// The container `kubectl logs` and `kubectl exec` pick without `-c`.
+pub const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
 /// Where the job secret is mounted in every pod.
 pub const SECRET_DIR: &str = "/var/run/ductile";
 /// Key of the job secret in a generated Secret.
@@ -319,7 +328,9 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
     if !on_demand {
         leave_before_stopping(job, &mut pod_spec);
     }
+    let node_container = pod_spec.containers.first().map(|c| c.name.clone());
     if root {
+        let coordinator = spec.coordinator.clone().unwrap_or_default();
         pod_spec.containers.insert(
             0,
             Container {
@@ -342,6 +353,18 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
                     ..ContainerPort::default()
                 }]),
                 volume_mounts: Some(vec![secret_mount()]),
+                resources: Some(
+                    coordinator
+                        .resources
+                        .clone()
+                        .unwrap_or_else(default_coordinator_resources),
+                ),
+                security_context: Some(
+                    coordinator
+                        .security_context
+                        .clone()
+                        .unwrap_or_else(restricted_security_context),
+                ),
                 ..Container::default()
             },
         );
@@ -369,9 +392,7 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
             .get_or_insert_with(BTreeMap::new)
             .extend(selector);
     }
-    if let Some(affinity) = placement.effective_affinity(capacity) {
-        pod_spec.affinity = Some(affinity);
-    }
+    pod_spec.affinity = placement.effective_affinity(pod_spec.affinity.as_ref(), capacity);
     if let Some(tolerations) = placement.tolerations.clone() {
         pod_spec
             .tolerations
@@ -391,6 +412,18 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
     );
     labels.insert(ROLE_LABEL.to_owned(), role_name.to_owned());
     let mut annotations = template_meta.annotations;
+    {
+        let a = annotations.get_or_insert_with(BTreeMap::new);
+        if let Some(node) = node_container {
+            a.entry(DEFAULT_CONTAINER.to_owned()).or_insert(node);
+        }
+        if on_demand {
+            // Never chosen for removal, so never to be evicted voluntarily
+            // either: Karpenter and the Cluster Autoscaler leave the node be.
+            a.insert(KARPENTER_DO_NOT_DISRUPT.to_owned(), "true".to_owned());
+            a.insert(SAFE_TO_EVICT.to_owned(), "false".to_owned());
+        }
+    }
     if let Some(port) = metrics_port {
         // The convention of Prometheus's Kubernetes pod discovery (the
         // `prometheus.io/*` relabelling of its example configuration); the
@@ -414,6 +447,72 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
             ..ObjectMeta::default()
         },
         spec: Some(pod_spec),
+        status: None,
+    }
+}
+
+/// The coordinator's resources when the spec gives none: requests equal to
+/// limits (see [`crate::crd::CoordinatorSpec`]).
+pub fn default_coordinator_resources() -> ResourceRequirements {
+    let amounts = BTreeMap::from([
+        ("cpu".to_owned(), Quantity("100m".to_owned())),
+        ("memory".to_owned(), Quantity("128Mi".to_owned())),
+    ]);
+    ResourceRequirements {
+        requests: Some(amounts.clone()),
+        limits: Some(amounts),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// A container security context that the `restricted` Pod Security
+/// profile admits.
+pub fn restricted_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: None,
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// Name of the job's PodDisruptionBudget.
+pub fn pdb_name(job: &ElasticJob) -> String {
+    format!("{}-on-demand", job.name_any())
+}
+
+/// The PodDisruptionBudget that forbids voluntary evictions (drains,
+/// consolidation) of the job's on-demand pods, node 0 among them: the job
+/// has no other root. Spot pods are not covered: they leave through a
+/// rescale when evicted (their preStop hook).
+pub fn on_demand_pdb(job: &ElasticJob) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(pdb_name(job)),
+            namespace: job.namespace(),
+            labels: Some(job_labels(job)),
+            owner_references: Some(vec![owner(job)]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(0)),
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([
+                    (JOB_LABEL.to_owned(), job.name_any()),
+                    (CAPACITY_LABEL.to_owned(), "on-demand".to_owned()),
+                ])),
+                match_expressions: None,
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
         status: None,
     }
 }

@@ -515,10 +515,7 @@ fn objects_follow_user_placement_and_secret_ref() {
     let pod = objects::launch_pod(&job, 2, &ObjectSettings::default());
     let pod = serde_json::to_value(&pod).unwrap();
     assert_eq!(pod["spec"]["nodeSelector"]["pool"], "spot-c6gn");
-    assert!(
-        pod["spec"]["affinity"].is_null(),
-        "a user selector replaces the default affinity"
-    );
+    assert_eq!(node_affinity_values(&pod), ["SPOT", "spot"], "a user selector is ANDed with the capacity pinning");
     assert_eq!(pod["spec"]["tolerations"][0]["key"], "spot");
     let volume = &pod["spec"]["volumes"][0]["secret"];
     assert_eq!(volume["secretName"], "mine");
@@ -564,7 +561,16 @@ fn a_metrics_port_reaches_every_node_as_address_port_and_scrape_annotations() {
     let pod = serde_json::to_value(&pod).unwrap();
     let node = &pod["spec"]["containers"][1];
     assert_eq!(env_of(node, "DUCTILE_METRICS"), None);
-    assert!(pod["metadata"]["annotations"].is_null(), "{pod}");
+    let annotations = pod["metadata"]["annotations"].as_object().unwrap();
+    assert!(!annotations.contains_key("prometheus.io/scrape"), "{pod}");
+    // Node 0 is protected from voluntary disruption; `kubectl logs` shows the node.
+    assert_eq!(annotations["karpenter.sh/do-not-disrupt"], "true");
+    assert_eq!(annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"], "false");
+    assert_eq!(annotations["kubectl.kubernetes.io/default-container"], "node");
+    let coordinator = &pod["spec"]["containers"][0];
+    assert_eq!(coordinator["resources"]["requests"], coordinator["resources"]["limits"]);
+    assert_eq!(coordinator["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(coordinator["securityContext"]["capabilities"]["drop"][0], "ALL");
 }
 
 #[test]
