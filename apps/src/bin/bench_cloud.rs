@@ -388,29 +388,29 @@ fn period_svg(curve: &[(f64, f64)]) -> String {
     s
 }
 
+/// The papers' experiments on the local cloud (docs/benchmarks.md).
+#[derive(clap::Parser, Debug)]
+#[command(name = "bench_cloud", about = "Runs the local-cloud experiments; writes target/bench/cloud.json and cloud-period.svg")]
+struct Args {
+    /// Experiments to run, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "simultaneous,period,staggered,hetero")]
+    experiments: Vec<Experiment>,
+    /// Shorter jobs (a quarter of the iterations, a smaller grid): checks the harness, not the figures.
+    #[arg(long)]
+    quick: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Experiment {
+    Simultaneous,
+    Period,
+    Staggered,
+    Hetero,
+}
+
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut quick = false;
-    let mut which: Vec<String> = ["simultaneous", "period", "staggered", "hetero"].map(String::from).to_vec();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => quick = true,
-            "--experiments" => {
-                which = it.next().ok_or_else(|| anyhow!("--experiments needs a list"))?.split(',').map(String::from).collect()
-            }
-            "-h" | "--help" => {
-                println!("usage: bench_cloud [--experiments simultaneous,period,staggered,hetero] [--quick]\n\nRuns the local-cloud experiments (docs/benchmarks.md); writes target/bench/cloud.json and cloud-period.svg.");
-                return Ok(());
-            }
-            other => bail!("unknown argument {other:?} (see --help)"),
-        }
-    }
-    for w in &which {
-        if !["simultaneous", "period", "staggered", "hetero"].contains(&w.as_str()) {
-            bail!("unknown experiment {w:?}: choose from simultaneous, period, staggered, hetero");
-        }
-    }
+    let args = <Args as clap::Parser>::parse();
+    let quick = args.quick;
     let (bin_dir, target) = bench::bin_and_target_dirs()?;
     let ductile = bench::sibling(&bin_dir, "ductile", "bench_cloud", "cargo build --release --workspace --bins")?;
     bench::sibling(&bin_dir, "jacobi2d", "bench_cloud", "cargo build --release --workspace --bins")?;
@@ -423,19 +423,19 @@ fn main() -> Result<()> {
     };
     let load_before = bench::loadavg();
     let mut results = serde_json::Map::new();
-    let has = |w: &str| which.iter().any(|x| x == w);
-    if has("simultaneous") {
+    let has = |w: Experiment| args.experiments.contains(&w);
+    if has(Experiment::Simultaneous) {
         results.insert("simultaneous".into(), simultaneous(&b)?);
     }
-    if has("period") {
+    if has(Experiment::Period) {
         let (v, curve) = period(&b)?;
         results.insert("period".into(), v);
         std::fs::write(out_dir.join("cloud-period.svg"), period_svg(&curve))?;
     }
-    if has("staggered") {
+    if has(Experiment::Staggered) {
         results.insert("staggered".into(), staggered(&b)?);
     }
-    if has("hetero") {
+    if has(Experiment::Hetero) {
         results.insert("hetero".into(), hetero(&b)?);
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
