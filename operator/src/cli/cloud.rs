@@ -56,7 +56,9 @@ pub fn cloud(args: CloudArgs) -> i32 {
         println!("{}", plan(&loaded));
         return 0;
     }
-    let state_dir = match resolve_state_dir(args.state_dir.as_deref(), &loaded.name, |k| std::env::var_os(k)) {
+    let state_dir = match resolve_state_dir(args.state_dir.as_deref(), &loaded.name, |k| {
+        std::env::var_os(k)
+    }) {
         Ok(dir) => dir,
         Err(e) => {
             say(&e.to_string());
@@ -67,14 +69,20 @@ pub fn cloud(args: CloudArgs) -> i32 {
     let mut opts = RunOptions::new(state_dir, out);
     opts.timeout = args.timeout;
     let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+    for signal in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
         if let Err(e) = signal_hook::flag::register(signal, Arc::clone(&stop)) {
             say(&format!("cannot install signal handlers: {e}"));
             return EXIT_USAGE;
         }
     }
     println!("{}", plan(&loaded));
-    match rehearse(&loaded, &opts, !args.no_verify, &stop, &mut |line| println!("{line}")) {
+    match rehearse(&loaded, &opts, !args.no_verify, &stop, &mut |line| {
+        println!("{line}")
+    }) {
         Ok((_, code)) => code,
         Err(e @ (CloudError::Launch(_) | CloudError::Io(..))) => {
             say(&e.to_string());
@@ -108,7 +116,11 @@ fn plan(loaded: &Loaded) -> String {
     lines.push(format!(
         "  {} scripted events{}",
         loaded.scripted.len(),
-        if s.random.is_some() { ", and a seeded random trace" } else { "" }
+        if s.random.is_some() {
+            ", and a seeded random trace"
+        } else {
+            ""
+        }
     ));
     lines.join("\n")
 }
