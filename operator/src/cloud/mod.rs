@@ -300,7 +300,7 @@ events:
     fn an_invalid_job_or_a_scenario_for_another_job_is_refused() {
         let e = Loaded::from_texts("job.yaml", &JOB.replace("replicas: 3", "replicas: 2"), "s.yaml", SCENARIO)
             .expect_err("demo-2 does not exist with one replica");
-        assert!(e.to_string().starts_with("s.yaml:5: no instance \"demo-2\""), "{e}");
+        assert!(e.to_string().starts_with("s.yaml:6: no instance \"demo-2\""), "{e}");
         let e = Loaded::from_texts("job.yaml", &JOB.replace("minReplicas: 2", "minReplicas: 9"), "s.yaml", SCENARIO)
             .expect_err("min above replicas");
         assert!(e.to_string().contains("invalid ElasticJob"), "{e}");
