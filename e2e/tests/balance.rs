@@ -147,11 +147,12 @@ fn jacobi_checksum_is_unchanged_by_load_balancing() {
     }
 }
 
-/// A strategy name the runtime does not know stops the job at start, saying which exist.
+/// A strategy name the runtime does not know stops the job at start, saying
+/// which exist: a usage error (exit 2, docs/cli.md), nothing started.
 #[test]
 fn an_unknown_strategy_is_refused_with_the_list() {
     let job = run(1, 1, "jacobi2d", &["--grid", "16", "+lb", "Nope"]);
-    job.expect_code(1, "unknown strategy");
+    job.expect_code(2, "unknown strategy");
     assert!(job.stderr.contains("GreedyRefine"), "{}", job.stderr);
 }
 
