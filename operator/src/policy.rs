@@ -32,7 +32,10 @@
 //!   target needs (after `replicas` went down) are cancelled, those not yet
 //!   registered first; a newcomer whose own instance gets a notice is
 //!   cancelled at once (it is not worth admitting) and replaced when the job
-//!   still needs one. A cancelled name is never admitted.
+//!   still needs one, unless a rescale in flight may be admitting it: then the
+//!   commit decides (admitted, it is an at-risk member; not, it is cancelled),
+//!   so a process is never stopped at the moment it becomes a member. A
+//!   cancelled name is never admitted.
 //!
 //! One rescale is in flight at a time: after a [`Decision::Rescale`], the
 //! driver reports [`Event::RescaleCommitted`] or [`Event::RescaleFailed`].
@@ -374,6 +377,12 @@ pub struct Policy {
     vacating: BTreeSet<MemberId>,
     /// Newcomers cancelled: never taken back into the pool.
     cancelled: BTreeSet<MemberId>,
+    /// Waiting newcomers whose instance got a recommendation or notice while
+    /// a rescale that may admit them was in flight: (first warning,
+    /// deadline). Cancelling one then could stop a process at the moment
+    /// the commit makes it a member, so the commit decides: admitted, it is
+    /// an at-risk member like any other; not admitted, it is cancelled.
+    at_risk_waiting: BTreeMap<MemberId, (Time, Option<Time>)>,
     in_flight: Option<InFlight>,
     /// The rebalance timeout expired and no at-risk member was left since.
     timeout_expired: bool,
@@ -395,6 +404,7 @@ impl Policy {
             ready: BTreeMap::new(),
             vacating: BTreeSet::new(),
             cancelled: BTreeSet::new(),
+            at_risk_waiting: BTreeMap::new(),
             in_flight: None,
             timeout_expired: false,
             retry_at: None,
@@ -493,6 +503,7 @@ impl Policy {
                 } else {
                     self.launching.remove(&member);
                     self.ready.remove(&member);
+                    self.at_risk_waiting.remove(&member);
                 }
             }
             Event::DesiredReplicas { replicas } => {
@@ -524,18 +535,23 @@ impl Policy {
                 for newcomer in admitted {
                     self.ready.remove(&newcomer);
                     self.launching.remove(&newcomer);
+                    let (at_risk_since, deadline) = self
+                        .at_risk_waiting
+                        .remove(&newcomer)
+                        .map_or((None, None), |(since, deadline)| (Some(since), deadline));
                     self.members.insert(
                         newcomer,
                         Member {
                             capacity: Capacity::Spot,
                             root: false,
-                            at_risk_since: None,
-                            deadline: None,
+                            at_risk_since,
+                            deadline,
                             replacement: None,
                             reported_unreplaced: false,
                         },
                     );
                 }
+                self.cancel_at_risk_waiting();
                 if !self
                     .members
                     .values()
@@ -548,6 +564,7 @@ impl Policy {
                 tracing::warn!(%reason, "rescale failed");
                 self.in_flight = None;
                 self.retry_at = Some(now + self.config.retry_after);
+                self.cancel_at_risk_waiting();
                 self.reports.push(Report::RescaleFailed { reason });
             }
         }
@@ -555,6 +572,15 @@ impl Policy {
 
     fn mark_at_risk(&mut self, now: Time, member: &MemberId, deadline: Option<Time>) {
         let Some(state) = self.members.get_mut(member) else {
+            if self.in_flight.is_some() && self.ready.contains_key(member) {
+                // The rescale in flight may admit it: its commit decides.
+                let (_, waiting_deadline) =
+                    self.at_risk_waiting.entry(member.clone()).or_insert((now, None));
+                if let Some(deadline) = deadline {
+                    *waiting_deadline = Some(waiting_deadline.map_or(deadline, |d| d.min(deadline)));
+                }
+                return;
+            }
             // A newcomer at risk before admission: it is not worth admitting.
             if self.ready.remove(member).is_some() || self.launching.remove(member) {
                 tracing::info!(%member, "newcomer at risk, cancelled");
@@ -669,6 +695,27 @@ impl Policy {
             self.launching.extend(newcomers.iter().cloned());
             out.push(Decision::LaunchNewcomers { newcomers });
         }
+    }
+
+    /// Cancels the waiting newcomers that got a warning during the rescale
+    /// that has just ended without admitting them.
+    fn cancel_at_risk_waiting(&mut self) {
+        let waiting = std::mem::take(&mut self.at_risk_waiting);
+        let newcomers: Vec<MemberId> = waiting
+            .into_keys()
+            .filter(|n| self.ready.contains_key(n))
+            .collect();
+        if newcomers.is_empty() {
+            return;
+        }
+        for newcomer in &newcomers {
+            tracing::info!(%newcomer, "newcomer at risk, not admitted: cancelled");
+            self.forget_newcomer(newcomer);
+        }
+        self.decisions.push(Decision::CancelNewcomers {
+            newcomers,
+            reason: CancelReason::AtRisk,
+        });
     }
 
     /// Takes a cancelled newcomer out of the pool for good; the member it

@@ -603,6 +603,64 @@ fn scenarios() -> Vec<Scenario> {
                 Decide(22, vec![rescale(&["job-1"], 1, CompleteReplacement)]),
             ],
         },
+        Scenario {
+            name: "a waiting newcomer warned while a rescale may admit it: admitted, it is an at-risk member",
+            config: config(),
+            launch: 3,
+            on_demand: 1,
+            desired: 3,
+            steps: vec![
+                At(0, rebalance("job-2")),
+                Decide(0, vec![replace("job-2", "job-n0")]),
+                At(5, ready("job-n0")),
+                Decide(5, vec![rescale(&["job-2"], 1, CompleteReplacement)]),
+                // Not cancelled: the rescale in flight may be admitting it.
+                At(6, notice("job-n0", Some(100))),
+                Decide(6, vec![]),
+                At(7, committed(2, &["job-n0"])),
+                Decide(
+                    7,
+                    vec![
+                        replace("job-n0", "job-n1"),
+                        rescale(&["job-n0"], 0, Emergency),
+                    ],
+                ),
+                At(8, committed(3, &[])),
+                At(9, ready("job-n1")),
+                Decide(9, vec![rescale(&[], 1, ScaleUp)]),
+            ],
+        },
+        Scenario {
+            name: "a waiting newcomer warned during a rescale that fails is cancelled then",
+            config: config(),
+            launch: 3,
+            on_demand: 1,
+            desired: 3,
+            steps: vec![
+                At(0, rebalance("job-2")),
+                Decide(0, vec![replace("job-2", "job-n0")]),
+                At(5, ready("job-n0")),
+                Decide(5, vec![rescale(&["job-2"], 1, CompleteReplacement)]),
+                At(6, rebalance("job-n0")),
+                Decide(6, vec![]),
+                At(
+                    7,
+                    Event::RescaleFailed {
+                        reason: "busy".into(),
+                    },
+                ),
+                Decide(
+                    7,
+                    vec![
+                        cancel(&["job-n0"], AtRisk),
+                        Decision::Report(Report::RescaleFailed {
+                            reason: "busy".into(),
+                        }),
+                        replace("job-2", "job-n1"),
+                    ],
+                ),
+            ],
+        },
     ]
 }
 
