@@ -136,6 +136,22 @@ fn read_msg(
     }
 }
 
+/// Whether a handshake failed because the server closed an accepted
+/// connection before `Welcome` (shed under load), not because it refused us.
+fn pushed_out(e: &ClientError) -> bool {
+    match e {
+        ClientError::Disconnected => true,
+        ClientError::Io(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof
+        ),
+        _ => false,
+    }
+}
+
 fn is_notice(msg: &ServerMsg) -> bool {
     matches!(
         msg,
@@ -191,9 +207,13 @@ fn read_until_closed(
 }
 
 impl Client {
-    /// Connects to `addr` (`host:port`) and authenticates with `secret`, all within `timeout`.
-    pub fn connect(addr: &str, secret: &Secret, timeout: Duration) -> Result<Client> {
-        let deadline = Instant::now() + timeout;
+    /// One dial and handshake, by `deadline`: the authenticated stream, the
+    /// reader holding what came after `Welcome`, and the peer's address.
+    fn handshake(
+        addr: &str,
+        secret: &Secret,
+        deadline: Instant,
+    ) -> Result<(TcpStream, FrameReader, SocketAddr)> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
             .map_err(|error| ClientError::Resolve {
@@ -261,6 +281,27 @@ impl Client {
                 )))
             }
         }
+        Ok((stream, reader, peer))
+    }
+
+    /// Connects to `addr` (`host:port`) and authenticates with `secret`, all
+    /// within `timeout`. A connection the coordinator closes before its
+    /// `Welcome` (it sheds unauthenticated connections when strangers flood
+    /// it) is dialled again, with a short backoff, until `timeout`; a refused
+    /// connection or a refusal (wrong secret) is returned at once.
+    pub fn connect(addr: &str, secret: &Secret, timeout: Duration) -> Result<Client> {
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Duration::from_millis(10);
+        let (stream, reader, peer) = loop {
+            match Self::handshake(addr, secret, deadline) {
+                Err(e) if pushed_out(&e) && Instant::now() + backoff < deadline => {
+                    debug!(error = %e, "the coordinator closed the connection before Welcome; dialling again");
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                other => break other?,
+            }
+        };
         stream.set_read_timeout(None)?;
         let (reply_tx, replies) = crossbeam_channel::unbounded();
         let (event_tx, events) = crossbeam_channel::unbounded();

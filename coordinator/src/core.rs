@@ -45,7 +45,8 @@ pub struct Config {
     pub expected: Option<u32>,
     /// How long launch registration (or the wait for `Restore`) may take.
     pub launch_timeout: Duration,
-    /// How long a new connection may take to authenticate.
+    /// How long a new connection may take to authenticate, in total from
+    /// its accept (a peer trickling bytes gets no longer); 3 s by default.
     pub hello_timeout: Duration,
     /// How long a started job may have no member connected before the
     /// coordinator gives it up and finishes with [`EXIT_NO_MEMBERS`]: its
@@ -71,7 +72,7 @@ impl Config {
         Config {
             expected: None,
             launch_timeout: Duration::from_secs(60),
-            hello_timeout: Duration::from_secs(10),
+            hello_timeout: Duration::from_secs(3),
             idle_timeout: Duration::from_secs(60),
             secret,
         }

@@ -5,31 +5,55 @@
 //! and a writer task (encoded frames out). `Action::Close` lets the writer flush
 //! what was queued, then half-closes; the reader keeps draining briefly so the
 //! peer reads the last error frame rather than a connection reset.
+//!
+//! What a peer without the job secret can hold is bounded, whatever it does:
+//! at most [`MAX_UNAUTHENTICATED`] such connections exist at once (their
+//! closing drains included), each may send [`UNAUTHENTICATED_BYTES`] and has
+//! the core's `hello_timeout` in total to prove the secret. When that budget
+//! is full, a new connection takes the slot of the oldest stranger (closed
+//! without a word): a flood of idle connections then churns through the
+//! budget instead of holding it, and a node that connects during the flood
+//! gets its round trip to authenticate (the client dials again if it was
+//! pushed out before its `Welcome`). Authenticated connections (members,
+//! newcomers, tools) never count against that budget; every connection
+//! counts against [`MAX_CONNECTIONS`], so the process's descriptors are
+//! bounded. An idle reader holds no buffer (it waits for readability first).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
+use tokio::task::{AbortHandle, JoinSet};
 use tracing::{debug, info, warn};
 
 use crate::core::{Action, ConnId, Coordinator};
-use crate::proto::encode;
+use crate::proto::{encode, ServerMsg};
 
 /// Configuration of a served coordinator: the same as the state machine's.
 pub type ServerConfig = crate::core::Config;
 
-/// How long a closed connection keeps draining input so its peer sees our last frame.
+/// How long a closed authenticated connection keeps draining input so its
+/// peer sees our last frame.
 const CLOSE_DRAIN: Duration = Duration::from_secs(2);
-/// Connections beyond this are dropped at accept (a job has far fewer nodes).
+/// The same for a connection that never authenticated (it holds a slot of
+/// the strangers' budget meanwhile).
+const STRANGER_DRAIN: Duration = Duration::from_millis(250);
+/// Connections held at once, authenticated or not (closing ones included);
+/// beyond this a new one is closed at accept. A job has far fewer nodes.
 pub const MAX_CONNECTIONS: usize = 4096;
+/// Connections that have not proved the job secret (closing ones included):
+/// a flood of strangers is served from this budget only.
+pub const MAX_UNAUTHENTICATED: usize = 64;
+/// Bytes a peer may send before it has proved the secret (a `Hello` frame is
+/// about 60); past it the connection is closed.
+pub const UNAUTHENTICATED_BYTES: usize = 4096;
 /// How long the server waits for queued frames to flush when the job finishes.
 const FINISH_FLUSH: Duration = Duration::from_secs(5);
 
@@ -72,42 +96,126 @@ enum Event {
     Closed(ConnId),
 }
 
+/// A connection the state machine knows.
 struct ConnIo {
     writer: mpsc::UnboundedSender<Vec<u8>>,
-    closed: watch::Sender<bool>,
+    /// `Some(d)`: close, draining input for at most `d`.
+    closed: watch::Sender<Option<Duration>>,
+}
+
+/// A connection whose socket is still open (known to the state machine, or
+/// closing): what its budgets count.
+struct Open {
+    reader: AbortHandle,
+    writer: AbortHandle,
+    /// Bytes received so far while unauthenticated; `None` once welcomed.
+    stranger: Option<usize>,
+}
+
+/// The budgets of open connections, in the order they were accepted.
+#[derive(Default)]
+struct Budget {
+    open: BTreeMap<ConnId, Open>,
+    strangers: BTreeSet<ConnId>,
+    turned_away: u64,
+    pushed_out: u64,
+}
+
+impl Budget {
+    /// Forgets `id` and closes its socket at once (no flush, no drain).
+    fn drop_now(&mut self, id: ConnId) {
+        if let Some(o) = self.open.remove(&id) {
+            o.reader.abort();
+            o.writer.abort();
+        }
+        self.strangers.remove(&id);
+    }
+
+    /// The reader of `id` ended: the socket is closed or about to be.
+    fn ended(&mut self, id: ConnId) {
+        if let Some(o) = self.open.remove(&id) {
+            o.writer.abort();
+        }
+        self.strangers.remove(&id);
+    }
+
+    fn welcomed(&mut self, id: ConnId) {
+        if let Some(o) = self.open.get_mut(&id) {
+            o.stranger = None;
+        }
+        self.strangers.remove(&id);
+    }
+
+    fn is_stranger(&self, id: ConnId) -> bool {
+        self.strangers.contains(&id)
+    }
+
+    /// Counts `n` bytes from `id`; false when a stranger went past its allowance.
+    fn received(&mut self, id: ConnId, n: usize) -> bool {
+        match self.open.get_mut(&id).and_then(|o| o.stranger.as_mut()) {
+            Some(bytes) => {
+                *bytes += n;
+                *bytes <= UNAUTHENTICATED_BYTES
+            }
+            None => true,
+        }
+    }
 }
 
 async fn read_loop(
     id: ConnId,
-    mut rd: OwnedReadHalf,
+    rd: OwnedReadHalf,
     events: mpsc::Sender<Event>,
-    mut closed: watch::Receiver<bool>,
+    mut closed: watch::Receiver<Option<Duration>>,
+    ended: mpsc::UnboundedSender<ConnId>,
 ) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
+    let drain = loop {
         tokio::select! {
-            r = rd.read(&mut buf) => match r {
-                Ok(0) | Err(_) => {
-                    let _ = events.send(Event::Closed(id)).await;
-                    return;
-                }
-                Ok(n) => {
-                    if events.send(Event::Bytes(id, buf[..n].to_vec())).await.is_err() {
-                        return;
+            r = rd.readable() => {
+                let got = match r {
+                    Ok(()) => read_some(&rd),
+                    Err(e) => Err(e),
+                };
+                match got {
+                    Ok(None) => {}
+                    Ok(Some(bytes)) if !bytes.is_empty() => {
+                        if events.send(Event::Bytes(id, bytes)).await.is_err() {
+                            break None;
+                        }
+                    }
+                    Ok(Some(_)) | Err(_) => {
+                        let _ = events.send(Event::Closed(id)).await;
+                        break None;
                     }
                 }
             },
-            _ = closed.changed() => break,
-        }
-    }
-    let drain = async {
-        while let Ok(n) = rd.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
+            r = closed.changed() => break if r.is_ok() { *closed.borrow() } else { None },
         }
     };
-    let _ = tokio::time::timeout(CLOSE_DRAIN, drain).await;
+    if let Some(limit) = drain {
+        let drain = async {
+            while rd.readable().await.is_ok() {
+                match read_some(&rd) {
+                    Ok(None) => {}
+                    Ok(Some(bytes)) if !bytes.is_empty() => {}
+                    Ok(Some(_)) | Err(_) => break,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(limit, drain).await;
+    }
+    let _ = ended.send(id);
+}
+
+/// What is readable now: `Ok(None)` if nothing after all, empty at end of
+/// input. The buffer lives only for this call, so an idle connection holds none.
+fn read_some(rd: &OwnedReadHalf) -> std::io::Result<Option<Vec<u8>>> {
+    let mut buf = [0u8; 16 * 1024];
+    match rd.try_read(&mut buf) {
+        Ok(n) => Ok(Some(buf[..n].to_vec())),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 async fn write_loop(mut wr: OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<Vec<u8>>) {
@@ -125,7 +233,9 @@ async fn write_loop(mut wr: OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<
 pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
     let mut core = Coordinator::new(cfg, StdRng::from_entropy());
     let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(1024);
+    let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<ConnId>();
     let mut conns: HashMap<ConnId, ConnIo> = HashMap::new();
+    let mut budget = Budget::default();
     let mut writers = JoinSet::new();
     let mut next_id = 0u64;
     let mut actions = core.on_tick(std::time::Instant::now());
@@ -133,13 +243,21 @@ pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
         for action in actions.drain(..) {
             match action {
                 Action::Send(id, msg) => {
+                    if matches!(msg, ServerMsg::Welcome) {
+                        budget.welcomed(id);
+                    }
                     if let Some(c) = conns.get(&id) {
                         let _ = c.writer.send(encode(&msg));
                     }
                 }
                 Action::Close(id) => {
                     if let Some(c) = conns.remove(&id) {
-                        let _ = c.closed.send(true);
+                        let drain = if budget.is_stranger(id) {
+                            STRANGER_DRAIN
+                        } else {
+                            CLOSE_DRAIN
+                        };
+                        let _ = c.closed.send(Some(drain));
                     }
                 }
                 Action::Finished { code } => break 'serve code,
@@ -163,9 +281,30 @@ pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
                         continue;
                     }
                 };
-                if conns.len() >= MAX_CONNECTIONS {
-                    warn!(%peer, "connection limit reached; dropping the new connection");
+                if budget.open.len() >= MAX_CONNECTIONS {
+                    budget.turned_away += 1;
+                    if budget.turned_away.is_power_of_two() {
+                        warn!(%peer, turned_away = budget.turned_away, max = MAX_CONNECTIONS,
+                            "connection limit reached; closing new connections");
+                    }
                     continue;
+                }
+                let now = std::time::Instant::now();
+                actions = Vec::new();
+                if budget.strangers.len() >= MAX_UNAUTHENTICATED {
+                    // The oldest stranger makes room: it had the longest to
+                    // prove the secret.
+                    if let Some(&oldest) = budget.strangers.first() {
+                        budget.drop_now(oldest);
+                        if conns.remove(&oldest).is_some() {
+                            actions.extend(core.on_disconnect(oldest, now));
+                        }
+                        budget.pushed_out += 1;
+                        if budget.pushed_out.is_power_of_two() {
+                            warn!(pushed_out = budget.pushed_out, max = MAX_UNAUTHENTICATED,
+                                "unauthenticated connections over budget; closing the oldest");
+                        }
+                    }
                 }
                 let _ = stream.set_nodelay(true);
                 let id = ConnId(next_id);
@@ -173,16 +312,28 @@ pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
                 debug!(conn = id.0, %peer, "connection accepted");
                 let (rd, wr) = stream.into_split();
                 let (wtx, wrx) = mpsc::unbounded_channel();
-                let (ctx, crx) = watch::channel(false);
-                writers.spawn(write_loop(wr, wrx));
-                tokio::spawn(read_loop(id, rd, ev_tx.clone(), crx));
+                let (ctx, crx) = watch::channel(None);
+                let writer = writers.spawn(write_loop(wr, wrx));
+                let reader = tokio::spawn(read_loop(id, rd, ev_tx.clone(), crx, ended_tx.clone()))
+                    .abort_handle();
+                budget.open.insert(id, Open { reader, writer, stranger: Some(0) });
+                budget.strangers.insert(id);
                 conns.insert(id, ConnIo { writer: wtx, closed: ctx });
-                actions = core.on_connect(id, std::time::Instant::now());
+                actions.extend(core.on_connect(id, now));
             }
             Some(event) = ev_rx.recv() => {
                 let now = std::time::Instant::now();
                 actions = match event {
-                    Event::Bytes(id, bytes) if conns.contains_key(&id) => core.on_frame(id, &bytes, now),
+                    Event::Bytes(id, bytes) if conns.contains_key(&id) => {
+                        if budget.received(id, bytes.len()) {
+                            core.on_frame(id, &bytes, now)
+                        } else {
+                            debug!(conn = id.0, "unauthenticated peer sent too much; closing");
+                            budget.drop_now(id);
+                            conns.remove(&id);
+                            core.on_disconnect(id, now)
+                        }
+                    }
                     Event::Closed(id) if conns.remove(&id).is_some() => {
                         debug!(conn = id.0, "connection closed by peer");
                         core.on_disconnect(id, now)
@@ -190,13 +341,20 @@ pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
                     _ => Vec::new(),
                 };
             }
+            Some(id) = ended_rx.recv() => {
+                budget.ended(id);
+                actions = Vec::new();
+            }
+            Some(_) = writers.join_next(), if !writers.is_empty() => {
+                actions = Vec::new();
+            }
             () = timer => {
                 actions = core.on_tick(std::time::Instant::now());
             }
         }
     };
     for (_, c) in conns.drain() {
-        let _ = c.closed.send(true);
+        let _ = c.closed.send(Some(CLOSE_DRAIN));
     }
     let flushed = tokio::time::timeout(FINISH_FLUSH, async {
         while writers.join_next().await.is_some() {}
