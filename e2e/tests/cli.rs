@@ -412,3 +412,86 @@ fn status_waits_for_a_starting_job_prints_addresses_as_text_and_reports_an_ended
     ]);
     assert_eq!(code, Some(2), "no job ever");
 }
+
+#[test]
+fn a_node_killed_mid_job_is_reported_once_by_name_with_the_verdict_last() {
+    let state = tempfile::tempdir().expect("temp dir");
+    let state_arg = state.path().to_string_lossy().into_owned();
+    // Two PEs per node: every PE of every survivor is a candidate for a
+    // "send failed" line and a state dump; none may reach the terminal.
+    let launcher = Command::new(bin("ductile"))
+        .args([
+            "run",
+            "--nodes",
+            "3",
+            "--pes-per-node",
+            "2",
+            "--timeout",
+            "120",
+            "--state-dir",
+            &state_arg,
+            "--",
+        ])
+        .arg(bin("jacobi2d"))
+        .args(["--grid", "512", "--block", "32", "--iters", "100000000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning ductile run");
+    let mut launcher = Killed(launcher);
+    let stderr = launcher.0.stderr.take().expect("piped stderr");
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    // The job computes: its status answers with three members (asked once
+    // the launcher holds the state directory: before, there is no job).
+    assert!(eventually(WAIT, || state.path().join("launcher.pid").exists()));
+    let (code, stdout, stderr_text) = ductile(&[
+        "status",
+        "--json",
+        "--timeout",
+        "60",
+        "--state-dir",
+        &state_arg,
+    ]);
+    assert_eq!(code, Some(0), "{stderr_text}");
+    let status: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(status["members"].as_array().map(Vec::len), Some(3), "{status}");
+    std::thread::sleep(Duration::from_millis(500));
+    let record: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(state.path().join("job.json")).expect("job.json"),
+    )
+    .expect("job.json is JSON");
+    let victim = record["nodes"][2]["pid"].as_u64().expect("node 2's pid");
+    let st = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+    assert!(
+        exits_within(&mut launcher, Duration::from_secs(30)),
+        "the job did not end after node 2 was killed"
+    );
+    let code = launcher.0.wait().expect("launcher").code();
+    let lines = reader.join().expect("stderr reader");
+    let text = lines.join("\n");
+    assert_eq!(code, Some(1), "{text}");
+    let verdict = lines.last().expect("a verdict");
+    assert!(
+        verdict.starts_with(&format!(
+            "ductile: node 2 (pid {victim}) was killed by signal 9 (SIGKILL)"
+        )),
+        "the verdict is the last line and names the node: {text}"
+    );
+    // Said once: before the verdict at most one line, a node's, naming
+    // node 2; no per-PE send failures or state dumps.
+    let before = &lines[..lines.len() - 1];
+    assert!(before.len() <= 1, "a short report, not a cascade: {text}");
+    assert!(before.iter().all(|l| l.contains("node 2 ")), "{text}");
+    assert!(!text.contains("send failed"), "{text}");
+    assert!(!text.contains("PE state"), "{text}");
+}

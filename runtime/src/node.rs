@@ -253,6 +253,40 @@ impl NodeShared {
         self.aborting.store(true, Ordering::SeqCst);
     }
 
+    /// Ends the job because the member `peer_uid` is gone (its connection
+    /// ended, or a send to it failed). Every survivor ends its part of the
+    /// job, but only one says so as an error, naming the node: the
+    /// lowest-numbered survivor; the others log it at info level, so a lost
+    /// node is one line on the job's terminal, not one per node and PE.
+    pub(crate) fn lose_peer(&self, peer_uid: u64, reason: &str) {
+        let view = self.view();
+        let peer = view.as_ref().and_then(|v| v.by_uid(peer_uid)).map(|m| m.node);
+        let me = self.topology_now().map(|t| t.my_uid());
+        let speaker = view.as_ref().and_then(|v| {
+            v.members
+                .iter()
+                .filter(|m| m.uid != peer_uid)
+                .min_by_key(|m| m.node)
+                .map(|m| m.uid)
+        });
+        let reason = match peer {
+            Some(node) => format!("lost node {node} (uid {peer_uid}): {reason}; ending the job"),
+            None => format!("lost the node with uid {peer_uid}: {reason}; ending the job"),
+        };
+        if speaker.is_some() && speaker == me {
+            self.abort(reason);
+        } else {
+            if !self.finished.load(Ordering::SeqCst) {
+                let mut r = self.abort_reason.lock().expect("abort lock poisoned");
+                if r.is_none() {
+                    info!("{reason}");
+                    *r = Some(reason);
+                }
+            }
+            self.aborting.store(true, Ordering::SeqCst);
+        }
+    }
+
     pub(crate) fn aborting(&self) -> bool {
         self.aborting.load(Ordering::Relaxed)
     }
@@ -318,9 +352,7 @@ impl Sink for NodeSink {
                 warn!("the connection from uid {peer_uid}, not a member, ended: {reason}");
                 return;
             }
-            node.abort(format!(
-                "lost the connection from the node with uid {peer_uid}: {reason}; ending the job"
-            ));
+            node.lose_peer(peer_uid, &format!("its connection ended ({reason})"));
         }
     }
 }

@@ -627,13 +627,11 @@ impl PeCtx {
         let frame = encode_frame(pe, &env);
         let node = self.topo.node_of(pe);
         if let Err(e) = self.node.send_to_node(node, frame) {
-            error!(
-                pe = self.pe,
-                to_node = node,
-                "send failed: {e}; ending the job"
-            );
+            // Every PE sending to a lost node gets here: one line per node
+            // says so (`lose_peer`), the rest is debug detail.
+            debug!(pe = self.pe, to_node = node, "send failed: {e}");
             self.node
-                .abort(format!("lost the connection to node {node}: {e}"));
+                .lose_peer(self.topo.uid_of(node), &format!("sending to it failed ({e})"));
         }
     }
 
@@ -930,7 +928,9 @@ impl Pe {
             .iter()
             .map(|((coll, no), g)| format!("{coll:#x}#{no}:{}", g.count))
             .collect();
-        warn!(
+        // Debug level: on a lost node every PE of every survivor gets here,
+        // and the loss itself is already said once (`lose_peer`).
+        debug!(
             pe = c.pe,
             ready = c.ready,
             queued = c.fifo.len() + c.heap.len(),

@@ -77,6 +77,10 @@ impl Topology {
     pub fn my_uid(&self) -> u64 {
         self.uids[self.my_node as usize]
     }
+    /// The coordinator's uid of `node`.
+    pub fn uid_of(&self, node: NodeId) -> u64 {
+        self.uids[node as usize]
+    }
     /// Number of nodes.
     pub fn num_nodes(&self) -> u32 {
         (self.first_pe.len() - 1) as u32
