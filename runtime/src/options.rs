@@ -6,7 +6,7 @@
 //! |---|---|
 //! | `+lb NAME` | load-balancing strategy for `at_sync` steps (`Greedy`, `GreedyRefine`, `Refine`, `Rotate`, `Null`, and the `...RateAware` variants); default `Null` |
 //! | `+lb-params K=V,...` | strategy parameters, e.g. `tolerance=1.1` |
-//! | `+lb-rescale NAME` | strategy of the steps a rescale runs (evacuation, populating newcomers); default `Refine` (moves the fewest elements) |
+//! | `+lb-rescale NAME` | strategy of the steps a rescale runs (evacuation, populating newcomers); default `Contiguous` (one run of consecutive elements per PE: keeps neighbours together) |
 //! | `--newcomer`, `--coordinator ADDR` | join a running job as a newcomer (same as `DUCTILE_ROLE=newcomer`, `DUCTILE_COORDINATOR`); the secret still comes from `DUCTILE_SECRET`/`DUCTILE_SECRET_FILE` |
 //! | `+lb-dump DIR` | write each step's statistics to `DIR/lb-<coll>-<step>.json` (and the plan the strategy made to `...plan.json`) for offline replay |
 //! | `+lb-report` | print one `lb step=...` line per step on PE 0's stdout |
@@ -66,7 +66,7 @@ impl Default for Options {
             lb_period: None,
             pe_speed: HashMap::new(),
             rescale_strategy: Arc::from(
-                lb::by_name("Refine", Params::default()).expect("Refine exists"),
+                lb::by_name("Contiguous", Params::default()).expect("Contiguous exists"),
             ),
             newcomer: false,
             coordinator: None,

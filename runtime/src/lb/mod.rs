@@ -27,6 +27,7 @@
 //! See `docs/load-balancing.md` for the strategies, the rate-aware cost model and the
 //! dump format.
 
+pub mod contiguous;
 pub mod optimal;
 pub mod stats;
 pub mod steady;
@@ -37,6 +38,7 @@ mod tests;
 
 use std::path::PathBuf;
 
+pub use contiguous::Contiguous;
 pub use stats::{LbStats, ObjId, ObjStat, PeStat};
 pub use strategy::{
     Assignment, CostModel, Greedy, GreedyRefine, Migration, Null, Placement, Refine, Rotate,
@@ -147,6 +149,8 @@ pub const STRATEGIES: &[&str] = &[
     "GreedyRefineRateAware",
     "Refine",
     "RefineRateAware",
+    "Contiguous",
+    "ContiguousRateAware",
     "Rotate",
     "Null",
 ];
@@ -236,6 +240,8 @@ pub fn by_name(name: &str, params: Params) -> Result<Box<dyn Strategy>> {
             model: rate_aware,
             tolerance,
         }),
+        "Contiguous" => Box::new(Contiguous { model: uniform }),
+        "ContiguousRateAware" => Box::new(Contiguous { model: rate_aware }),
         "Rotate" => Box::new(Rotate),
         "Null" => Box::new(Null),
         _ => {

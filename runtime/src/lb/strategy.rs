@@ -562,7 +562,7 @@ impl Problem {
         }
     }
 
-    fn assignment(&self, place: &[usize]) -> Assignment {
+    pub(crate) fn assignment(&self, place: &[usize]) -> Assignment {
         place
             .iter()
             .enumerate()
