@@ -23,7 +23,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use tracing::debug;
 
 use crate::proto::{
-    encode, ClientMsg, Epoch, ErrorCode, FrameError, FrameReader, NodeId, PendingNewcomer,
+    encode, Admitted, ClientMsg, Epoch, ErrorCode, FrameError, FrameReader, NodeId, PendingNewcomer,
     Registration, ServerMsg, View, PROTOCOL_VERSION,
 };
 use crate::secret::{Secret, AUTH_CONTEXT};
@@ -483,6 +483,17 @@ impl Client {
         self.send(&ClientMsg::QueryView)?;
         self.wait_reply(deadline, |m| match m {
             ServerMsg::CurrentView { view, pending } => Some((view, pending)),
+            _ => None,
+        })
+    }
+
+    /// The coordinator's recent admissions (oldest first) and how many
+    /// there were since it started ([`ServerMsg::Admissions`]).
+    pub fn query_admissions(&self, timeout: Duration) -> Result<(u64, Vec<Admitted>)> {
+        let deadline = Instant::now() + timeout;
+        self.send(&ClientMsg::QueryAdmissions)?;
+        self.wait_reply(deadline, |m| match m {
+            ServerMsg::Admissions { total, recent } => Some((total, recent)),
             _ => None,
         })
     }

@@ -10,7 +10,7 @@
 //! Invariant kept throughout: a refused message changes nothing but the
 //! refused connection's own state.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -18,7 +18,7 @@ use rand::RngCore;
 use tracing::{debug, error, info, warn};
 
 use crate::proto::{
-    ClientMsg, Epoch, ErrorCode, FrameReader, Member, NodeId, PendingNewcomer, Registration, Role,
+    Admitted, ClientMsg, Epoch, ErrorCode, FrameReader, Member, NodeId, PendingNewcomer, Registration, Role,
     ServerMsg, View, PROTOCOL_VERSION,
 };
 use crate::secret::{Secret, AUTH_CONTEXT};
@@ -33,6 +33,10 @@ pub const EXIT_NODE0_LOST: i32 = 4;
 /// Exit code the coordinator finishes with when the job started but no
 /// member has been connected for `idle_timeout` (its nodes are gone).
 pub const EXIT_NO_MEMBERS: i32 = 5;
+
+/// Admissions the coordinator remembers (answers to `QueryAdmissions`):
+/// a ring, so a job rescaled for weeks keeps no more than this.
+pub const ADMISSION_HISTORY: usize = 256;
 
 /// Driver-chosen identifier of one connection; never reused by a driver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -160,6 +164,26 @@ pub struct Coordinator {
     /// Since when the running job has had no member connected.
     alone_since: Option<Instant>,
     failure: Option<String>,
+    /// The last [`ADMISSION_HISTORY`] admissions, oldest first.
+    admissions: VecDeque<Admitted>,
+    /// Admissions since this coordinator started.
+    admitted_total: u64,
+}
+
+/// How much per-connection and per-job state the coordinator holds (for
+/// tests and soak runs: none of it may grow with the number of rescales).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    /// Connections it knows (any state).
+    pub conns: usize,
+    /// Members with a connection.
+    pub member_conns: usize,
+    /// Newcomers waiting.
+    pub pending: usize,
+    /// Admissions remembered.
+    pub admissions: usize,
+    /// Entries of the shutdown barrier and of the launch table.
+    pub barrier_and_launch: usize,
 }
 
 impl Coordinator {
@@ -186,7 +210,25 @@ impl Coordinator {
             launch_deadline: None,
             alone_since: None,
             failure: None,
+            admissions: VecDeque::new(),
+            admitted_total: 0,
         }
+    }
+
+    /// The state held now; see [`Footprint`].
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            conns: self.conns.len(),
+            member_conns: self.member_conn.len(),
+            pending: self.pending.len(),
+            admissions: self.admissions.len(),
+            barrier_and_launch: self.ready.len() + self.launch.len(),
+        }
+    }
+
+    /// The recent admissions, oldest first, and how many there were in all.
+    pub fn admissions(&self) -> (u64, Vec<Admitted>) {
+        (self.admitted_total, self.admissions.iter().copied().collect())
     }
 
     /// The current view, once launch or restore is done.
@@ -547,6 +589,10 @@ impl Coordinator {
                 };
                 Self::send(out, conn, msg);
             }
+            ClientMsg::QueryAdmissions => {
+                let (total, recent) = self.admissions();
+                Self::send(out, conn, ServerMsg::Admissions { total, recent });
+            }
         }
     }
 
@@ -812,6 +858,17 @@ impl Coordinator {
             }
         }
         let admitted_conns: Vec<ConnId> = self.pending.drain(..admit).map(|p| p.conn).collect();
+        for m in &admitted {
+            if self.admissions.len() == ADMISSION_HISTORY {
+                self.admissions.pop_front();
+            }
+            self.admissions.push_back(Admitted {
+                epoch: next.epoch,
+                uid: m.uid,
+                pid: m.pid,
+            });
+            self.admitted_total += 1;
+        }
         for (m, c) in admitted.iter().zip(admitted_conns) {
             if let Some(state) = self.conns.get_mut(&c) {
                 state.peer = Peer::Member { uid: m.uid };

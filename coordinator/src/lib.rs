@@ -13,6 +13,7 @@
 //! * [`core`]: the sans-IO state machine (all protocol rules live here);
 //! * [`server`]: the tokio layer that drives it; [`cli`]: the command line;
 //! * [`client`]: the blocking client the runtime's nodes use;
+//! * [`fuzzing`]: the fuzz targets and a seeded mutation driver for stable;
 //! * [`metrics`]: the process's Prometheus registry and the HTTP server of
 //!   its metrics port, for the runtime and the operator; [`logs`]: the
 //!   `tracing` set-up every binary shares (text or JSON).
@@ -24,6 +25,7 @@ pub mod client;
 pub mod contract;
 pub mod control;
 pub mod core;
+pub mod fuzzing;
 pub mod lifeline;
 pub mod logs;
 pub mod metrics;

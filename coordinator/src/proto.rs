@@ -259,6 +259,17 @@ pub struct PendingNewcomer {
     pub pid: u32,
 }
 
+/// One admission in the coordinator's recent history (`QueryAdmissions`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admitted {
+    /// The epoch of the view that admitted it.
+    pub epoch: Epoch,
+    /// Its uid.
+    pub uid: u64,
+    /// OS process id it reported when it registered.
+    pub pid: u32,
+}
+
 /// Messages from a node (or a tool) to the coordinator.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientMsg {
@@ -308,6 +319,9 @@ pub enum ClientMsg {
     },
     /// Ask for the current view and pending newcomers (status tools).
     QueryView,
+    /// Ask for the recent admissions (a launcher keeping its record of
+    /// newcomers from the view history rather than from its looks at it).
+    QueryAdmissions,
 }
 
 /// Error classes the coordinator reports in `ServerMsg::Error`.
@@ -424,6 +438,15 @@ pub enum ServerMsg {
         code: ErrorCode,
         /// A human-readable explanation.
         message: String,
+    },
+    /// Reply to `QueryAdmissions`: the last admissions (at most
+    /// `ADMISSION_HISTORY`, oldest first) and how many there were since
+    /// this coordinator started, so a reader can tell it missed some.
+    Admissions {
+        /// Admissions since this coordinator started.
+        total: u64,
+        /// The most recent ones, oldest first.
+        recent: Vec<Admitted>,
     },
 }
 
@@ -774,6 +797,7 @@ mod tests {
             (any::<u64>(), any::<u64>())
                 .prop_map(|(epoch, uid)| ClientMsg::Reattach { epoch, uid }),
             Just(ClientMsg::QueryView),
+            Just(ClientMsg::QueryAdmissions),
         ]
     }
 
@@ -795,6 +819,14 @@ mod tests {
             }),
             (any::<u64>(), any::<i32>())
                 .prop_map(|(epoch, code)| ServerMsg::ShutdownDone { epoch, code }),
+            (any::<u64>(), proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u32>()), 0..4))
+                .prop_map(|(total, r)| ServerMsg::Admissions {
+                    total,
+                    recent: r
+                        .into_iter()
+                        .map(|(epoch, uid, pid)| Admitted { epoch, uid, pid })
+                        .collect()
+                }),
             ".{0,40}".prop_map(|message| ServerMsg::Error {
                 code: ErrorCode::StaleEpoch,
                 message

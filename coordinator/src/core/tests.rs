@@ -1150,3 +1150,56 @@ fn rescales_and_a_restore_with_rejoin_never_fire_the_idle_clock() {
     assert_eq!(h.core.next_deadline(), None);
     assert!(finished(&h.advance(Duration::from_secs(600))).is_none());
 }
+
+/// Issue 15, items 3 and 6: a thousand rescales, each admitting a newcomer
+/// and removing the previous one (which then disconnects), leave the
+/// coordinator holding what it held after the first; its admission history
+/// is a ring of the last [`ADMISSION_HISTORY`] with a total, answered to
+/// `QueryAdmissions`, and lists a newcomer admitted and removed again.
+#[test]
+fn a_thousand_rescales_leave_the_state_bounded_and_the_history_a_ring() {
+    let (mut h, m) = Harness::launched(2);
+    let tool = h.auth();
+    let mut previous: Option<(ConnId, NodeId)> = None;
+    let mut after_first = None;
+    for round in 0..1_000u32 {
+        let (newcomer, _) = h.newcomer((round % 200) as u8);
+        let epoch = h.epoch();
+        let remove = previous.map(|(_, node)| vec![node]).unwrap_or_default();
+        let out = h.send(m[0], &ClientMsg::Commit { epoch, remove, admit: 1 });
+        assert!(error_code(&out, m[0]).is_none(), "round {round}: {out:?}");
+        if let Some((gone, _)) = previous {
+            assert_eq!(to(&out, gone), vec![ServerMsg::Die { epoch: epoch + 1 }]);
+            assert!(h.core.on_disconnect(gone, h.now).is_empty());
+        }
+        previous = Some((newcomer, 2));
+        if round == 0 {
+            after_first = Some(h.core.footprint());
+        }
+    }
+    let fp = h.core.footprint();
+    assert_eq!(fp.admissions, ADMISSION_HISTORY);
+    assert_eq!(
+        Footprint {
+            admissions: 1,
+            ..fp
+        },
+        after_first.expect("first round"),
+        "the state grew with the rescales"
+    );
+    let out = h.send(tool, &ClientMsg::QueryAdmissions);
+    match to(&out, tool).as_slice() {
+        [ServerMsg::Admissions { total, recent }] => {
+            assert_eq!(*total, 1_000);
+            assert_eq!(recent.len(), ADMISSION_HISTORY);
+            assert_eq!(recent.last().map(|a| a.epoch), Some(h.epoch()));
+            // The newcomer of round 998 was admitted, then removed by the
+            // last commit: the history still lists it.
+            let gone = recent[ADMISSION_HISTORY - 2];
+            assert_eq!(gone.epoch, h.epoch() - 1);
+            assert!(h.core.view().expect("view").by_uid(gone.uid).is_none());
+            assert!(recent.windows(2).all(|w| w[0].epoch < w[1].epoch));
+        }
+        other => panic!("expected Admissions, got {other:?}"),
+    }
+}
