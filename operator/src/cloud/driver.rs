@@ -27,6 +27,8 @@ use ductile_coordinator::secret::Secret;
 use nix::sys::signal::Signal;
 
 use super::cgroup::{Quotas, CPU_CONTROLLER};
+use super::netns::{self, Network};
+use super::scenario::Network as NetworkMode;
 use super::record::{Mark, NoticeToCommit, Record, RescaleRecord, Sample};
 use super::sim::{Cloud, CloudEvent, InstanceState};
 use super::{CloudError, Loaded};
@@ -98,6 +100,8 @@ struct Driver<'a> {
     policy: Policy,
     cloud: Cloud,
     quotas: Option<Quotas>,
+    /// The instances' namespaces, with `network: namespaces`.
+    net: Option<&'a mut Network>,
     cpu_per_speed: f64,
     addr: String,
     secret: Secret,
@@ -203,6 +207,19 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
         }
     }
 
+    // Real networks: a namespace per instance but node 0's, made before
+    // the job starts. Declared before the launcher, so it is removed after
+    // the launcher (and every node) is gone, on every way out.
+    let mut net = match scenario.network {
+        NetworkMode::Loopback => None,
+        NetworkMode::Namespaces => Some(create_network(loaded, &opts.state_dir, &launch)?),
+    };
+    let mut program = PathBuf::from(&loaded.program);
+    if let Some(n) = &net {
+        args.insert(0, loaded.program.clone());
+        program = n.wrapper().to_owned();
+    }
+
     let mut cmd = Command::new(&opts.ductile);
     cmd.arg("run")
         .arg("--state-dir")
@@ -214,7 +231,10 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     if let Some(t) = opts.timeout {
         cmd.arg("--timeout").arg(format!("{}", t.as_secs_f64()));
     }
-    cmd.arg("--").arg(&loaded.program).args(&args);
+    if net.is_some() {
+        cmd.arg("--bind").arg(netns::BRIDGE_ADDR.to_string());
+    }
+    cmd.arg("--").arg(&program).args(&args);
     cmd.envs(loaded.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log.try_clone().map_err(|e| CloudError::Io(log_path.clone(), e))?)
@@ -234,6 +254,7 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
         policy: Policy::new(loaded.policy.clone(), loaded.replicas),
         cloud: Cloud::new(scenario.clone(), loaded.scripted.clone(), &launch),
         quotas,
+        net: net.as_mut(),
         cpu_per_speed,
         addr,
         secret,
@@ -265,8 +286,30 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     };
     driver.record.cgroup = driver.quotas.as_ref().map(|q| q.root().display().to_string());
     driver.record.speed = if driver.quotas.is_some() { "cgroup" } else { "emulated" }.into();
+    if let Some(n) = driver.net.as_deref() {
+        let detail = format!(
+            "bridge {} at {}/{}; node 0 and the coordinator there, every other instance in its own namespace",
+            n.bridge(),
+            netns::BRIDGE_ADDR,
+            netns::PREFIX
+        );
+        driver.mark("network", None, detail, say);
+    }
     let exit = driver.run_job(&mut launcher, stop, say);
     driver.finish(exit)
+}
+
+/// The bridge, and a namespace for every launch instance but node 0's,
+/// named to the wrapper by launch index.
+fn create_network(loaded: &Loaded, state_dir: &Path, launch: &[(String, Capacity, String)]) -> Result<Network, CloudError> {
+    std::fs::create_dir_all(state_dir).map_err(|e| CloudError::Io(state_dir.to_owned(), e))?;
+    let launch_err = |e: netns::NetError| CloudError::Launch(e.to_string());
+    let mut net = Network::create(&loaded.name, state_dir).map_err(launch_err)?;
+    for (k, (name, _, _)) in launch.iter().enumerate().skip(1) {
+        net.add(name).map_err(launch_err)?;
+        net.assign_launch(k as u32, name).map_err(launch_err)?;
+    }
+    Ok(net)
 }
 
 /// Kills the launcher (and so the job) if the driver returns early.
@@ -504,6 +547,7 @@ impl Driver<'_> {
         for pid in pending {
             if let Some(name) = self.name_of(pid).map(str::to_owned) {
                 if self.ready.insert(name.clone()) {
+                    self.check_network(&name, pid, None, say);
                     self.policy.observe(self.now().0, Event::NewcomerReady { newcomer: MemberId(name.clone()) });
                     self.mark("ready", Some(&name), "registered, waiting for admission".into(), say);
                 }
@@ -564,6 +608,8 @@ impl Driver<'_> {
             let Some(member) = view.members.get(k) else { continue };
             self.nodes.insert(name.clone(), Node { pid: member.pid, gone: false });
             self.place(&name, &itype, member.pid, say);
+            let address = String::from_utf8_lossy(&member.address).into_owned();
+            self.check_network(&name, member.pid, Some(&address), say);
             self.policy.observe(
                 self.now().0,
                 Event::MemberJoined {
@@ -580,6 +626,28 @@ impl Driver<'_> {
             say,
         );
         true
+    }
+
+    /// With namespaces: says that `pid` runs in `name`'s namespace (and,
+    /// for a member, that it listens on the instance's address), or
+    /// reports that it does not.
+    fn check_network(&mut self, name: &str, pid: u32, address: Option<&str>, say: &mut dyn FnMut(&str)) {
+        let Some(net) = self.net.as_deref() else { return };
+        let Some(a) = net.attachment(name).cloned() else { return };
+        let inside = net.runs_in(pid, name);
+        let listening = address.is_none_or(|addr| addr.starts_with(&format!("{}:", a.addr)));
+        if inside == Some(true) && listening {
+            let on = address.map(|addr| format!(", listening on {addr}")).unwrap_or_default();
+            self.mark("network", Some(name), format!("verified: pid {pid} in namespace {} at {}{on}", a.namespace, a.addr), say);
+        } else {
+            let msg = format!(
+                "pid {pid} is not where it belongs: in namespace {} {inside:?}, address {} (expected {})",
+                a.namespace,
+                address.unwrap_or("-"),
+                a.addr
+            );
+            self.mark("report", Some(name), msg, say);
+        }
     }
 
     fn place(&mut self, name: &str, itype: &str, pid: u32, say: &mut dyn FnMut(&str)) {
@@ -619,6 +687,12 @@ impl Driver<'_> {
                 );
             }
             CloudEvent::Terminated { instance, announced } => {
+                // Its network goes first, as on a real reclaim.
+                let cut = match self.net.as_deref().map(|n| n.cut(&instance)) {
+                    Some(Ok(true)) => "link down; ".to_owned(),
+                    Some(Err(e)) => format!("its link could not be taken down ({e}); "),
+                    Some(Ok(false)) | None => String::new(),
+                };
                 let running = self.nodes.get(&instance).filter(|n| !n.gone && pid_alive(n.pid)).map(|n| n.pid);
                 let what = match running {
                     Some(pid) => {
@@ -628,7 +702,7 @@ impl Driver<'_> {
                     None => "nothing ran there any more".into(),
                 };
                 let kind = if announced { "terminated" } else { "unannounced" };
-                self.mark(kind, Some(&instance), what, say);
+                self.mark(kind, Some(&instance), format!("{cut}{what}"), say);
                 if !self.nodes.contains_key(&instance) {
                     // A newcomer interrupted while booting: never started.
                     self.policy.observe(now, Event::MemberGone { member: MemberId(instance) });
@@ -659,14 +733,29 @@ impl Driver<'_> {
     }
 
     fn start_newcomer(&mut self, instance: &str, say: &mut dyn FnMut(&str)) {
+        // Its namespace exists before its process does.
+        let mut where_ = String::new();
+        if let Some(net) = self.net.as_deref_mut() {
+            match net.add(instance) {
+                Ok(a) => where_ = format!(" in namespace {} at {}", a.namespace, a.addr),
+                Err(e) => return self.newcomer_failed(instance, format!("its network namespace could not be made: {e}"), say),
+            }
+        }
         let socket = self.opts.state_dir.join(LAUNCHER_SOCKET_FILE);
         match channel::request(&socket, &Request::Spawn { count: 1 }, Duration::from_secs(10)) {
             Ok(Reply::Ok(pids)) if pids.len() == 1 => {
                 let pid = pids[0];
                 self.nodes.insert(instance.to_owned(), Node { pid, gone: false });
+                // The wrapper (this pid) waits for its namespace's name.
+                if let Some(Err(e)) = self.net.as_deref().map(|n| n.assign_pid(pid, instance)) {
+                    signal_group(pid, Signal::SIGKILL);
+                    let msg = format!("its node (pid {pid}) could not be told its namespace and is killed: {e}");
+                    self.mark("report", Some(instance), msg, say);
+                    return;
+                }
                 let itype = self.cloud.instance(instance).map(|i| i.instance_type.clone()).unwrap_or_default();
                 self.place(instance, &itype, pid, say);
-                self.mark("booted", Some(instance), format!("{itype}: newcomer node started (pid {pid})"), say);
+                self.mark("booted", Some(instance), format!("{itype}: newcomer node started (pid {pid}){where_}"), say);
             }
             other => {
                 let why = match other {
@@ -674,11 +763,15 @@ impl Driver<'_> {
                     Ok(Reply::Ok(p)) => format!("unexpected answer {p:?}"),
                     Err(e) => e.to_string(),
                 };
-                self.mark("report", Some(instance), format!("the launcher did not start its node: {why}"), say);
-                self.cloud.release(self.now().0, instance);
-                self.policy.observe(self.now().0, Event::MemberGone { member: MemberId(instance.to_owned()) });
+                self.newcomer_failed(instance, format!("the launcher did not start its node: {why}"), say);
             }
         }
+    }
+
+    fn newcomer_failed(&mut self, instance: &str, why: String, say: &mut dyn FnMut(&str)) {
+        self.mark("report", Some(instance), why, say);
+        self.cloud.release(self.now().0, instance);
+        self.policy.observe(self.now().0, Event::MemberGone { member: MemberId(instance.to_owned()) });
     }
 
     fn carry_out(&mut self, decision: Decision, say: &mut dyn FnMut(&str)) {

@@ -12,6 +12,8 @@
 //!   boot delays, capacity shortages, recommendations, notices and
 //!   terminations, and each instance's bill;
 //! * [`cgroup`]: real instance speed, as a CPU quota per instance;
+//! * [`netns`]: optionally (`network: namespaces`), a network namespace
+//!   per spot instance, so a terminated instance loses its link;
 //! * [`driver`]: the shell that runs it in real time: the job through
 //!   `ductile run`, the cloud's events into [`crate::policy::Policy`], its
 //!   decisions carried out as the Kubernetes reconciler does;
@@ -22,6 +24,7 @@
 
 pub mod cgroup;
 pub mod driver;
+pub mod netns;
 pub mod plot;
 pub mod record;
 pub mod scenario;

@@ -141,6 +141,21 @@ pub struct Scenario {
     /// A random trace, in addition to the scripted events.
     #[serde(default)]
     pub random: Option<RandomTrace>,
+    /// How the instances are networked (default: loopback).
+    #[serde(default)]
+    pub network: Network,
+}
+
+/// How the instances are networked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// Every node on this machine's loopback (no isolation).
+    #[default]
+    Loopback,
+    /// Each spot instance in its own network namespace, linked to a bridge
+    /// by a veth pair with an address in 10.200.0.0/16 (root only).
+    Namespaces,
 }
 
 fn one_f() -> f64 {
@@ -493,6 +508,25 @@ events:
         let e = refused(&GOOD.replace("interruption: j-2", "interruption: j-7"));
         assert_eq!(e.line, Some(18), "{e}");
         assert!(e.message.contains("no instance \"j-7\""), "{e}");
+    }
+
+    #[test]
+    fn network_defaults_to_loopback_and_takes_namespaces() {
+        let (s, _) = Scenario::load("s.yaml", GOOD, &job()).expect("valid");
+        assert_eq!(s.network, Network::Loopback);
+        let text = GOOD.replace("timeFactor: 10\n", "timeFactor: 10\nnetwork: namespaces\n");
+        let (s, _) = Scenario::load("s.yaml", &text, &job()).expect("valid");
+        assert_eq!(s.network, Network::Namespaces);
+        let text = GOOD.replace("timeFactor: 10\n", "timeFactor: 10\nnetwork: loopback\n");
+        assert_eq!(Scenario::load("s.yaml", &text, &job()).expect("valid").0.network, Network::Loopback);
+    }
+
+    #[test]
+    fn an_unknown_network_is_refused_naming_its_line() {
+        let e = refused(&GOOD.replace("timeFactor: 10\n", "timeFactor: 10\nnetwork: vxlan\n"));
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("vxlan") && e.message.contains("namespaces"), "{e}");
+        assert!(e.to_string().starts_with("s.yaml:2: "), "{e}");
     }
 
     #[test]
