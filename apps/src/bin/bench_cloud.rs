@@ -329,7 +329,7 @@ fn hetero(b: &Bench) -> Result<Value> {
     let ideal = w.seconds * 2.0 / 3.0;
     let mut rows = Vec::new();
     let mut out = vec![json!({ "label": w.label, "seconds": w.seconds, "idealMixedSeconds": ideal })];
-    for lb in ["Null", "GreedyRefine", "GreedyRefineRateAware"] {
+    for lb in ["Null", "GreedyRefine", "GreedyRefineRateAware", "ContiguousRateAware"] {
         let mut r = b.base(&format!("2 fast + 2 slow, +lb {lb}"), 4, 1500);
         r.fleet = format!("{types}fleet: {{ onDemand: fast, spot: [slow, fast, slow] }}\n");
         r.cpu_per_speed = Some(cpu);
