@@ -177,6 +177,24 @@ pub struct ElasticJobSpec {
     /// Suspends the job: its pods are deleted; unsuspending relaunches it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
+
+    /// How the job starts: `AllReplicas` (default) waits until all
+    /// `replicas` launch members registered (within the launch timeout);
+    /// `MinReplicas` starts as soon as `minReplicas` are in and grows to
+    /// `replicas` through newcomers, admitted as they come (spot capacity is
+    /// often short at launch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_policy: Option<LaunchPolicy>,
+}
+
+/// How many nodes a job waits for before it starts.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum LaunchPolicy {
+    /// Every one of `replicas`: all or nothing.
+    #[default]
+    AllReplicas,
+    /// `minReplicas`; the rest join as newcomers by rescales.
+    MinReplicas,
 }
 
 fn default_one() -> i32 {
@@ -870,6 +888,15 @@ impl ElasticJobSpec {
         self.restart_policy.unwrap_or_default()
     }
 
+    /// Launch members: the nodes the job starts with (the coordinator's
+    /// `--expect`); the rest of `replicas` join as newcomers.
+    pub fn launch_replicas(&self) -> i32 {
+        match self.launch_policy.unwrap_or_default() {
+            LaunchPolicy::AllReplicas => self.replicas,
+            LaunchPolicy::MinReplicas => self.min_replicas.clamp(1, self.replicas.max(1)),
+        }
+    }
+
     /// Relaunches allowed under `OnFailure`, default filled in.
     pub fn backoff_limit(&self) -> i32 {
         self.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT).max(0)
@@ -885,6 +912,26 @@ const EMBEDDED_K8S_SCHEMAS: &[&[&str]] = &[
     &["spot", "affinity"],
     &["spot", "tolerations"],
 ];
+
+/// Longest ElasticJob name: its pods' host names `{job}-n{k}` stay DNS
+/// labels (63 characters) for newcomer numbers up to 11 digits.
+pub const MAX_NAME_LEN: usize = 50;
+
+/// Why `name` cannot name an ElasticJob (what the CRD's CEL rule refuses),
+/// or `None`.
+pub fn name_problem(name: &str) -> Option<String> {
+    let dns1035 = name.len() <= MAX_NAME_LEN
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    (!dns1035).then(|| {
+        format!(
+            "the name {name:?} must be a DNS-1035 label of at most {MAX_NAME_LEN} characters: it names the job's Service and prefixes its pods' host names"
+        )
+    })
+}
 
 /// The ElasticJob CRD, as installed.
 ///
@@ -925,6 +972,18 @@ pub fn crd() -> CustomResourceDefinition {
             "type": "object",
             "properties": {"labels": string_map, "annotations": string_map}
         });
+        let root = &mut version["schema"]["openAPIV3Schema"];
+        // Conditions are a map keyed by type: server-side apply merges them
+        // by type, and two of one type are refused.
+        let conditions = &mut root["properties"]["status"]["properties"]["conditions"];
+        conditions["x-kubernetes-list-type"] = "map".into();
+        conditions["x-kubernetes-list-map-keys"] = serde_json::json!(["type"]);
+        // The name becomes the Service's (a DNS-1035 label) and the prefix of
+        // every pod's hostname, `{job}-n{k}` (a DNS label, 63 characters).
+        root["x-kubernetes-validations"] = serde_json::json!([{
+            "rule": format!("self.metadata.name.size() <= {MAX_NAME_LEN} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"),
+            "message": format!("the name must be a DNS-1035 label of at most {MAX_NAME_LEN} characters: it names the job's Service and prefixes its pods' host names ({{name}}-n{{k}})"),
+        }]);
     }
     serde_json::from_value(value).expect("the edited CRD is still a CRD")
 }
@@ -974,6 +1033,27 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{Container, PodSpec};
 
+    #[test]
+    fn a_name_must_leave_room_for_newcomer_host_names() {
+        assert_eq!(name_problem("jacobi2d"), None);
+        assert_eq!(name_problem(&"a".repeat(MAX_NAME_LEN)), None);
+        assert!(name_problem(&"a".repeat(MAX_NAME_LEN + 1)).is_some());
+        for bad in ["2d", "Jacobi", "job-", "a_b", "a.b", ""] {
+            assert!(name_problem(bad).is_some(), "{bad:?} accepted");
+        }
+        // A newcomer's host name with an 11-digit number is still a DNS label.
+        assert!(format!("{}-n{}", "a".repeat(MAX_NAME_LEN), 99_999_999_999u64).len() <= 63);
+        let crd = serde_json::to_value(crd()).unwrap();
+        let root = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        assert!(root["x-kubernetes-validations"][0]["rule"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("size() <= {MAX_NAME_LEN}")));
+        let conditions = &root["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        assert_eq!(conditions["x-kubernetes-list-map-keys"], serde_json::json!(["type"]));
+    }
+
     fn spec(replicas: i32, min: i32, max: Option<i32>) -> ElasticJobSpec {
         ElasticJobSpec {
             template: PodTemplateSpec {
@@ -1000,7 +1080,19 @@ mod tests {
             backoff_limit: None,
             coordinator: None,
             suspend: false,
+            launch_policy: None,
         }
+    }
+
+    #[test]
+    fn a_partial_launch_starts_with_min_replicas() {
+        let mut s = spec(4, 2, None);
+        assert_eq!(s.launch_replicas(), 4, "all replicas by default");
+        s.launch_policy = Some(LaunchPolicy::MinReplicas);
+        assert_eq!(s.launch_replicas(), 2);
+        let mut all_min = spec(3, 3, None);
+        all_min.launch_policy = Some(LaunchPolicy::MinReplicas);
+        assert_eq!(all_min.launch_replicas(), 3);
     }
 
     #[test]

@@ -7,11 +7,10 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::{Api, Client};
 
-use super::leader::LeaseLock;
+use super::leader::{LeaseLock, RENEW_DEADLINE, RETRY_PERIOD};
 use super::metrics::{spawn_server, Metrics};
 use super::objects::ObjectSettings;
 
@@ -25,6 +24,9 @@ pub const ENV_WATCH_NAMESPACES: &str = "DUCTILE_OPERATOR_WATCH_NAMESPACES";
 pub const ENV_METRICS_PORT: &str = "DUCTILE_OPERATOR_METRICS_PORT";
 /// Image of the coordinator container in node 0's pod (the operator's own image).
 pub const ENV_COORDINATOR_IMAGE: &str = "DUCTILE_OPERATOR_COORDINATOR_IMAGE";
+/// `true`/`false`: give every job a NetworkPolicy (only its own pods and
+/// the operator's namespace reach its pods' ports).
+pub const ENV_NETWORK_POLICY: &str = "DUCTILE_OPERATOR_NETWORK_POLICY";
 /// This replica's pod name (downward API): its leader identity and Event instance.
 pub const ENV_POD_NAME: &str = "POD_NAME";
 /// The operator's namespace (downward API): where the Lease lives.
@@ -100,6 +102,11 @@ impl OperatorConfig {
         if let Some(image) = var(ENV_COORDINATOR_IMAGE).filter(|i| !i.trim().is_empty()) {
             settings.coordinator_image = image;
         }
+        let network_policy = match var(ENV_NETWORK_POLICY).as_deref().map(str::trim) {
+            None | Some("") | Some("false") => false,
+            Some("true") => true,
+            Some(other) => return Err(bad(ENV_NETWORK_POLICY, other, "expected true or false")),
+        };
         let identity =
             var(ENV_POD_NAME).unwrap_or_else(|| format!("ductile-operator-{}", std::process::id()));
         let own_namespace = var(ENV_POD_NAMESPACE).unwrap_or_else(|| "ductile-system".to_owned());
@@ -109,6 +116,9 @@ impl OperatorConfig {
                 "",
                 "leader election needs each replica's pod name",
             ));
+        }
+        if network_policy {
+            settings.network_policy = Some(own_namespace.clone());
         }
         Ok(OperatorConfig {
             leader_election,
@@ -230,29 +240,29 @@ pub async fn main(config: OperatorConfig) -> anyhow::Result<()> {
     let bound = spawn_server(config.metrics, metrics.clone(), ready.clone()).await?;
     tracing::info!(%bound, "metrics on /metrics, probes on /healthz and /readyz");
 
-    let lock = Arc::new(LeaseLock {
-        api: Api::namespaced(client.clone(), &config.own_namespace),
-        name: config.lease.clone(),
-        identity: config.identity.clone(),
-        duration: Duration::from_secs(15),
-    });
+    let lock = Arc::new(LeaseLock::new(
+        Api::namespaced(client.clone(), &config.own_namespace),
+        config.lease.clone(),
+        config.identity.clone(),
+    ));
     let leadership_lost = Arc::new(AtomicBool::new(false));
+    let mut renewals = None;
     // A follower is ready (it serves probes and waits); only the leader reconciles.
     ready.store(true, Ordering::Relaxed);
     let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>> = if config
         .leader_election
     {
         tracing::info!(lease = %config.lease, identity = %config.identity, "waiting for leadership");
-        lock.acquire(Duration::from_secs(5)).await;
+        lock.acquire(RETRY_PERIOD).await;
         tracing::info!(lease = %config.lease, "leading");
         let keeper = lock.clone();
         let (lost, lost_rx) = tokio::sync::oneshot::channel::<()>();
         let flag = leadership_lost.clone();
-        tokio::spawn(async move {
-            keeper.keep(Duration::from_secs(5)).await;
+        renewals = Some(tokio::spawn(async move {
+            keeper.keep(RETRY_PERIOD, RENEW_DEADLINE).await;
             flag.store(true, Ordering::Relaxed);
             let _ = lost.send(());
-        });
+        }));
         Box::pin(async move {
             let _ = lost_rx.await;
         })
@@ -260,6 +270,17 @@ pub async fn main(config: OperatorConfig) -> anyhow::Result<()> {
         Box::pin(std::future::pending())
     };
     super::run(client, config.namespaces, config.settings, metrics, stop).await;
+    if let Some(renewals) = renewals {
+        // Stopped (SIGTERM) while leading: stop renewing and give the lease
+        // up, so that the follower takes over now, not in 15 s.
+        renewals.abort();
+        if !leadership_lost.load(Ordering::Relaxed) {
+            match lock.release().await {
+                Ok(()) => tracing::info!(lease = %config.lease, "lease released"),
+                Err(error) => tracing::warn!(lease = %config.lease, %error, "could not release the lease; it expires"),
+            }
+        }
+    }
     if leadership_lost.load(Ordering::Relaxed) {
         // Exit non-zero: the Deployment restarts this replica as a follower.
         anyhow::bail!(
@@ -293,9 +314,11 @@ mod tests {
             ("DUCTILE_OPERATOR_COORDINATOR_IMAGE", "registry/ductile:1.2"),
             ("POD_NAME", "ductile-7d9-abc"),
             ("POD_NAMESPACE", "ductile-system"),
+            ("DUCTILE_OPERATOR_NETWORK_POLICY", "true"),
         ])
         .unwrap();
         assert!(c.leader_election);
+        assert_eq!(c.settings.network_policy.as_deref(), Some("ductile-system"));
         assert_eq!(c.lease, "ductile-lock");
         assert_eq!(c.namespaces, ["hpc"]);
         assert_eq!(c.metrics, "0.0.0.0:9090".parse().unwrap());
@@ -307,6 +330,7 @@ mod tests {
         assert!(defaults.namespaces.is_empty(), "every namespace");
         assert_eq!(defaults.metrics.port(), 8080);
         assert_eq!(defaults.lease, "ductile-operator");
+        assert_eq!(defaults.settings.network_policy, None);
     }
 
     #[test]

@@ -20,6 +20,15 @@ pub enum Error {
     /// Adding or removing the finalizer, or the work it wraps, failed.
     #[error("{0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// An object the job needs exists and is managed by someone else (a
+    /// server-side apply conflict): the operator does not take it over.
+    #[error("{object} exists and another field manager owns its fields (rename the job or delete it): {message}")]
+    NotOwned {
+        /// `kind/name` of the object.
+        object: String,
+        /// The API server's message.
+        message: String,
+    },
     /// A blocking call to the control endpoint could not run.
     #[error("control endpoint task: {0}")]
     Task(String),
@@ -33,6 +42,7 @@ impl Error {
             Error::NoNamespace(_) => "no-namespace",
             Error::Secret { .. } => "secret",
             Error::Task(_) => "task",
+            Error::NotOwned { .. } => "not-owned",
             Error::Finalizer(inner) => match inner.as_ref() {
                 kube::runtime::finalizer::Error::ApplyFailed(e)
                 | kube::runtime::finalizer::Error::CleanupFailed(e) => e.class(),

@@ -37,6 +37,7 @@ pub struct Metrics {
     requested: IntCounterVec,
     committed: IntCounterVec,
     failed: IntCounterVec,
+    ended: IntCounterVec,
     notice_to_commit: Histogram,
     notice_to_commit_by_signal: HistogramVec,
     /// The kind of each member's first notice, until a commit removes it.
@@ -93,6 +94,11 @@ impl Metrics {
                 "Rescales that failed, by reason.",
                 "reason",
             ),
+            ended: counters(
+                "ductile_operator_jobs_ended_total",
+                "ElasticJobs that ended, by phase (Succeeded, Failed).",
+                "phase",
+            ),
             notice_to_commit: Histogram::with_opts(
                 HistogramOpts::new(
                     "ductile_operator_notice_to_commit_seconds",
@@ -113,13 +119,14 @@ impl Metrics {
             first_notice: Mutex::new(BTreeMap::new()),
             registry,
         };
-        let families: [Box<dyn exposition::prometheus::core::Collector>; 8] = [
+        let families: [Box<dyn exposition::prometheus::core::Collector>; 9] = [
             Box::new(m.reconciles.clone()),
             Box::new(m.errors.clone()),
             Box::new(m.notices.clone()),
             Box::new(m.requested.clone()),
             Box::new(m.committed.clone()),
             Box::new(m.failed.clone()),
+            Box::new(m.ended.clone()),
             Box::new(m.notice_to_commit.clone()),
             Box::new(m.notice_to_commit_by_signal.clone()),
         ];
@@ -132,6 +139,12 @@ impl Metrics {
     /// The registry the metrics are in.
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// A job ended in `phase` (Succeeded or Failed); counted once per job,
+    /// when its status first says so.
+    pub fn job_ended(&self, phase: &str) {
+        self.ended.with_label_values(&[phase]).inc();
     }
 
     /// One reconcile started.

@@ -14,6 +14,10 @@ pub const TAINT_REBALANCE: &str = "aws-node-termination-handler/rebalance-recomm
 pub const TAINT_SCHEDULED_MAINTENANCE: &str = "aws-node-termination-handler/scheduled-maintenance";
 /// Karpenter: the node is being disrupted (drained, then terminated).
 pub const TAINT_KARPENTER_DISRUPTED: &str = "karpenter.sh/disrupted";
+/// NTH (queue mode): the Auto Scaling group is terminating the instance
+/// (scale-in, instance refresh, AZ rebalancing) and holds it in a
+/// lifecycle hook meanwhile.
+pub const TAINT_ASG_LIFECYCLE: &str = "aws-node-termination-handler/asg-lifecycle-termination";
 
 /// One kind of notice about a member's capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -26,6 +30,9 @@ pub enum NoticeKind {
     ScheduledMaintenance,
     /// Karpenter `disrupted`: the node is drained and terminated soon.
     KarpenterDisrupted,
+    /// NTH `asg-lifecycle-termination`: the ASG terminates the instance
+    /// once its lifecycle hook ends.
+    AsgLifecycleTermination,
     /// The pod itself is being deleted or evicted (its deletion timestamp is set).
     PodDeleted,
 }
@@ -36,7 +43,10 @@ impl NoticeKind {
     pub fn is_interruption(self) -> bool {
         matches!(
             self,
-            NoticeKind::SpotInterruption | NoticeKind::KarpenterDisrupted | NoticeKind::PodDeleted
+            NoticeKind::SpotInterruption
+                | NoticeKind::KarpenterDisrupted
+                | NoticeKind::AsgLifecycleTermination
+                | NoticeKind::PodDeleted
         )
     }
 
@@ -47,6 +57,7 @@ impl NoticeKind {
             NoticeKind::RebalanceRecommendation => "rebalance-recommendation",
             NoticeKind::ScheduledMaintenance => "scheduled-maintenance",
             NoticeKind::KarpenterDisrupted => "karpenter-disrupted",
+            NoticeKind::AsgLifecycleTermination => "asg-lifecycle-termination",
             NoticeKind::PodDeleted => "pod-deleted",
         }
     }
@@ -71,6 +82,7 @@ pub fn node_notices(node: &Node) -> Vec<NoticeKind> {
             TAINT_REBALANCE => Some(NoticeKind::RebalanceRecommendation),
             TAINT_SCHEDULED_MAINTENANCE => Some(NoticeKind::ScheduledMaintenance),
             TAINT_KARPENTER_DISRUPTED => Some(NoticeKind::KarpenterDisrupted),
+            TAINT_ASG_LIFECYCLE => Some(NoticeKind::AsgLifecycleTermination),
             _ => None,
         })
         .collect();
@@ -134,6 +146,7 @@ mod tests {
             {"key": "aws-node-termination-handler/rebalance-recommendation", "effect": "NoSchedule"},
             {"key": "aws-node-termination-handler/scheduled-maintenance", "effect": "NoSchedule"},
             {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"},
+            {"key": "aws-node-termination-handler/asg-lifecycle-termination", "value": "asg-lifecycle-term-1", "effect": "NoSchedule"},
             {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
             {"key": "aws-node-termination-handler/spot-itn", "value": "itn-2", "effect": "NoExecute"},
         ]));
@@ -143,7 +156,8 @@ mod tests {
                 NoticeKind::SpotInterruption,
                 NoticeKind::RebalanceRecommendation,
                 NoticeKind::ScheduledMaintenance,
-                NoticeKind::KarpenterDisrupted
+                NoticeKind::KarpenterDisrupted,
+                NoticeKind::AsgLifecycleTermination
             ]
         );
         assert!(node_has_notice(&n));
@@ -159,6 +173,7 @@ mod tests {
     fn interruptions_are_the_notices_with_a_deadline() {
         assert!(NoticeKind::SpotInterruption.is_interruption());
         assert!(NoticeKind::KarpenterDisrupted.is_interruption());
+        assert!(NoticeKind::AsgLifecycleTermination.is_interruption());
         assert!(NoticeKind::PodDeleted.is_interruption());
         assert!(!NoticeKind::RebalanceRecommendation.is_interruption());
         assert!(!NoticeKind::ScheduledMaintenance.is_interruption());

@@ -21,6 +21,10 @@ use k8s_openapi::api::core::v1::{
     Secret, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
     VolumeMount,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -66,6 +70,10 @@ pub struct ObjectSettings {
     pub coordinator_image: String,
     /// Seconds the coordinator waits for every launch member.
     pub launch_timeout_s: u32,
+    /// The operator's namespace, when every job gets a NetworkPolicy that
+    /// lets only its own pods and that namespace reach its pods; `None`:
+    /// no NetworkPolicy.
+    pub network_policy: Option<String>,
 }
 
 impl Default for ObjectSettings {
@@ -73,6 +81,7 @@ impl Default for ObjectSettings {
         ObjectSettings {
             coordinator_image: "ghcr.io/ductile/ductile-operator:0.1.0".to_owned(),
             launch_timeout_s: 300,
+            network_policy: None,
         }
     }
 }
@@ -341,7 +350,7 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
                     "--listen".to_owned(),
                     format!("0.0.0.0:{COORDINATOR_PORT}"),
                     "--expect".to_owned(),
-                    spec.replicas.to_string(),
+                    spec.launch_replicas().to_string(),
                     "--secret-file".to_owned(),
                     secret_file,
                     "--launch-timeout".to_owned(),
@@ -514,6 +523,71 @@ pub fn on_demand_pdb(job: &ElasticJob) -> PodDisruptionBudget {
             ..PodDisruptionBudgetSpec::default()
         }),
         status: None,
+    }
+}
+
+/// Name of the job's NetworkPolicy.
+pub fn network_policy_name(job: &ElasticJob) -> String {
+    format!("{}-nodes", job.name_any())
+}
+
+/// The NetworkPolicy of a job's pods: the job's own pods reach each other
+/// on every port (the coordinator, the control endpoint, the nodes'
+/// links); pods of the operator's namespace reach the control endpoint
+/// (status, rescales); anyone reaches the metrics port, when there is one;
+/// nothing else gets in.
+pub fn job_network_policy(job: &ElasticJob, operator_namespace: &str) -> NetworkPolicy {
+    let job_pods = LabelSelector {
+        match_labels: Some(BTreeMap::from([(JOB_LABEL.to_owned(), job.name_any())])),
+        match_expressions: None,
+    };
+    let tcp = |port: i32| NetworkPolicyPort {
+        port: Some(IntOrString::Int(port)),
+        protocol: Some("TCP".to_owned()),
+        end_port: None,
+    };
+    let mut ingress = vec![
+        NetworkPolicyIngressRule {
+            from: Some(vec![NetworkPolicyPeer {
+                pod_selector: Some(job_pods.clone()),
+                ..NetworkPolicyPeer::default()
+            }]),
+            ports: None,
+        },
+        NetworkPolicyIngressRule {
+            from: Some(vec![NetworkPolicyPeer {
+                namespace_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        "kubernetes.io/metadata.name".to_owned(),
+                        operator_namespace.to_owned(),
+                    )])),
+                    match_expressions: None,
+                }),
+                ..NetworkPolicyPeer::default()
+            }]),
+            ports: Some(vec![tcp(CONTROL_PORT)]),
+        },
+    ];
+    if let Some(metrics) = &job.spec.metrics {
+        ingress.push(NetworkPolicyIngressRule {
+            from: None,
+            ports: Some(vec![tcp(metrics.port)]),
+        });
+    }
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(network_policy_name(job)),
+            namespace: job.namespace(),
+            labels: Some(job_labels(job)),
+            owner_references: Some(vec![owner(job)]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(job_pods),
+            policy_types: Some(vec!["Ingress".to_owned()]),
+            ingress: Some(ingress),
+            egress: None,
+        }),
     }
 }
 

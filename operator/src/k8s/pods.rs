@@ -34,6 +34,31 @@ impl PodView {
     }
 }
 
+/// The pods the scheduler could not place, with its message (`kubectl
+/// describe pod` shows the same): "jacobi-2: 0/5 nodes are available: ...".
+/// `None` when every live pod is scheduled or merely not yet looked at.
+pub(super) fn unschedulable(view: &PodView) -> Option<String> {
+    let lines: Vec<String> = view
+        .by_name
+        .iter()
+        .filter(|(name, pod)| {
+            !view.deleted.contains(*name) && notices::pod_state(pod) == PodState::Pending
+        })
+        .filter_map(|(name, pod)| {
+            let scheduled = pod
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "PodScheduled")?;
+            (scheduled.status == "False" && scheduled.reason.as_deref() == Some("Unschedulable"))
+                .then(|| format!("{name}: {}", scheduled.message.as_deref().unwrap_or("no message")))
+        })
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("; "))
+}
+
 /// Pods of a run that is over (being deleted, or ended), with whether each
 /// is being deleted already.
 pub(super) fn leftover_pods(view: &PodView) -> Vec<(String, bool)> {

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use ductile_coordinator::Secret;
 use k8s_openapi::api::core::v1::{Pod, Secret as K8sSecret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -38,7 +40,13 @@ pub async fn reconcile(job: Arc<ElasticJob>, ctx: Arc<Context>) -> Result<Action
     let jobs: Api<ElasticJob> = Api::namespaced(ctx.client.clone(), &ns);
 
     if !objects::is_deleting(&job) {
-        if let Err(invalid) = job.spec.validate() {
+        // The CRD's CEL rule refuses such names; an API server without it
+        // (an older CRD) reaches here.
+        let invalid = match crate::crd::name_problem(&name) {
+            Some(problem) => Err(problem),
+            None => job.spec.validate().map_err(|e| e.to_string()),
+        };
+        if let Err(invalid) = invalid {
             tracing::warn!(job = %name, %invalid, "invalid spec: nothing changed");
             let old = job.status.clone().unwrap_or_default();
             let status = ElasticJobStatus {
@@ -49,7 +57,7 @@ pub async fn reconcile(job: Arc<ElasticJob>, ctx: Arc<Context>) -> Result<Action
                     "SpecValid",
                     false,
                     "InvalidSpec",
-                    invalid.to_string(),
+                    invalid.clone(),
                     ctx.now(),
                 )],
                 ..old
@@ -170,14 +178,30 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
 
     ensure_secret(job, ctx, rt).await?;
 
+    // Applied without force: an object of the same name that another
+    // manager owns is reported, never taken over.
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
-    services
-        .patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&objects::headless_service(job)),
+    apply_owned(&services, &name, &objects::headless_service(job), "Service").await?;
+    // Node 0 (and every on-demand member) is protected from voluntary
+    // eviction: the job has no other root.
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    apply_owned(
+        &budgets,
+        &objects::pdb_name(job),
+        &objects::on_demand_pdb(job),
+        "PodDisruptionBudget",
+    )
+    .await?;
+    if let Some(operator_namespace) = &ctx.settings.network_policy {
+        let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+        apply_owned(
+            &policies,
+            &objects::network_policy_name(job),
+            &objects::job_network_policy(job, operator_namespace),
+            "NetworkPolicy",
         )
         .await?;
+    }
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let listed = pods
@@ -235,7 +259,9 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
                 return Ok(Action::requeue(Duration::from_secs(5)));
             }
         }
-        let replicas = u32::try_from(job.spec.replicas).unwrap_or(0);
+        // Launch members only: with `launchPolicy: MinReplicas` the rest of
+        // `replicas` are newcomers the policy launches once epoch 1 exists.
+        let replicas = u32::try_from(job.spec.launch_replicas()).unwrap_or(0);
         for index in 0..replicas {
             if let std::collections::btree_map::Entry::Vacant(slot) =
                 view.by_name.entry(objects::pod_name(job, index))
@@ -291,6 +317,7 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
             };
             ctx.publish(job, type_, &phase.to_string(), "JobEnded", note)
                 .await;
+            ctx.metrics.job_ended(&phase.to_string());
         }
         let mut status = build_status(job, ctx, rt, &view, phase, &old);
         if let RootEnd::Failed(why) = &end {
@@ -350,6 +377,25 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
     let status = build_status(job, ctx, rt, &view, phase, &old);
     patch_status(&jobs, job, &status).await?;
     Ok(Action::requeue(requeue_after(ctx, rt)))
+}
+
+/// Server-side apply of an object the job owns, without force: a conflict
+/// (another manager owns the fields) is [`Error::NotOwned`].
+async fn apply_owned<K>(api: &Api<K>, name: &str, object: &K, kind: &str) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api
+        .patch(name, &PatchParams::apply(MANAGER), &Patch::Apply(object))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::NotOwned {
+            object: format!("{kind}/{name}"),
+            message: e.message,
+        }),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// When to look again: the policy's next wake-up, or soon while the job

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::runtime::controller::Controller;
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
 
@@ -30,15 +29,26 @@ pub async fn run(
 ) {
     let nodes_api = Api::<Node>::all(client.clone());
     let (nodes, writer) = reflector::store();
-    // The node store the reconciler reads taints from.
+    // One watch of the nodes: the store the reconciler reads taints from,
+    // and the trigger of the controllers. A node with a notice wakes every
+    // job only once the store holds it (the reflector writes before it
+    // yields), so the reconcile it starts sees the taint; a second,
+    // independent watch could trigger it before the store had it.
+    let (notices_tx, _) = tokio::sync::broadcast::channel::<()>(64);
+    let notices = notices_tx.clone();
     tokio::spawn(
-        reflector(
-            writer,
-            watcher(nodes_api.clone(), watcher::Config::default()),
-        )
-        .default_backoff()
-        .applied_objects()
-        .for_each(|_| async {}),
+        reflector(writer, watcher(nodes_api, watcher::Config::default()))
+            .default_backoff()
+            .applied_objects()
+            .for_each(move |node| {
+                if let Ok(node) = node {
+                    if notices::node_has_notice(&node) {
+                        // No receiver: no controller runs yet; each reconciles all at start.
+                        let _ = notices.send(());
+                    }
+                }
+                async {}
+            }),
     );
     let mut context = Context::new(client.clone(), settings, nodes);
     context.metrics = metrics;
@@ -54,7 +64,7 @@ pub async fn run(
         run_one(
             client.clone(),
             ns,
-            nodes_api.clone(),
+            node_notices(&notices_tx),
             ctx.clone(),
             stop.clone(),
         )
@@ -62,12 +72,29 @@ pub async fn run(
     .await;
 }
 
+/// A stream that yields each time the shared node reflector stored a node
+/// carrying a notice.
+fn node_notices(
+    tx: &tokio::sync::broadcast::Sender<()>,
+) -> impl futures::Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(tx.subscribe(), |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(()) => return Some(((), rx)),
+                // Several notices at once: one reconcile of every job covers them.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Some(((), rx)),
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+}
+
 /// One controller: the ElasticJobs of `namespace` (`None`: all), the pods
-/// and Services they own, and the nodes whose taints concern them.
+/// and Services they own, woken for every job by `node_notices`.
 pub(super) async fn run_one(
     client: Client,
     namespace: Option<String>,
-    nodes_api: Api<Node>,
+    node_notices: impl futures::Stream<Item = ()> + Send + 'static,
     ctx: Arc<Context>,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
@@ -87,22 +114,11 @@ pub(super) async fn run_one(
     let controller = Controller::new(jobs, watcher::Config::default())
         .owns(api::<Pod>(&client, ns), owned.clone())
         .owns(api::<Service>(&client, ns), owned);
-    let store = controller.store();
     let requeue = ctx.requeue.clone();
     // A node with a notice concerns every job with a pod on it; which pods
     // are there is the reconcile's business, so each job looks.
     controller
-        .watches(nodes_api, watcher::Config::default(), move |node: Node| {
-            if notices::node_has_notice(&node) {
-                store
-                    .state()
-                    .iter()
-                    .map(|job| ObjectRef::from_obj(job.as_ref()))
-                    .collect()
-            } else {
-                Vec::new()
-            }
-        })
+        .reconcile_all_on(node_notices)
         .reconcile_on(requeue.stream(namespace))
         .graceful_shutdown_on(stop)
         .shutdown_on_signal()

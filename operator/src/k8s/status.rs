@@ -136,7 +136,19 @@ pub(super) fn build_status(
             pes: i32::try_from(m.pes).unwrap_or(i32::MAX),
         })
         .collect();
+    // Growing towards `replicas` (a partial launch, newcomers on the way).
+    let progress = if members.len() < usize::try_from(job.spec.replicas).unwrap_or(0) {
+        format!(
+            "{} of {} nodes in the job, {} newcomer(s) registered",
+            members.len(),
+            job.spec.replicas,
+            rt.view.as_ref().map_or(0, |v| v.pending.len())
+        )
+    } else {
+        String::new()
+    };
     let (ready, reason, message) = match phase {
+        Phase::Running if !progress.is_empty() => (true, "Growing", progress),
         Phase::Running => (true, "Running", String::new()),
         Phase::Rescaling => (true, "Rescaling", String::new()),
         Phase::Launching => (
@@ -174,6 +186,52 @@ pub(super) fn build_status(
         message,
         now,
     ));
+    if matches!(phase, Phase::Running | Phase::Rescaling) {
+        // The condition the CRD's documentation promises: a rescale in flight.
+        let (rescaling, reason, message) = match &rt.rescale {
+            Some(flight) => (
+                true,
+                flight.reason.to_string(),
+                format!("removing {:?}", flight.removed),
+            ),
+            None => (false, "Idle".to_owned(), String::new()),
+        };
+        conditions.push(condition(
+            job,
+            &old.conditions,
+            "Rescaling",
+            rescaling,
+            &reason,
+            message,
+            now,
+        ));
+    }
+    if phase == Phase::Succeeded {
+        conditions.push(condition(
+            job,
+            &old.conditions,
+            "Succeeded",
+            true,
+            "NodeZeroSucceeded",
+            "node 0 exited 0".to_owned(),
+            now,
+        ));
+    }
+    if matches!(phase, Phase::Launching | Phase::Running | Phase::Rescaling) {
+        // Pods the scheduler cannot place (no node with the capacity label,
+        // no spot capacity, too few CPUs): say why, in the scheduler's words.
+        if let Some(message) = unschedulable(pods) {
+            conditions.push(condition(
+                job,
+                &old.conditions,
+                "PodsScheduled",
+                false,
+                "Unschedulable",
+                message,
+                now,
+            ));
+        }
+    }
     if phase == Phase::Running {
         if let Some(error) = &rt.control_error {
             conditions.push(condition(

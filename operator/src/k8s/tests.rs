@@ -31,6 +31,8 @@ use std::future::Future;
 use std::net::TcpListener;
 use std::sync::Condvar;
 
+pub(super) mod rbac;
+
 type ApiServerHandle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
 const FINALIZERS: &str = "ductile.dev/teardown";
@@ -133,6 +135,7 @@ async fn expect_query(
         .next_request()
         .await
         .unwrap_or_else(|| panic!("expected {method} {path}, the reconciler stopped"));
+    rbac::record(request.method(), request.uri());
     assert_eq!(request.method(), method, "request for {}", request.uri());
     assert_eq!(request.uri().path(), path);
     check_query(request.uri().query().unwrap_or(""));
@@ -209,13 +212,15 @@ async fn expect_objects(handle: &mut ApiServerHandle, secret: Option<&Secret>, p
         )
         .await;
     }
-    expect(
+    expect_query(
         handle,
         Method::PATCH,
         &format!("{NS}/services/jacobi"),
+        |query| assert!(!query.contains("force"), "the Service is never forced: {query}"),
         echo(StatusCode::OK),
     )
     .await;
+    expect_pdb(handle).await;
     expect(
         handle,
         Method::GET,
@@ -223,6 +228,28 @@ async fn expect_objects(handle: &mut ApiServerHandle, secret: Option<&Secret>, p
         reply_with(pod_list(pods)),
     )
     .await;
+}
+
+/// Expects node 0's PodDisruptionBudget (server-side apply, not forced) and
+/// checks what it protects.
+async fn expect_pdb(handle: &mut ApiServerHandle) {
+    let pdb = expect_query(
+        handle,
+        Method::PATCH,
+        "/apis/policy/v1/namespaces/hpc/poddisruptionbudgets/jacobi-on-demand",
+        |query| {
+            assert!(query.contains("fieldManager=ductile-operator"), "{query}");
+            assert!(!query.contains("force"), "{query}");
+        },
+        echo(StatusCode::OK),
+    )
+    .await;
+    assert_eq!(pdb["spec"]["maxUnavailable"], 0);
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        json!({"ductile.dev/job": "jacobi", "ductile.dev/capacity": "on-demand"})
+    );
+    assert_eq!(pdb["metadata"]["ownerReferences"][0]["name"], "jacobi");
 }
 
 /// Expects the status patch and answers with `job` carrying it; returns the
@@ -377,6 +404,7 @@ async fn first_apply_creates_the_on_demand_and_spot_objects() {
             .await;
             assert_eq!(service["spec"]["clusterIP"], "None");
             assert_eq!(service["spec"]["publishNotReadyAddresses"], true);
+            expect_pdb(&mut handle).await;
 
             expect(
                 &mut handle,
@@ -987,6 +1015,16 @@ async fn a_rescale_runs_in_the_background_and_its_commit_deletes_vacated_pods_an
     );
     assert_eq!(rescaling["phase"], "Rescaling");
     assert_eq!(rescaling["epoch"], 1);
+    let condition = rescaling["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Rescaling")
+        .unwrap_or_else(|| panic!("no Rescaling condition: {rescaling}"));
+    assert_eq!(
+        (&condition["status"], &condition["reason"]),
+        (&json!("True"), &json!("CompleteReplacement"))
+    );
 
     // The request reaches PE 0 from the task, in its own time.
     let asked_by = std::time::Instant::now() + Duration::from_secs(10);
@@ -1608,6 +1646,16 @@ async fn a_failed_job_under_restart_policy_never_is_failed_at_once() {
         (failed["type"].as_str(), failed["reason"].as_str()),
         (Some("Failed"), Some("NodeZeroFailed"))
     );
+    // The alert DuctileJobFailed counts it.
+    assert!(
+        harness
+            .ctx
+            .metrics
+            .render()
+            .contains("ductile_operator_jobs_ended_total{phase=\"Failed\"} 1"),
+        "{}",
+        harness.ctx.metrics.render()
+    );
 }
 
 #[tokio::test]
@@ -1693,4 +1741,222 @@ fn newcomer_names_skip_existing_pods() {
             newcomers: vec!["jacobi-n4".into(), "jacobi-n5".into()]
         }]
     );
+}
+
+#[tokio::test]
+async fn a_repeated_event_is_patched_into_a_series() {
+    let (harness, mut handle) = context();
+    let ctx = harness.ctx.clone();
+    let job = managed_job(valid_spec());
+    let server = tokio::spawn(async move {
+        let first = expect(&mut handle, Method::POST, EVENTS_PATH, echo(StatusCode::CREATED)).await;
+        let name = first["metadata"]["name"].as_str().unwrap().to_owned();
+        expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{EVENTS_PATH}/{name}"),
+            echo(StatusCode::OK),
+        )
+        .await
+    });
+    for _ in 0..2 {
+        ctx.publish(
+            &job,
+            kube::runtime::events::EventType::Warning,
+            "RescaleFailed",
+            "Rescale",
+            "refused".to_owned(),
+        )
+        .await;
+    }
+    let series = server.await.unwrap();
+    assert_eq!(series["series"]["count"], 2, "{series}");
+}
+
+#[tokio::test]
+async fn a_pod_the_scheduler_cannot_place_is_reported_in_a_condition() {
+    let (harness, handle) = context();
+    // Nothing listens there: the job is still launching.
+    let harness = harness.with_control(free_port());
+    let ctx = harness.ctx.clone();
+    let secret = Secret::generate();
+    let mut stuck = running_pod("jacobi-2", "spot", "launch", "");
+    stuck["spec"]["nodeName"] = Value::Null;
+    stuck["status"] = json!({"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."}]});
+    let pods = vec![
+        running_pod("jacobi-0", "on-demand", "launch", "od-1"),
+        running_pod("jacobi-1", "spot", "launch", "spot-1"),
+        stuck,
+    ];
+    let job_value = managed_job_json(valid_spec());
+    let (action, _, status) = reconcile_against(&ctx, &job_value.clone(), handle, |mut handle| async move {
+        expect_objects(&mut handle, Some(&secret), &pods).await;
+        let status = expect_status(&mut handle, &job_value).await;
+        (handle, status)
+    })
+    .await;
+    assert_eq!(action.expect("reconcile succeeds"), Action::requeue(Duration::from_secs(5)));
+    assert_eq!(status["phase"], "Launching");
+    let condition = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "PodsScheduled")
+        .unwrap_or_else(|| panic!("no PodsScheduled condition: {status}"));
+    assert_eq!(condition["status"], "False");
+    assert_eq!(condition["reason"], "Unschedulable");
+    assert_eq!(
+        condition["message"],
+        "jacobi-2: 0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+    );
+}
+
+/// A loopback port nothing listens on.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn min_launch_spec() -> Value {
+    let mut spec = valid_spec();
+    spec["minReplicas"] = 2.into();
+    spec["launchPolicy"] = "MinReplicas".into();
+    spec
+}
+
+#[tokio::test]
+async fn a_partial_launch_starts_with_min_replicas_and_grows_as_newcomers_arrive() {
+    // Launch: only minReplicas launch pods, and the coordinator expects them alone.
+    let (harness, handle) = context();
+    let job_value = managed_job_json(min_launch_spec());
+    let (action, _, created) =
+        reconcile_against(&harness.ctx, &job_value.clone(), handle, |mut handle| async move {
+            expect(&mut handle, Method::GET, &format!("{NS}/secrets/jacobi-secret"), not_found).await;
+            expect(&mut handle, Method::POST, &format!("{NS}/secrets"), echo(StatusCode::CREATED)).await;
+            expect_objects(&mut handle, None, &[]).await;
+            let mut created = Vec::new();
+            for _ in 0..2 {
+                created.push(
+                    expect(&mut handle, Method::POST, &format!("{NS}/pods"), echo(StatusCode::CREATED))
+                        .await,
+                );
+            }
+            expect_status(&mut handle, &job_value).await;
+            (handle, created)
+        })
+        .await;
+    action.expect("reconcile succeeds");
+    assert_eq!(created[0]["metadata"]["name"], "jacobi-0");
+    assert_eq!(created[1]["metadata"]["name"], "jacobi-1");
+    let args = &created[0]["spec"]["containers"][0]["args"];
+    let expect_at = args.as_array().unwrap().iter().position(|a| a == "--expect").unwrap();
+    assert_eq!(args[expect_at + 1], "2", "{args}");
+
+    // Epoch 1 with the two: the policy grows the job to replicas by a newcomer.
+    let secret = Secret::generate();
+    let (port, fake) = fake_job(&secret, &["jacobi-0", "jacobi-1"]);
+    let (harness, handle) = context();
+    let ctx = harness.with_control(port).ctx;
+    let mut running = running_job_json();
+    running["spec"] = min_launch_spec();
+    let pods = launch_pods()[..2].to_vec();
+    let listed = pods.clone();
+    let job_value = running.clone();
+    let (action, handle, (newcomer, event, status)) =
+        reconcile_against(&ctx, &running.clone(), handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &listed).await;
+            let pod = expect(&mut handle, Method::POST, &format!("{NS}/pods"), echo(StatusCode::CREATED)).await;
+            let event = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &job_value).await;
+            (handle, (pod, event, status))
+        })
+        .await;
+    action.expect("reconcile succeeds");
+    assert_eq!(newcomer["metadata"]["name"], "jacobi-n0");
+    assert_eq!(newcomer["metadata"]["labels"]["ductile.dev/role"], "newcomer");
+    assert_eq!(event.0, "LaunchNewcomers");
+    assert_eq!(status["phase"], "Running");
+    assert_eq!(status["readyReplicas"], 2);
+    let ready = &status["conditions"][1];
+    assert_eq!((&ready["type"], &ready["reason"]), (&json!("Ready"), &json!("Growing")));
+    assert_eq!(ready["message"], "2 of 3 nodes in the job, 0 newcomer(s) registered");
+
+    // The newcomer registered: it is admitted by a rescale.
+    fake.lock().unwrap().pending.push("jacobi-n0".to_owned());
+    let mut pods = pods;
+    pods.push(running_pod("jacobi-n0", "spot", "newcomer", "spot-3"));
+    let job_value = running.clone();
+    let (action, _, event) =
+        reconcile_against(&ctx, &running, handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &pods).await;
+            let event = expect_event(&mut handle).await;
+            expect_status(&mut handle, &job_value).await;
+            (handle, event)
+        })
+        .await;
+    action.expect("reconcile succeeds");
+    assert_eq!(event.0, "RescaleRequested");
+    assert!(event.1.contains("admit 1"), "{event:?}");
+    let asked_by = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.lock().unwrap().rescales.is_empty() {
+        assert!(std::time::Instant::now() < asked_by, "PE 0 never got the rescale");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let request = fake.lock().unwrap().rescales[0].clone();
+    assert!(request.remove.is_empty());
+    assert_eq!(request.admit, 1);
+}
+
+#[tokio::test]
+async fn with_network_policies_every_job_gets_one() {
+    let (mut harness, handle) = context();
+    let mut settings = ObjectSettings::default();
+    settings.network_policy = Some("ductile-system".to_owned());
+    Arc::get_mut(&mut harness.ctx).expect("not shared yet").settings = settings;
+    // Launched, node 0 not answering yet: nothing but the objects and status.
+    let ctx = harness.with_control(free_port()).ctx;
+    let secret = Secret::generate();
+    let mut spec = valid_spec();
+    spec["metrics"] = json!({"port": 9464});
+    let job_value = managed_job_json(spec);
+    let status_job = job_value.clone();
+    let (_, _, policy) = reconcile_against(&ctx, &job_value, handle, |mut handle| async move {
+        expect(&mut handle, Method::GET, &format!("{NS}/secrets/jacobi-secret"), reply_with(secret_object(&secret))).await;
+        expect(&mut handle, Method::PATCH, &format!("{NS}/services/jacobi"), echo(StatusCode::OK)).await;
+        expect_pdb(&mut handle).await;
+        let policy = expect_query(
+            &mut handle,
+            Method::PATCH,
+            "/apis/networking.k8s.io/v1/namespaces/hpc/networkpolicies/jacobi-nodes",
+            |query| assert!(!query.contains("force"), "{query}"),
+            echo(StatusCode::OK),
+        )
+        .await;
+        expect(&mut handle, Method::GET, &format!("{NS}/pods"), reply_with(pod_list(&launch_pods()))).await;
+        expect_status(&mut handle, &status_job).await;
+        (handle, policy)
+    })
+    .await;
+    let spec = &policy["spec"];
+    assert_eq!(spec["podSelector"]["matchLabels"], json!({"ductile.dev/job": "jacobi"}));
+    assert_eq!(spec["policyTypes"], json!(["Ingress"]));
+    let ingress = spec["ingress"].as_array().unwrap();
+    // The job's own pods: every port.
+    assert_eq!(ingress[0]["from"][0]["podSelector"]["matchLabels"], json!({"ductile.dev/job": "jacobi"}));
+    assert!(ingress[0]["ports"].is_null());
+    // The operator's namespace: the control endpoint only.
+    assert_eq!(
+        ingress[1]["from"][0]["namespaceSelector"]["matchLabels"],
+        json!({"kubernetes.io/metadata.name": "ductile-system"})
+    );
+    assert_eq!(ingress[1]["ports"], json!([{"port": 7071, "protocol": "TCP"}]));
+    // Scrapes from anywhere, on the metrics port only.
+    assert!(ingress[2]["from"].is_null());
+    assert_eq!(ingress[2]["ports"], json!([{"port": 9464, "protocol": "TCP"}]));
+    assert_eq!(ingress.len(), 3);
 }
