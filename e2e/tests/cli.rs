@@ -495,3 +495,61 @@ fn a_node_killed_mid_job_is_reported_once_by_name_with_the_verdict_last() {
     assert!(!text.contains("send failed"), "{text}");
     assert!(!text.contains("PE state"), "{text}");
 }
+
+#[test]
+fn every_program_answers_help_and_refuses_unknown_flags_with_a_suggestion() {
+    let run = |program: &str, args: &[&str]| {
+        let out = Command::new(bin(program))
+            .args(args)
+            .env_remove("DUCTILE_COORDINATOR")
+            .stdin(Stdio::null())
+            .output()
+            .expect("running the program");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // (program, a flag it has, that flag misspelt)
+    let programs = [
+        ("counter", None),
+        ("lbbench", Some(("--iters", "--iter"))),
+        ("elastic_probe", Some(("--rounds", "--round"))),
+        ("pingpong", Some(("--sizes", "--size"))),
+        ("megatest", Some(("--seed", "--sed"))),
+        ("gpu_probe", Some(("--bytes", "--byte"))),
+        ("bench_core", Some(("--reps", "--rep"))),
+        ("bench_rescale", Some(("--nodes", "--node"))),
+        ("bench_lb", Some(("--reps", "--rep"))),
+    ];
+    for (program, flag) in programs {
+        let (code, stdout, stderr) = run(program, &["--help"]);
+        assert_eq!(code, Some(0), "{program} --help: {stderr}");
+        assert!(stdout.contains("Usage:"), "{program} --help: {stdout}");
+        let (code, _, stderr) = run(program, &["--bogus"]);
+        assert_eq!(code, Some(2), "{program} --bogus");
+        assert!(stderr.contains("'--bogus'"), "{program}: {stderr}");
+        if let Some((flag, typo)) = flag {
+            assert!(stdout.contains(flag), "{program} --help lists {flag}");
+            let (code, _, stderr) = run(program, &[typo, "1"]);
+            assert_eq!(code, Some(2), "{program} {typo}");
+            assert!(stderr.contains(flag), "{program} {typo}: no suggestion: {stderr}");
+        }
+    }
+    // Defaults are shown; values and cross-flag rules are checked before anything runs.
+    let (_, stdout, _) = run("lbbench", &["--help"]);
+    assert!(stdout.contains("[default: 100]"), "{stdout}");
+    for (program, args) in [
+        ("megatest", &[][..]),
+        ("megatest", &["nosuchmodule"]),
+        ("lbbench", &["--load", "lumpy"]),
+        ("pingpong", &["--sizes", "8,x"]),
+        ("bench_core", &["--grid", "8"]),
+        ("bench_rescale", &["--nodes", "4", "--step", "4"]),
+        ("gpu_probe", &["--cc", "9.0"]),
+    ] {
+        let (code, _, stderr) = run(program, args);
+        assert_eq!(code, Some(2), "{program} {args:?}: {stderr}");
+    }
+}

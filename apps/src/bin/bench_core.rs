@@ -39,11 +39,6 @@ use ductile_apps::args;
 use ductile_apps::bench::*;
 use serde_json::{json, Value};
 
-const USAGE: &str = "usage: bench_core [--reps N] [--iters K] [--grid N] [--quick] [--skip-pingpong] [--skip-jacobi] \
-                     [--budget-ms MS] [--child-timeout SECS] [--out PATH]";
-const FLAGS: &[&str] = &["quick", "skip-pingpong", "skip-jacobi", "help"];
-const VALUED: &[&str] = &["reps", "iters", "grid", "budget-ms", "child-timeout", "out"];
-
 const PINGPONG_SIZES: &[usize] = &[8, 1024, 65536, 1 << 20, 4 << 20];
 const PINGPONG_SIZES_QUICK: &[usize] = &[8, 1024, 65536];
 const BLOCKS_PER_PE: &[u32] = &[1, 4, 16];
@@ -80,50 +75,48 @@ struct Opts {
     triad_passes: usize,
 }
 
+/// The command line (`bench_core --help`).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "bench_core",
+    about = "Pingpong latency/bandwidth, Jacobi2D time per iteration and the memory-bandwidth bound, side by side; writes target/bench/core.json"
+)]
+struct Cli {
+    #[command(flatten)]
+    bench: args::BenchArgs,
+    /// Jacobi2D iterations per job [default: 30, or 10 with --quick].
+    #[arg(long, value_name = "K", value_parser = args::at_least_one::<u64>)]
+    iters: Option<u64>,
+    /// Jacobi2D grid side in points, at least 64 [default: 4096, or 512 with --quick].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(64..))]
+    grid: Option<u32>,
+    /// Skip the pingpong rows.
+    #[arg(long)]
+    skip_pingpong: bool,
+    /// Skip the Jacobi2D rows.
+    #[arg(long)]
+    skip_jacobi: bool,
+    /// Pingpong time per message size, in ms [default: 200, or 20 with --quick].
+    #[arg(long = "budget-ms", value_name = "MS")]
+    budget_ms: Option<f64>,
+}
+
 impl Opts {
-    fn parse(a: &[String]) -> Result<Opts, String> {
-        let mut i = 0;
-        while i < a.len() {
-            let name = a[i]
-                .strip_prefix("--")
-                .ok_or_else(|| format!("unexpected argument `{}`", a[i]))?;
-            let (name, inline) = name
-                .split_once('=')
-                .map_or((name, false), |(n, _)| (n, true));
-            if VALUED.contains(&name) {
-                i += if inline { 1 } else { 2 };
-            } else if FLAGS.contains(&name) && !inline {
-                i += 1;
-            } else {
-                return Err(format!("unknown option `{}`", a[i]));
-            }
+    fn from_cli(c: Cli) -> Opts {
+        let b = &c.bench;
+        Opts {
+            reps: b.reps(),
+            iters: b.pick(c.iters, 10, 30),
+            grid: b.pick(c.grid, 512, 4096),
+            quick: b.quick,
+            skip_pingpong: c.skip_pingpong,
+            skip_jacobi: c.skip_jacobi,
+            budget_ms: b.pick(c.budget_ms, 20.0, 200.0),
+            child_timeout_s: b.child_timeout_s(300),
+            out: b.out.clone(),
+            triad_mib: b.pick(None, 16, 64),
+            triad_passes: b.pick(None, 4, 10),
         }
-        let quick = args::flag(a, "quick");
-        let reps = args::parse(a, "reps", if quick { 1 } else { 5usize })?;
-        if reps == 0 {
-            return Err("--reps must be at least 1".into());
-        }
-        let grid = args::parse(a, "grid", if quick { 512 } else { 4096u32 })?;
-        if grid < 64 {
-            return Err("--grid must be at least 64".into());
-        }
-        let iters = args::parse(a, "iters", if quick { 10 } else { 30u64 })?;
-        if iters == 0 {
-            return Err("--iters must be at least 1".into());
-        }
-        Ok(Opts {
-            reps,
-            iters,
-            grid,
-            quick,
-            skip_pingpong: args::flag(a, "skip-pingpong"),
-            skip_jacobi: args::flag(a, "skip-jacobi"),
-            budget_ms: args::parse(a, "budget-ms", if quick { 20.0 } else { 200.0 })?,
-            child_timeout_s: args::parse(a, "child-timeout", 300u64)?,
-            out: args::value(a, "out").map(PathBuf::from),
-            triad_mib: if quick { 16 } else { 64 },
-            triad_passes: if quick { 4 } else { 10 },
-        })
     }
 }
 
@@ -635,18 +628,7 @@ fn main() -> ExitCode {
 }
 
 fn real_main() -> Result<ExitCode> {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    if args::flag(&argv, "help") {
-        println!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    }
-    let o = match Opts::parse(&argv) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("bench_core: {e}\n{USAGE}");
-            return Ok(ExitCode::from(2));
-        }
-    };
+    let o = Opts::from_cli(<Cli as clap::Parser>::parse());
 
     let (bin_dir, target_dir) = bin_and_target_dirs()?;
     let sibling = |name: &str| {
@@ -1044,7 +1026,7 @@ fn real_main() -> Result<ExitCode> {
         "benchmark": "bench_core",
         "date_utc": date,
         "unix_time": now.as_secs(),
-        "command": std::iter::once("bench_core".to_string()).chain(argv.iter().cloned()).collect::<Vec<_>>().join(" "),
+        "command": std::iter::once("bench_core".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),
         "git_commit": target_dir.parent().and_then(git_commit),
         "machine": { "nproc": nproc, "cpu_model": model, "mem_total_kib": mem_total_kib() },
         "parameters": {

@@ -45,10 +45,6 @@ use ductile_apps::args;
 use ductile_apps::bench::*;
 use serde_json::{json, Value};
 
-const USAGE: &str = "usage: bench_lb [--reps N] [--quick] [--child-timeout SECS] [--out PATH]";
-const FLAGS: &[&str] = &["quick", "help"];
-const VALUED: &[&str] = &["reps", "child-timeout", "out"];
-
 const STRATEGIES: &[&str] = &["Null", "GreedyRefine", "GreedyRefineRateAware"];
 const RATE_AWARE: &str = "GreedyRefineRateAware";
 const PES: u32 = 2;
@@ -67,35 +63,25 @@ struct Opts {
     out: Option<PathBuf>,
 }
 
+/// The command line (`bench_lb --help`).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "bench_lb",
+    about = "Load-balancing strategies on lbbench and jacobi2d cases (a PE at half speed, heavy elements); writes target/bench/lb.json"
+)]
+struct Cli {
+    #[command(flatten)]
+    bench: args::BenchArgs,
+}
+
 impl Opts {
-    fn parse(a: &[String]) -> Result<Opts, String> {
-        let mut i = 0;
-        while i < a.len() {
-            let name = a[i]
-                .strip_prefix("--")
-                .ok_or_else(|| format!("unexpected argument `{}`", a[i]))?;
-            let (name, inline) = name
-                .split_once('=')
-                .map_or((name, false), |(n, _)| (n, true));
-            if VALUED.contains(&name) {
-                i += if inline { 1 } else { 2 };
-            } else if FLAGS.contains(&name) && !inline {
-                i += 1;
-            } else {
-                return Err(format!("unknown option `{}`", a[i]));
-            }
+    fn from_cli(c: &Cli) -> Opts {
+        Opts {
+            reps: c.bench.reps(),
+            quick: c.bench.quick,
+            child_timeout_s: c.bench.child_timeout_s(300),
+            out: c.bench.out.clone(),
         }
-        let quick = args::flag(a, "quick");
-        let reps = args::parse(a, "reps", if quick { 1 } else { 5usize })?;
-        if reps == 0 {
-            return Err("--reps must be at least 1".into());
-        }
-        Ok(Opts {
-            reps,
-            quick,
-            child_timeout_s: args::parse(a, "child-timeout", 300u64)?,
-            out: args::value(a, "out").map(PathBuf::from),
-        })
     }
 }
 
@@ -416,18 +402,7 @@ fn main() -> ExitCode {
 type CaseSamples = Vec<Vec<RunSample>>;
 
 fn real_main() -> Result<ExitCode> {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    if args::flag(&argv, "help") {
-        println!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    }
-    let o = match Opts::parse(&argv) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("bench_lb: {e}\n{USAGE}");
-            return Ok(ExitCode::from(2));
-        }
-    };
+    let o = Opts::from_cli(&<Cli as clap::Parser>::parse());
 
     let (bin_dir, target_dir) = bin_and_target_dirs()?;
     let sibling = |name: &str| {
@@ -793,7 +768,7 @@ fn real_main() -> Result<ExitCode> {
         "benchmark": "bench_lb",
         "date_utc": date,
         "unix_time": now.as_secs(),
-        "command": std::iter::once("bench_lb".to_string()).chain(argv.iter().cloned()).collect::<Vec<_>>().join(" "),
+        "command": std::iter::once("bench_lb".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),
         "git_commit": target_dir.parent().and_then(git_commit),
         "machine": {
             "nproc": nproc, "cpu_model": model, "mem_total_kib": mem_total_kib(),

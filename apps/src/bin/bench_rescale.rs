@@ -64,22 +64,6 @@ use ductile_apps::args;
 use ductile_apps::bench::*;
 use serde_json::{json, Value};
 
-const USAGE: &str =
-    "usage: bench_rescale [--nodes 4,8,16] [--step K] [--reps R] [--grid G] [--block B] [--job-seconds S] \
-                     [--quick] [--child-timeout SECS] [--out PATH] [--program-args \"ARGS\"] [--keep-logs DIR] [--no-restart]";
-const FLAGS: &[&str] = &["quick", "help", "no-restart"];
-const VALUED: &[&str] = &[
-    "nodes",
-    "step",
-    "reps",
-    "grid",
-    "block",
-    "job-seconds",
-    "child-timeout",
-    "out",
-    "program-args",
-    "keep-logs",
-];
 const BUILD: &str =
     "cargo build --release -p ductile-apps --bin bench_rescale --bin jacobi2d -p ductile-operator";
 
@@ -135,50 +119,61 @@ struct Opts {
     restart: bool,
 }
 
+/// The command line (`bench_rescale --help`).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "bench_rescale",
+    about = "Live shrink/expand of a Jacobi2D job at several sizes, stage by stage, against --mode restart; writes target/bench/rescale.json"
+)]
+struct Cli {
+    #[command(flatten)]
+    bench: args::BenchArgs,
+    /// Node counts to measure at, comma-separated, each 2..=64 [default: 4,8,16, or 4 with --quick].
+    #[arg(long, value_name = "N,...", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(2..=64))]
+    nodes: Option<Vec<u32>>,
+    /// Nodes each shrink removes and each expand adds (less than every node count: node 0 stays).
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = args::at_least_one::<u32>)]
+    step: u32,
+    /// Jacobi2D grid side in points.
+    #[arg(long, value_name = "G", default_value_t = 256)]
+    grid: u32,
+    /// Jacobi2D block side in points (1..=--grid; at least as many blocks as nodes).
+    #[arg(long, value_name = "B", default_value_t = 32, value_parser = args::at_least_one::<u32>)]
+    block: u32,
+    /// Seconds each measured job computes, at least 1 [default: 30, or 10 with --quick].
+    #[arg(long = "job-seconds", value_name = "S")]
+    job_seconds: Option<f64>,
+    /// More arguments for every jacobi2d run, as one string.
+    #[arg(long = "program-args", value_name = "ARGS", allow_hyphen_values = true)]
+    program_args: Option<String>,
+    /// Copy the jobs' logs here at the end.
+    #[arg(long = "keep-logs", value_name = "DIR")]
+    keep_logs: Option<PathBuf>,
+    /// Measure live rescales only, not --mode restart.
+    #[arg(long = "no-restart")]
+    no_restart: bool,
+}
+
 impl Opts {
-    fn parse(a: &[String]) -> Result<Opts, String> {
-        let mut i = 0;
-        while i < a.len() {
-            let name = a[i]
-                .strip_prefix("--")
-                .ok_or_else(|| format!("unexpected argument `{}`", a[i]))?;
-            let (name, inline) = name
-                .split_once('=')
-                .map_or((name, false), |(n, _)| (n, true));
-            if VALUED.contains(&name) {
-                i += if inline { 1 } else { 2 };
-            } else if FLAGS.contains(&name) && !inline {
-                i += 1;
-            } else {
-                return Err(format!("unknown option `{}`", a[i]));
-            }
+    /// The options, with the checks that involve more than one flag.
+    fn from_cli(c: Cli) -> Result<Opts, String> {
+        let quick = c.bench.quick;
+        let nodes = c
+            .nodes
+            .clone()
+            .unwrap_or_else(|| if quick { vec![4] } else { vec![4, 8, 16] });
+        if nodes.is_empty() {
+            return Err("--nodes: name at least one node count".into());
         }
-        let quick = args::flag(a, "quick");
-        let nodes_text = args::value(a, "nodes").unwrap_or(if quick { "4" } else { "4,8,16" });
-        let nodes = nodes_text
-            .split(',')
-            .map(|n| {
-                n.trim()
-                    .parse::<u32>()
-                    .map_err(|_| format!("--nodes: cannot parse `{n}` in `{nodes_text}`"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        if nodes.is_empty() || nodes.iter().any(|&n| !(2..=64).contains(&n)) {
-            return Err("--nodes: every node count must be 2..=64 (a shrink needs 2 nodes)".into());
-        }
-        let step = args::parse(a, "step", 1u32)?;
-        if step == 0 || nodes.iter().any(|&n| n <= step) {
+        let step = c.step;
+        if nodes.iter().any(|&n| n <= step) {
             return Err(format!(
-                "--step {step}: must be 1 or more, and less than every node count (node 0 stays)"
+                "--step {step}: must be less than every node count (node 0 stays)"
             ));
         }
-        let reps = args::parse(a, "reps", if quick { 1 } else { 5usize })?;
-        if reps == 0 {
-            return Err("--reps must be at least 1".into());
-        }
-        let grid = args::parse(a, "grid", 256u32)?;
-        let block = args::parse(a, "block", 32u32)?;
-        if block == 0 || grid < block {
+        let reps = c.bench.reps();
+        let (grid, block) = (c.grid, c.block);
+        if grid < block {
             return Err("--block must be 1..=--grid".into());
         }
         let blocks = grid.div_ceil(block).pow(2);
@@ -188,7 +183,7 @@ impl Opts {
                 "--grid {grid} --block {block} makes {blocks} blocks, fewer than {most} nodes"
             ));
         }
-        let job_seconds = args::parse(a, "job-seconds", if quick { 10.0 } else { 30.0f64 })?;
+        let job_seconds = c.bench.pick(c.job_seconds, 10.0, 30.0);
         if job_seconds.is_nan() || job_seconds < 1.0 {
             return Err("--job-seconds must be at least 1".into());
         }
@@ -200,15 +195,17 @@ impl Opts {
             block,
             job_seconds,
             quick,
-            child_timeout_s: args::parse(a, "child-timeout", 600u64)?,
-            out: args::value(a, "out").map(PathBuf::from),
-            program_args: args::value(a, "program-args")
+            child_timeout_s: c.bench.child_timeout_s(600),
+            out: c.bench.out.clone(),
+            program_args: c
+                .program_args
+                .as_deref()
                 .unwrap_or("")
                 .split_whitespace()
                 .map(str::to_string)
                 .collect(),
-            keep_logs: args::value(a, "keep-logs").map(PathBuf::from),
-            restart: !args::flag(a, "no-restart"),
+            keep_logs: c.keep_logs,
+            restart: !c.no_restart,
         })
     }
 
@@ -952,17 +949,11 @@ struct Row {
 
 fn real_main() -> Result<ExitCode> {
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    if args::flag(&argv, "help") {
-        println!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    }
-    let o = match Opts::parse(&argv) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("bench_rescale: {e}\n{USAGE}");
-            return Ok(ExitCode::from(2));
-        }
-    };
+    let o = Opts::from_cli(<Cli as clap::Parser>::parse()).unwrap_or_else(|e| {
+        <Cli as clap::CommandFactory>::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, e)
+            .exit()
+    });
 
     let (bin_dir, target_dir) = bin_and_target_dirs()?;
     let ductile = sibling(&bin_dir, "ductile", "bench_rescale", BUILD)?;

@@ -64,7 +64,17 @@ impl Chare for Main {
     }
 }
 
+/// `counter` takes no arguments of its own; `--help` says what it does and
+/// anything else is refused (exit 2) before the node joins.
+#[derive(clap::Parser)]
+#[command(
+    name = "counter",
+    about = "The README's \"Writing a chare\" example: 100 counters, one broadcast, one reduction; prints `total hits: 500`"
+)]
+struct CounterArgs {}
+
 fn main() {
+    let _: CounterArgs = ductile_apps::args::parse_or_exit("counter");
     ductile::launch(|reg| {
         reg.main::<Main>().chare::<Counter>();
     })

@@ -139,9 +139,11 @@ impl Chare for Main {
     type Msg = MainMsg;
 
     fn new(a: Vec<String>, ctx: &mut Ctx<'_, Self>) -> Self {
-        let rounds = args::parse(&a, "rounds", 2000u64).unwrap_or_else(|e| fail(e));
-        let factor = args::parse(&a, "factor", 7u64).unwrap_or_else(|e| fail(e));
-        let sync_every = args::parse(&a, "sync-every", 0u64).unwrap_or_else(|e| fail(e));
+        let ProbeArgs {
+            rounds,
+            factor,
+            sync_every,
+        } = args::parse_main("elastic_probe", &a);
         FACTOR.set(ctx, factor);
         let elements = ctx.num_pes() as u64;
         let mut m = Main {
@@ -219,7 +221,26 @@ impl Chare for Main {
     }
 }
 
+/// The command line (`elastic_probe --help`), checked before the node joins.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "elastic_probe",
+    about = "Rounds of group and nodegroup reductions checked exactly at every shape, across rescales; ends with `probe ok`"
+)]
+struct ProbeArgs {
+    /// Rounds to run.
+    #[arg(long, value_name = "N", default_value_t = 2000, value_parser = args::at_least_one::<u64>)]
+    rounds: u64,
+    /// The readonly factor each member multiplies in.
+    #[arg(long, value_name = "F", default_value_t = 7)]
+    factor: u64,
+    /// Every S rounds an array joins a sync point (where --mode restart checkpoints); 0: never.
+    #[arg(long = "sync-every", value_name = "S", default_value_t = 0)]
+    sync_every: u64,
+}
+
 fn main() {
+    let _: ProbeArgs = args::parse_or_exit("elastic_probe");
     ductile::launch(|reg| {
         reg.main::<Main>()
             .chare::<PerPe>()

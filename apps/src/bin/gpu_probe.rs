@@ -9,9 +9,35 @@
 //! as shipped PTX (`DIR/<module>.ptx`, for `DUCTILE_GPU_PTX_DIR` on a GPU
 //! machine without NVRTC). Needs NVRTC only, no driver or device.
 
-use ductile_apps::args;
+/// The command line (`gpu_probe --help`).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "gpu_probe",
+    about = "A GPU's copy bandwidths and first-context time as one JSON line, or (--emit-ptx) the programs' GPU modules as shipped PTX"
+)]
+struct Cli {
+    /// Bytes per copy.
+    #[arg(long, value_name = "N", default_value_t = 1 << 30)]
+    bytes: usize,
+    /// Copies per direction (the median is reported).
+    #[arg(long, value_name = "R", default_value_t = 10, value_parser = ductile_apps::args::at_least_one::<usize>)]
+    reps: usize,
+    /// CUDA device ordinal.
+    #[arg(long, value_name = "D", default_value_t = 0)]
+    device: usize,
+    /// Compile every GPU module with NVRTC and write DIR/<module>.ptx instead (no driver or device needed).
+    #[arg(long = "emit-ptx", value_name = "DIR", conflicts_with_all = ["bytes", "reps", "device"])]
+    emit_ptx: Option<std::path::PathBuf>,
+    /// Compute capability to compile for with --emit-ptx (e.g. 9.0).
+    #[arg(long, value_name = "MAJOR.MINOR", requires = "emit_ptx", value_parser = compute_capability)]
+    cc: Option<(i32, i32)>,
+}
 
-const USAGE: &str = "usage: gpu_probe [--bytes N] [--reps R] [--device D]\n       gpu_probe --emit-ptx DIR [--cc MAJOR.MINOR]";
+fn compute_capability(text: &str) -> Result<(i32, i32), String> {
+    text.split_once('.')
+        .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+        .ok_or_else(|| format!("`{text}` is not MAJOR.MINOR, e.g. 9.0"))
+}
 
 fn fail(e: impl std::fmt::Display) -> ! {
     eprintln!("gpu_probe: {e}");
@@ -19,30 +45,14 @@ fn fail(e: impl std::fmt::Display) -> ! {
 }
 
 fn main() {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(dir) = args::value(&argv, "emit-ptx") {
-        let cc = args::value(&argv, "cc").map(|t| {
-            let (major, minor) = t
-                .split_once('.')
-                .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-                .unwrap_or_else(|| {
-                    fail(format!("--cc {t}: expected MAJOR.MINOR, e.g. 9.0\n{USAGE}"))
-                });
-            (major, minor)
-        });
-        emit_ptx(std::path::Path::new(dir), cc);
+    let cli = <Cli as clap::Parser>::parse();
+    if let Some(dir) = &cli.emit_ptx {
+        emit_ptx(dir, cli.cc);
         return;
     }
-    let parsed = (|| -> Result<(usize, usize, usize), String> {
-        Ok((
-            args::parse(&argv, "bytes", 1usize << 30)?,
-            args::parse(&argv, "reps", 10usize)?,
-            args::parse(&argv, "device", 0usize)?,
-        ))
-    })();
-    let (bytes, reps, device) = parsed.unwrap_or_else(|e| fail(format!("{e}\n{USAGE}")));
+    let (bytes, reps, device) = (cli.bytes, cli.reps, cli.device);
     #[cfg(feature = "cuda")]
-    match ductile::gpu::probe_bandwidth(device, bytes, reps.max(1)) {
+    match ductile::gpu::probe_bandwidth(device, bytes, reps) {
         Ok(b) => println!(
             "{}",
             serde_json::to_string(&b).expect("a bandwidth record serialises")

@@ -41,7 +41,7 @@ struct Setup {
     per_pe: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, clap::ValueEnum)]
 enum Load {
     Uniform,
     Random,
@@ -183,28 +183,16 @@ impl Chare for Main {
     type Msg = MainMsg;
 
     fn new(a: Vec<String>, ctx: &mut Ctx<'_, Self>) -> Self {
-        let parse = || -> Result<Setup, String> {
-            let per_pe = args::parse(&a, "per-pe", 8u64)?;
-            let load = match args::value(&a, "load").unwrap_or("uniform") {
-                "uniform" => Load::Uniform,
-                "random" => Load::Random,
-                "heavy" => Load::Heavy,
-                other => return Err(format!("--load {other}: expected uniform, random or heavy")),
-            };
-            Ok(Setup {
-                elems: per_pe * ctx.num_pes() as u64,
-                iters: args::parse(&a, "iters", 100u64)?,
-                lb_every: args::parse(&a, "lb-every", 0u64)?,
-                work_us: args::parse(&a, "work-us", 200.0f64)?,
-                msg_bytes: args::parse(&a, "msg-bytes", 1024usize)?,
-                load,
-                per_pe,
-            })
+        let a: LbbenchArgs = args::parse_main("lbbench", &a);
+        let setup = Setup {
+            elems: a.per_pe * ctx.num_pes() as u64,
+            iters: a.iters,
+            lb_every: a.lb_every,
+            work_us: a.work_us,
+            msg_bytes: a.msg_bytes,
+            load: a.load,
+            per_pe: a.per_pe,
         };
-        let setup = parse().unwrap_or_else(|e| {
-            eprintln!("lbbench: {e}");
-            std::process::exit(2)
-        });
         SETUP.set(ctx, setup);
         let arr = ArrayProxy::<Elem>::create(ctx, setup.elems, ());
         arr.broadcast(ctx, ElemMsg::Start);
@@ -231,7 +219,36 @@ impl Chare for Main {
     }
 }
 
+/// The command line (`lbbench --help`), checked before the node joins; the
+/// runtime's `+lb`, `+pe-speed`, `+lb-report` go beside it.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "lbbench",
+    about = "A synthetic load-balancing benchmark: elements of chosen weights pass a message around a ring and join LB steps"
+)]
+struct LbbenchArgs {
+    /// Elements per PE.
+    #[arg(long = "per-pe", value_name = "E", default_value_t = 8, value_parser = args::at_least_one::<u64>)]
+    per_pe: u64,
+    /// Iterations to run.
+    #[arg(long, value_name = "K", default_value_t = 100, value_parser = args::at_least_one::<u64>)]
+    iters: u64,
+    /// Load-balance (AtSync) every L iterations; 0: never.
+    #[arg(long = "lb-every", value_name = "L", default_value_t = 0)]
+    lb_every: u64,
+    /// How the elements' weights are drawn.
+    #[arg(long, value_enum, default_value_t = Load::Uniform)]
+    load: Load,
+    /// Nominal microseconds of work per element and iteration at weight 1.
+    #[arg(long = "work-us", value_name = "W", default_value_t = 200.0)]
+    work_us: f64,
+    /// Bytes of the message each element passes on per iteration.
+    #[arg(long = "msg-bytes", value_name = "B", default_value_t = 1024)]
+    msg_bytes: usize,
+}
+
 fn main() {
+    let _: LbbenchArgs = args::parse_or_exit("lbbench");
     ductile::launch(|reg| {
         reg.main::<Main>().chare::<Elem>().readonly(&SETUP);
     })

@@ -667,6 +667,8 @@ struct Main {
     module: String,
     seed: u64,
     elems: u32,
+    /// The exit code once the module passed (`--code`).
+    code: i32,
     expected: u64,
     seen: BTreeSet<(u64, u128)>,
     pes_used: BTreeSet<u64>,
@@ -690,8 +692,7 @@ impl Main {
                 ctx.num_pes(),
                 ctx.num_nodes()
             );
-            let code = args::parse(ctx.args(), "code", 0i32).unwrap_or(0);
-            ctx.exit(code);
+            ctx.exit(self.code);
         }
     }
 }
@@ -703,15 +704,16 @@ impl Chare for Main {
     type Msg = MainMsg;
 
     fn new(a: Vec<String>, ctx: &mut Ctx<'_, Self>) -> Self {
-        let module = a.first().cloned().unwrap_or_default();
-        let seed = args::parse(&a, "seed", 1u64).unwrap_or_else(|e| fail(&module, e));
-        let elems =
-            args::parse(&a, "elems", 4 * ctx.num_pes()).unwrap_or_else(|e| fail(&module, e));
+        let parsed: MegatestArgs = args::parse_main("megatest", &a);
+        let module = parsed.module.name();
+        let seed = parsed.seed;
+        let elems = parsed.elems.unwrap_or(4 * ctx.num_pes());
         let p = ctx.num_pes();
         let mut m = Main {
             module: module.clone(),
             seed,
             elems,
+            code: parsed.code,
             expected: 0,
             seen: BTreeSet::new(),
             pes_used: BTreeSet::new(),
@@ -787,8 +789,7 @@ impl Chare for Main {
                 m.wanted = 1;
             }
             "migrate" => {
-                let chains = args::parse(&a, "chains", 3u64).unwrap_or_else(|e| fail(&module, e));
-                let len = args::parse(&a, "len", 30u64).unwrap_or_else(|e| fail(&module, e));
+                let (chains, len) = (parsed.chains, parsed.len);
                 let arr = ArrayProxy::<Walker>::create(ctx, elems as u64, elems as u64);
                 arr.broadcast(ctx, WalkMsg::Go { seed, chains, len });
                 ctx.start_quiescence(Callback::main::<Main>(MainMsg::Quiet));
@@ -808,7 +809,7 @@ impl Chare for Main {
                 m.wanted = 1;
             }
             "panic" => {
-                let target = args::parse(&a, "pe", p - 1).unwrap_or_else(|e| fail(&module, e));
+                let target = parsed.pe.unwrap_or(p - 1);
                 let g = GroupProxy::<Bomb>::create(ctx, 0);
                 g.broadcast(ctx, target);
                 m.wanted = usize::MAX;
@@ -908,7 +909,73 @@ impl Main {
     }
 }
 
+/// The command line (`megatest --help`), checked before the node joins.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "megatest",
+    about = "One of the runtime's feature tests per run; prints `megatest <module> ok` and the values it computed"
+)]
+struct MegatestArgs {
+    /// The module to run.
+    #[arg(value_enum)]
+    module: Module,
+    /// Seed of the module's random choices.
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    seed: u64,
+    /// Array elements [default: 4 per PE].
+    #[arg(long, value_name = "N")]
+    elems: Option<u32>,
+    /// migrate: chains of hops.
+    #[arg(long, value_name = "C", default_value_t = 3)]
+    chains: u64,
+    /// migrate: hops per chain.
+    #[arg(long, value_name = "L", default_value_t = 30)]
+    len: u64,
+    /// panic: the PE that panics [default: the last].
+    #[arg(long, value_name = "PE")]
+    pe: Option<u32>,
+    /// The job's exit code once the module passed.
+    #[arg(long, value_name = "CODE", default_value_t = 0, allow_negative_numbers = true)]
+    code: i32,
+}
+
+/// The modules, each a small test of one runtime feature.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Module {
+    /// 1D, 2D, 3D and user-indexed arrays: every element constructed once.
+    Arrays,
+    /// Built-in and custom reducers.
+    Reduce,
+    /// Groups and nodegroups: one member per PE / node.
+    Group,
+    /// Readonly data seen by every element.
+    Readonly,
+    /// Dynamic insertion, with messages sent before and after.
+    Insert,
+    /// Message priorities.
+    Priority,
+    /// Quiescence detection.
+    Qd,
+    /// Migration while messages chase the elements.
+    Migrate,
+    /// Destroying elements.
+    Destroy,
+    /// Exit from a PE other than 0.
+    Exit,
+    /// A panicking PE ends the job with a clear message.
+    Panic,
+}
+
+impl Module {
+    /// The name on the command line.
+    fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map_or_else(String::new, |v| v.get_name().to_owned())
+    }
+}
+
 fn main() {
+    let _: MegatestArgs = args::parse_or_exit("megatest");
     ductile::launch(|reg| {
         reg.main::<Main>()
             .chare::<Probe1>()

@@ -139,18 +139,11 @@ impl Chare for Main {
             eprintln!("pingpong needs at least 2 PEs");
             std::process::exit(2);
         }
-        let sizes = match args::value(&a, "sizes") {
-            None => DEFAULT_SIZES.to_vec(),
-            Some(s) => s
-                .split(',')
-                .map(|v| {
-                    v.parse()
-                        .unwrap_or_else(|_| panic!("--sizes: bad size `{v}`"))
-                })
-                .collect(),
-        };
-        let min_iters = args::parse(&a, "min-iters", 20u64).unwrap_or_else(|e| panic!("{e}"));
-        let budget_ms = args::parse(&a, "budget-ms", 200.0f64).unwrap_or_else(|e| panic!("{e}"));
+        let PingpongArgs {
+            sizes,
+            min_iters,
+            budget_ms,
+        } = args::parse_main("pingpong", &a);
         // Two elements over all PEs would land on PEs 0 and P/2; pin them to 0 and 1.
         let players = ArrayProxy::<Player>::create_empty(ctx);
         players.insert_on(ctx, 0, 0, ());
@@ -181,7 +174,26 @@ impl Chare for Main {
     }
 }
 
+/// The command line (`pingpong --help`), checked before the node joins.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "pingpong",
+    about = "Round-trip latency and bandwidth between PE 0 and PE 1 (needs at least 2 PEs); one line per message size"
+)]
+struct PingpongArgs {
+    /// Message sizes in bytes, comma-separated.
+    #[arg(long, value_name = "B,...", value_delimiter = ',', default_values_t = DEFAULT_SIZES.to_vec())]
+    sizes: Vec<usize>,
+    /// Round trips per size at least (more while within --budget-ms).
+    #[arg(long = "min-iters", value_name = "N", default_value_t = 20, value_parser = args::at_least_one::<u64>)]
+    min_iters: u64,
+    /// Time to spend per size, in ms.
+    #[arg(long = "budget-ms", value_name = "MS", default_value_t = 200.0)]
+    budget_ms: f64,
+}
+
 fn main() {
+    let _: PingpongArgs = args::parse_or_exit("pingpong");
     ductile::launch(|reg| {
         reg.main::<Main>().chare::<Player>();
     })
