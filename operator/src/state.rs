@@ -379,10 +379,16 @@ pub struct JobState {
     /// The launch nodes, in launch index order.
     pub nodes: Vec<NodeRecord>,
     /// Newcomers the launcher started while the job ran (`ductile expand`,
-    /// `ductile rescale --add`), in start order: `newcomers[k]` is
-    /// "newcomer k" in the launcher's messages. Absent in older records.
+    /// `ductile rescale --add`), in start order: every one still running,
+    /// and the last [`NEWCOMER_RECORDS`] that ended (older ones are only
+    /// counted, in `newcomer_counts`). `number` is "newcomer k" in the
+    /// launcher's messages. Absent in older records.
     #[serde(default)]
     pub newcomers: Vec<NewcomerRecord>,
+    /// Every newcomer of the job, counted, including those whose record
+    /// was let go. Absent in older records.
+    #[serde(default)]
+    pub newcomer_counts: NewcomerCounts,
     /// Attempts at restarting the coordinator after it was lost while the
     /// job ran, in order; `coordinator` names the one running now. Absent
     /// in older records.
@@ -440,9 +446,63 @@ pub struct NodeRecord {
     pub pes: u32,
 }
 
+/// How many records of newcomers that ended `job.json` keeps: a job
+/// rescaled for weeks keeps a bounded record (plus [`NewcomerCounts`]).
+pub const NEWCOMER_RECORDS: usize = 64;
+
+/// Counts over every newcomer of a job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewcomerCounts {
+    /// Newcomers started.
+    pub started: u64,
+    /// Of those, admitted by a rescale.
+    pub admitted: u64,
+    /// Of those, ended surely never admitted.
+    pub dropped: u64,
+    /// Of those, ended (any way).
+    pub ended: u64,
+}
+
+impl JobState {
+    /// The record of newcomer `number`, if it is kept.
+    pub fn newcomer_mut(&mut self, number: usize) -> Option<&mut NewcomerRecord> {
+        self.newcomers.iter_mut().find(|r| r.number == number)
+    }
+
+    /// Lets go of the oldest records of newcomers that ended and whose
+    /// judgement is final (`settled(number)`), beyond the last
+    /// [`NEWCOMER_RECORDS`] such; running ones are always kept. Whether
+    /// any record went.
+    pub fn trim_newcomers(&mut self, settled: impl Fn(usize) -> bool) -> bool {
+        let done = |r: &NewcomerRecord| r.exit.is_some() && settled(r.number);
+        let mut excess = self
+            .newcomers
+            .iter()
+            .filter(|r| done(r))
+            .count()
+            .saturating_sub(NEWCOMER_RECORDS);
+        if excess == 0 {
+            return false;
+        }
+        self.newcomers.retain(|r| {
+            if excess > 0 && done(r) {
+                excess -= 1;
+                false
+            } else {
+                true
+            }
+        });
+        true
+    }
+}
+
 /// One newcomer process the launcher started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewcomerRecord {
+    /// Its number: "newcomer k" in the launcher's messages, in start order
+    /// from 0. Absent in older records (then its place in the list).
+    #[serde(default)]
+    pub number: usize,
     /// Its pid (and process group).
     pub pid: u32,
     /// PEs it runs.
@@ -644,6 +704,7 @@ mod tests {
                 pes: 2,
             }],
             newcomers: vec![NewcomerRecord {
+                number: 0,
                 pid: 4,
                 pes: 2,
                 started_at_unix_ms: 7,
@@ -651,6 +712,12 @@ mod tests {
                 dropped: false,
                 exit: Some("exited with code 0".into()),
             }],
+            newcomer_counts: NewcomerCounts {
+                started: 1,
+                admitted: 1,
+                dropped: 0,
+                ended: 1,
+            },
             coordinator_restarts: vec![CoordinatorRestartRecord {
                 at_unix_ms: 8,
                 previous_pid: 2,
@@ -692,6 +759,7 @@ mod tests {
     #[test]
     fn a_newcomer_is_described_by_admission_and_exit() {
         let mut n = NewcomerRecord {
+            number: 0,
             pid: 1,
             pes: 1,
             started_at_unix_ms: 0,
@@ -713,5 +781,50 @@ mod tests {
         assert_eq!(n.describe(), "gone: exited with code 0");
         n.exit = None;
         assert_eq!(n.describe(), "admitted");
+    }
+
+    /// Issue 15, item 6: a job that started thousands of newcomers keeps the
+    /// running ones and the last [`NEWCOMER_RECORDS`] that ended, and counts
+    /// them all; a record whose judgement is not final stays.
+    #[test]
+    fn the_newcomer_record_is_a_bounded_ring_plus_counts() {
+        let record = |number: usize, ended: bool| NewcomerRecord {
+            number,
+            pid: 1000 + number as u32,
+            pes: 1,
+            started_at_unix_ms: 0,
+            admitted: true,
+            dropped: false,
+            exit: ended.then(|| "exited with code 0".to_owned()),
+        };
+        let mut state: JobState = serde_json::from_value(serde_json::json!({
+            "format": JOB_STATE_FORMAT, "job": "j", "state_dir": "/tmp/x", "launcher_pid": 1,
+            "coordinator": null, "nodes": [], "shape": {"nodes": 1, "pes_per_node": 1},
+            "transport": "tcp", "bind": "127.0.0.1", "program": ["p"],
+            "launched_at_unix_ms": 0, "finished_at_unix_ms": null, "outcome": null
+        }))
+        .unwrap();
+        // Newcomer 0 runs for ever (a member); 1 ended but is not judged yet.
+        state.newcomers.push(record(0, false));
+        state.newcomers.push(record(1, true));
+        let mut sizes = Vec::new();
+        for n in 2..5_000 {
+            state.newcomers.push(record(n, true));
+            state.newcomer_counts.started += 1;
+            state.trim_newcomers(|k| k != 1);
+            sizes.push(serde_json::to_vec(&state).unwrap().len());
+        }
+        assert_eq!(state.newcomers.len(), NEWCOMER_RECORDS + 2);
+        assert_eq!(state.newcomers[0].number, 0, "running: kept");
+        assert_eq!(state.newcomers[1].number, 1, "not settled: kept");
+        assert_eq!(state.newcomers[2].number, 5_000 - NEWCOMER_RECORDS);
+        assert!(state.newcomer_mut(4_999).is_some());
+        assert!(state.newcomer_mut(500).is_none());
+        assert_eq!(state.newcomer_counts.started, 4_998);
+        // The file stops growing once the ring is full: from newcomer 1,200
+        // on (numbers and pids of four digits) only the counters' digits
+        // could add bytes.
+        let (full, last) = (sizes[1_200], sizes[sizes.len() - 1]);
+        assert!(last <= full + 4, "job.json grew from {full} to {last} bytes");
     }
 }

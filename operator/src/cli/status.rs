@@ -151,7 +151,8 @@ pub fn render_status(status: &JobStatus, newcomers: &[NewcomerRecord]) -> String
     if !newcomers.is_empty() {
         let _ = writeln!(out, "newcomers started by the launcher:");
         let _ = writeln!(out, "{:>9} {:>8}  state", "newcomer", "pid");
-        for (n, record) in newcomers.iter().enumerate() {
+        for record in newcomers {
+            let n = record.number;
             let _ = writeln!(out, "{n:>9} {:>8}  {}", record.pid, record.describe());
         }
     }
@@ -186,6 +187,7 @@ mod tests {
             uptime_ms: 2500,
         };
         let record = |pid: u32, admitted: bool, exit: Option<&str>| NewcomerRecord {
+            number: (pid - 20) as usize,
             pid,
             pes: 2,
             started_at_unix_ms: 0,

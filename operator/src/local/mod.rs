@@ -362,6 +362,9 @@ enum ProbeAnswer {
         epoch: u64,
         /// The pids the members reported.
         member_pids: Vec<u32>,
+        /// The coordinator's recent admissions `(epoch, pid)`, asked for
+        /// after the view (empty from a coordinator that has no history).
+        admitted: Vec<(u64, u32)>,
     },
     /// No view yet, in answer to a question asked at this time since launch.
     NotStarted(Duration),
@@ -405,10 +408,21 @@ fn spawn_view_probe(
                 let answer = match connected.query_view(timeout) {
                     Ok((Some(view), _)) => {
                         started = true;
+                        // After the view: an admission before a newcomer's
+                        // exit, itself before the view was asked for, is
+                        // listed (the history keeps the last 256).
+                        let admitted = match connected.query_admissions(timeout) {
+                            Ok((_, recent)) => recent.iter().map(|a| (a.epoch, a.pid)).collect(),
+                            Err(err) => {
+                                tracing::debug!(%err, "the coordinator gave no admission history");
+                                Vec::new()
+                            }
+                        };
                         ProbeAnswer::View {
                             asked_at,
                             epoch: view.epoch,
                             member_pids: view.members.iter().map(|m| m.pid).collect(),
+                            admitted,
                         }
                     }
                     Ok((None, _)) => ProbeAnswer::NotStarted(asked_at),
@@ -482,6 +496,7 @@ pub fn launch(
         coordinator: None,
         nodes: Vec::new(),
         newcomers: Vec::new(),
+        newcomer_counts: Default::default(),
         coordinator_restarts: Vec::new(),
         shape: Shape {
             nodes: spec.nodes,
@@ -1063,7 +1078,10 @@ fn supervise(
             if let Some(exit) = newcomer.poll() {
                 tracing::info!(newcomer = n, pid = newcomer.pid(), %exit, "newcomer ended");
                 sup.newcomer_exited(n, exit, now);
-                state.newcomers[n].exit = Some(exit.to_string());
+                if let Some(record) = state.newcomer_mut(n) {
+                    record.exit = Some(exit.to_string());
+                }
+                state.newcomer_counts.ended += 1;
                 record_changed = true;
             }
         }
@@ -1073,24 +1091,31 @@ fn supervise(
                     asked_at,
                     epoch,
                     member_pids,
+                    admitted,
                 } => {
                     if !sup.started() {
                         tracing::info!(elapsed = ?t0.elapsed(), "job started");
                     }
+                    sup.admissions_seen(&admitted);
                     sup.members_seen(asked_at, epoch, &member_pids);
                 }
                 ProbeAnswer::NotStarted(asked_at) => sup.not_started(asked_at),
             }
         }
-        for (n, record) in state.newcomers.iter_mut().enumerate() {
+        for record in state.newcomers.iter_mut() {
+            let n = record.number;
             if !record.admitted && sup.newcomer_admitted(n) {
                 tracing::info!(newcomer = n, pid = record.pid, "newcomer admitted");
                 record.admitted = true;
+                state.newcomer_counts.admitted += 1;
                 record_changed = true;
             }
         }
         for dropped in sup.take_dropped() {
-            state.newcomers[dropped.newcomer].dropped = dropped.never_admitted;
+            if let Some(record) = state.newcomer_mut(dropped.newcomer) {
+                record.dropped = dropped.never_admitted;
+            }
+            state.newcomer_counts.dropped += u64::from(dropped.never_admitted);
             record_changed = true;
             // Exiting 0 unseen is most likely a departure: those go unsaid.
             if dropped.never_admitted || dropped.exit != Exit::Code(0) {
@@ -1129,6 +1154,7 @@ fn supervise(
             record_changed = true;
         }
         if record_changed {
+            state.trim_newcomers(|n| sup.newcomer_settled(n));
             if let Err(err) = dir.write_job(state) {
                 tracing::warn!(%err, "cannot update the job record");
             }
@@ -1197,9 +1223,13 @@ fn supervise(
         _ => Signal::SIGTERM,
     };
     let all_stopped = fleet.stop(first, stop);
-    for (record, newcomer) in state.newcomers.iter_mut().zip(&fleet.newcomers) {
+    for record in state.newcomers.iter_mut() {
         if record.exit.is_none() {
-            record.exit = newcomer.exit.map(|e| e.to_string());
+            record.exit = fleet
+                .newcomers
+                .get(record.number)
+                .and_then(|n| n.exit)
+                .map(|e| e.to_string());
         }
     }
     if !all_stopped {
@@ -1249,7 +1279,9 @@ fn spawn_newcomers(
         fleet
             .newcomers
             .push(Supervised::new(format!("newcomer {n}"), child));
+        state.newcomer_counts.started += 1;
         state.newcomers.push(NewcomerRecord {
+            number: n,
             pid,
             pes: job.spec.pes_per_node,
             started_at_unix_ms: unix_ms(SystemTime::now()),

@@ -41,10 +41,15 @@
 //!   other than 0 is. Whether an exited newcomer had been admitted is settled
 //!   by a view asked for after its exit: a member that dies stays in the view
 //!   until the job removes it, a removed or never-admitted one is not there.
-//!   Without such an answer within the grace period it counts as dropped. A
-//!   newcomer admitted and removed again between two views (the epoch jumped
-//!   by more than one) is not a failure either, but is not called dropped:
-//!   the launcher cannot tell.
+//!   Without such an answer within the grace period it counts as dropped.
+//!   Views are samples: a newcomer can be admitted and removed again between
+//!   two looks. So the record follows the coordinator's admission history
+//!   too ([`Supervisor::admissions_seen`], asked for with every view): a
+//!   newcomer whose pid the history lists, admitted in an epoch later than
+//!   the last one seen when it was started, was admitted, and its exit is
+//!   judged as a member's (exit 0: it departed). Only without that history
+//!   (an older coordinator), when the epoch jumped, is such a newcomer left
+//!   undecided: not a failure, and not called dropped either.
 //! - The optional wall-clock limit and a stop request end the job.
 
 use std::fmt;
@@ -441,6 +446,9 @@ struct NewcomerSlot {
     followed: bool,
     /// A commit happened unseen since it was followed (the epoch jumped).
     missed_commit: bool,
+    /// The latest epoch seen when it was started: an admission of its pid
+    /// in this epoch or before is another process's (a pid reused).
+    epoch_at_spawn: Epoch,
 }
 
 /// A coordinator lost while the job runs, to be restarted.
@@ -558,7 +566,14 @@ impl Supervisor {
             if slot.admitted || slot.judged || asked_at < slot.spawned_at {
                 continue;
             }
-            if slot.followed && skipped {
+            // Two commits since the last view seen before its start (or
+            // since its last look) may have admitted and removed it unseen.
+            let unseen = if slot.followed {
+                skipped
+            } else {
+                epoch > slot.epoch_at_spawn + 1
+            };
+            if unseen {
                 slot.missed_commit = true;
             }
             slot.followed = true;
@@ -572,6 +587,32 @@ impl Supervisor {
                 }
             } else if let Some((exit, at)) = slot.exit.filter(|&(_, at)| at <= asked_at) {
                 self.drop_newcomer(n, exit, at);
+            }
+        }
+    }
+
+    /// The coordinator's recent admissions, `(epoch, pid)` each, asked for
+    /// after the view given next to [`Supervisor::members_seen`] (give them
+    /// first): newcomers they list are admitted, whether or not a view showed
+    /// them as members, so one admitted and removed between two looks is
+    /// recorded as admitted, not dropped.
+    pub fn admissions_seen(&mut self, admitted: &[(Epoch, u32)]) {
+        for n in 0..self.newcomers.len() {
+            let slot = &mut self.newcomers[n];
+            if slot.admitted || slot.judged {
+                continue;
+            }
+            let listed = admitted
+                .iter()
+                .any(|&(epoch, pid)| pid == slot.pid && epoch > slot.epoch_at_spawn);
+            if !listed {
+                continue;
+            }
+            slot.admitted = true;
+            if let Some((exit, at)) = slot.exit {
+                slot.judged = true;
+                let pid = slot.pid;
+                self.judge_member_exit(Who::Newcomer(n), pid, exit, at);
             }
         }
     }
@@ -605,6 +646,7 @@ impl Supervisor {
             judged: false,
             followed: false,
             missed_commit: false,
+            epoch_at_spawn: self.epoch.unwrap_or(0),
         });
         self.newcomers.len() - 1
     }
@@ -624,6 +666,12 @@ impl Supervisor {
             self.judge_member_exit(Who::Newcomer(n), pid, exit, now);
         }
         // Otherwise a view asked for after this exit settles it.
+    }
+
+    /// Whether newcomer `n` ended and its end has been judged (as a
+    /// member's, or as a drop): nothing about it will change any more.
+    pub fn newcomer_settled(&self, n: usize) -> bool {
+        self.newcomers.get(n).is_some_and(|s| s.judged)
     }
 
     /// Whether newcomer `n` has been seen as a member.
@@ -1421,6 +1469,78 @@ mod tests {
         Want,
         &'static [(usize, bool)],
     );
+
+    /// Issue 15, item 3: the launcher's first look after it started a
+    /// newcomer comes after two commits, one that admitted it and one that
+    /// removed it (it exited 0). The view does not list it; the admission
+    /// history does: it is recorded as admitted, not dropped, and the job
+    /// goes on.
+    #[test]
+    fn a_newcomer_admitted_and_removed_between_two_looks_is_recorded_as_admitted() {
+        let mut sup = sup(2);
+        sup.members_seen(s(0.5), 1, LAUNCH);
+        let n = sup.newcomer_spawned(200, s(1.0));
+        sup.newcomer_exited(n, Exit::Code(0), s(2.0));
+        // Asked at 2.1: the view of epoch 3 (admitted at 2, removed at 3).
+        sup.admissions_seen(&[(2, 200)]);
+        sup.members_seen(s(2.1), 3, LAUNCH);
+        assert!(sup.newcomer_admitted(n), "the history says it was admitted");
+        assert_eq!(sup.take_dropped(), vec![], "not dropped");
+        assert_eq!(sup.poll(s(60.0)), None, "a departure: the job goes on");
+        assert!(!sup.wants_views(), "nothing left to settle");
+
+        // The same look without the history (an older coordinator): it is
+        // not admitted, and not called surely never admitted either, since
+        // the epoch moved by two since it was started.
+        let mut sup = sup_with_view();
+        let n = sup.newcomer_spawned(200, s(1.0));
+        sup.newcomer_exited(n, Exit::Code(0), s(2.0));
+        sup.members_seen(s(2.1), 3, LAUNCH);
+        assert!(!sup.newcomer_admitted(n));
+        let dropped: Vec<(usize, bool)> = sup
+            .take_dropped()
+            .iter()
+            .map(|d| (d.newcomer, d.never_admitted))
+            .collect();
+        assert_eq!(dropped, vec![(n, false)]);
+    }
+
+    fn sup_with_view() -> Supervisor {
+        let mut sup = sup(2);
+        sup.members_seen(s(0.5), 1, LAUNCH);
+        sup
+    }
+
+    /// The history's entries that cannot be this newcomer's are ignored: an
+    /// admission of its pid in an epoch seen before it started (a reused
+    /// pid), another pid. It stays a newcomer; exiting unadmitted, it is
+    /// dropped. A newcomer the history lists that then dies by a signal is
+    /// judged as a member: the job fails.
+    #[test]
+    fn admissions_of_other_processes_do_not_admit_a_newcomer() {
+        let mut sup = sup(2);
+        sup.members_seen(s(0.5), 1, LAUNCH);
+        sup.members_seen(s(0.7), 2, LAUNCH);
+        let n = sup.newcomer_spawned(200, s(1.0));
+        sup.admissions_seen(&[(2, 200), (3, 201)]);
+        assert!(!sup.newcomer_admitted(n));
+        sup.newcomer_exited(n, Exit::Code(3), s(2.0));
+        sup.admissions_seen(&[(2, 200), (3, 201)]);
+        sup.members_seen(s(2.1), 3, &[100, 101, 201]);
+        let dropped = sup.take_dropped();
+        assert_eq!(dropped.len(), 1);
+        assert!(dropped[0].never_admitted, "{}", dropped[0]);
+
+        let mut sup = sup_with_view();
+        let n = sup.newcomer_spawned(300, s(1.0));
+        sup.admissions_seen(&[(2, 300)]);
+        assert!(sup.newcomer_admitted(n));
+        sup.newcomer_exited(n, KILL, s(3.0));
+        assert!(
+            matches!(sup.poll(s(3.1)), Some(JobEnd::Failed(Failure::NodeKilled { .. }))),
+            "an admitted newcomer killed is a member killed"
+        );
+    }
 
     #[test]
     fn newcomer_rules() {
