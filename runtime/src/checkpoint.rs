@@ -30,6 +30,7 @@ use crate::chare::IndexKey;
 use crate::collection::ElemMeta;
 use crate::msg::{CollId, Dest, Envelope, Payload};
 use crate::node::NodeShared;
+use crate::operation::{Busy, Operation, Refusal};
 use crate::system::{CreateSpec, SysMsg};
 
 /// First bytes of every checkpoint file.
@@ -116,6 +117,21 @@ pub enum CheckpointError {
         /// The cause.
         source: postcard::Error,
     },
+    /// PE 0 found a rescale in progress when the request reached it.
+    #[error("a rescale is in progress")]
+    Rescaling,
+    /// Some PEs could not write their files (their reports, joined).
+    #[error("{0}")]
+    Pes(String),
+    /// The request was withdrawn while the files were being written.
+    #[error("the checkpoint request went away")]
+    Withdrawn,
+    /// State a checkpoint cannot capture (results waiting, messages queued).
+    #[error("{0}")]
+    Unsettled(String),
+    /// The main chare is not where a checkpoint expects it.
+    #[error("the main chare is not on PE 0")]
+    NoMain,
 }
 
 pub(crate) fn job_path(dir: &Path) -> PathBuf {
@@ -166,7 +182,7 @@ pub(crate) struct CheckpointDesk {
     pub started: Instant,
     /// When every PE was told to write.
     pub writing_from: Option<Instant>,
-    pub reply: Sender<Result<CheckpointReport, String>>,
+    pub reply: Sender<Result<CheckpointReport, CheckpointError>>,
 }
 
 /// Serves a checkpoint request on node 0's control endpoint: queues it for
@@ -183,26 +199,27 @@ pub(crate) fn serve_request(node: &Arc<NodeShared>, req: CheckpointRequest) -> C
             dir.display()
         ));
     }
-    if node.desk.lock().expect("rescale desk poisoned").is_some() {
-        return ControlReply::Busy {
-            message: "checkpoint refused: a rescale is in progress; ask again once it ended".into(),
-        };
-    }
     let (tx, rx) = crossbeam_channel::bounded(1);
+    let desk = CheckpointDesk {
+        dir,
+        exit: req.exit,
+        started: Instant::now(),
+        writing_from: None,
+        reply: tx,
+    };
+    if let Err(Refusal::Busy(busy) | Refusal::Check(busy)) = node
+        .operation
+        .try_begin(Operation::Checkpoint(desk), || Ok::<(), Busy>(()))
     {
-        let mut desk = node.checkpoint.lock().expect("checkpoint desk poisoned");
-        if desk.is_some() {
-            return ControlReply::Busy {
-                message: "a checkpoint is already in progress".into(),
-            };
-        }
-        *desk = Some(CheckpointDesk {
-            dir,
-            exit: req.exit,
-            started: Instant::now(),
-            writing_from: None,
-            reply: tx,
-        });
+        let message = match busy {
+            Busy::Rescale => {
+                "checkpoint refused: a rescale is in progress; ask again once it ended"
+            }
+            Busy::Checkpoint => "a checkpoint is already in progress",
+        };
+        return ControlReply::Busy {
+            message: message.into(),
+        };
     }
     node.inboxes[0].push(Envelope {
         prio: 0,
@@ -214,7 +231,7 @@ pub(crate) fn serve_request(node: &Arc<NodeShared>, req: CheckpointRequest) -> C
         0 => CHECKPOINT_TIMEOUT,
         ms => Duration::from_millis(ms).min(CHECKPOINT_TIMEOUT),
     };
-    let answer = |r: Result<CheckpointReport, String>| match r {
+    let answer = |r: Result<CheckpointReport, CheckpointError>| match r {
         Ok(report) => ControlReply::Checkpointed(report),
         Err(e) => refuse(format!("the checkpoint failed: {e}")),
     };
@@ -226,9 +243,10 @@ pub(crate) fn serve_request(node: &Arc<NodeShared>, req: CheckpointRequest) -> C
     // it cannot end the job after the tool gave up; once it writes, it is
     // finished and answered.
     {
-        let mut desk = node.checkpoint.lock().expect("checkpoint desk poisoned");
-        if desk.as_ref().is_some_and(|d| d.writing_from.is_none()) {
-            *desk = None;
+        let withdrawn = node
+            .operation
+            .take_checkpoint_if(|d| d.writing_from.is_none());
+        if withdrawn.is_some() {
             warn!("checkpoint withdrawn: no sync point within {wait:?}");
             return refuse(format!(
                 "no sync point within {wait:?}: a checkpoint is taken when an array calls at_sync; \

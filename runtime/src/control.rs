@@ -1,5 +1,5 @@
 //! Node 0's control endpoint (the role of Charm++'s CCS): tools ask a running
-//! job for its status and ask it to rescale (see [`crate::elastic`]). The
+//! job for its status and ask it to rescale (see [`crate::rescale::service`]). The
 //! protocol lives in `ductile_coordinator::control`, so fleets need no
 //! runtime dependency.
 
@@ -84,7 +84,10 @@ pub(crate) fn start(
                 let Some((slot, stranger)) = slots else {
                     turned_away += 1;
                     if turned_away.is_power_of_two() {
-                        warn!(turned_away, "control endpoint full: closing new connections");
+                        warn!(
+                            turned_away,
+                            "control endpoint full: closing new connections"
+                        );
                     }
                     continue;
                 };
@@ -100,26 +103,27 @@ pub(crate) fn start(
                             .map(|a| a.to_string())
                             .unwrap_or_default();
                         let welcomed = move || drop(stranger);
-                        let result = serve_watched(stream, &secret, welcomed, |req, peer| match req {
-                            ControlRequest::Status => status(&node, &coordinator, started),
-                            ControlRequest::Rescale(req) => {
-                                match coordinator.live(COORDINATOR_WAIT) {
-                                    Ok(client) => crate::elastic::serve_request(
-                                        &node,
-                                        &client,
-                                        req.clone(),
-                                        peer,
-                                    ),
-                                    Err(e) => unreachable_coordinator(&coordinator, e),
+                        let result =
+                            serve_watched(stream, &secret, welcomed, |req, peer| match req {
+                                ControlRequest::Status => status(&node, &coordinator, started),
+                                ControlRequest::Rescale(req) => {
+                                    match coordinator.live(COORDINATOR_WAIT) {
+                                        Ok(client) => crate::rescale::service::serve_request(
+                                            &node,
+                                            &client,
+                                            req.clone(),
+                                            peer,
+                                        ),
+                                        Err(e) => unreachable_coordinator(&coordinator, e),
+                                    }
                                 }
-                            }
-                            ControlRequest::Checkpoint(req) => {
-                                crate::checkpoint::serve_request(&node, req.clone())
-                            }
-                            ControlRequest::Hello { .. } => ControlReply::Error {
-                                message: "already authenticated".into(),
-                            },
-                        });
+                                ControlRequest::Checkpoint(req) => {
+                                    crate::checkpoint::serve_request(&node, req.clone())
+                                }
+                                ControlRequest::Hello { .. } => ControlReply::Error {
+                                    message: "already authenticated".into(),
+                                },
+                            });
                         match result {
                             Ok(()) => debug!(peer, "control connection closed"),
                             Err(e @ ControlError::Idle(_)) => debug!(peer, "{e}"),

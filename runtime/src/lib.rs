@@ -33,6 +33,7 @@ mod link;
 mod metrics;
 pub use metrics::exported_series;
 mod msg;
+mod operation;
 pub mod node;
 pub mod options;
 mod pe;

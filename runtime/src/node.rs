@@ -27,10 +27,12 @@ use tracing::{error, info, warn};
 
 use crate::link::{rejoin_as, CoordinatorLink, Rejoined};
 use crate::msg::{decode_frame, CollId};
+use crate::operation::OperationSlot;
 use crate::options::Options;
 use crate::pe::{Inbox, LoopExit, Pe, PeCommand};
 use crate::registry::Registry;
-use crate::rescale::{ControlFrame, Desk, Driver, FrameCounts, NodeEvent, Pick};
+use crate::rescale::driver::Counts;
+use crate::rescale::{ControlFrame, Desk, FrameCounts, NodeEvent, Shell};
 use crate::topo::Topology;
 use crate::transport::tcp::TcpTransport;
 use crate::transport::{kind, Sink, Tag, Transport, TransportError};
@@ -46,8 +48,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(120);
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(60);
 const TOPOLOGY_WAIT: Duration = Duration::from_secs(60);
-/// How long a newcomer waits to be admitted before it gives up.
-const ADMISSION_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// State shared by every thread of a node.
 pub(crate) struct NodeShared {
@@ -65,10 +65,8 @@ pub(crate) struct NodeShared {
     aborting: AtomicBool,
     abort_reason: Mutex<Option<String>>,
     finished: AtomicBool,
-    /// Node 0: the rescale being served.
-    pub(crate) desk: Mutex<Option<Desk>>,
-    /// Node 0: the checkpoint being taken.
-    pub(crate) checkpoint: Mutex<Option<crate::checkpoint::CheckpointDesk>>,
+    /// Node 0: the rescale or checkpoint in flight (one at a time).
+    pub(crate) operation: OperationSlot,
     /// Envelope frames per peer in this epoch (the rescale's drain counts them).
     frames: Mutex<FrameCounts>,
     draining: AtomicBool,
@@ -98,8 +96,7 @@ impl NodeShared {
             aborting: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
             finished: AtomicBool::new(false),
-            desk: Mutex::new(None),
-            checkpoint: Mutex::new(None),
+            operation: OperationSlot::default(),
             frames: Mutex::new(FrameCounts::default()),
             draining: AtomicBool::new(false),
             events,
@@ -151,23 +148,15 @@ impl NodeShared {
             .send(node, Tag::new(me, epoch, kind::CONTROL), &[&body])
     }
 
-    pub(crate) fn frames_sent_to(&self, node: u32) -> u64 {
+    /// Envelope frames sent to and received from each of the first
+    /// `nodes` node ids in this epoch (what the rescale's drain compares).
+    pub(crate) fn frame_counts(&self, nodes: u32) -> Counts {
         let f = self.frames.lock().expect("frame counts poisoned");
-        f.sent.get(&node).copied().unwrap_or(0)
-    }
-
-    pub(crate) fn frames_received_from(&self, node: u32) -> u64 {
-        let f = self.frames.lock().expect("frame counts poisoned");
-        f.received.get(&node).copied().unwrap_or(0)
-    }
-
-    /// Envelope frames received in this epoch from all of `peers`.
-    pub(crate) fn frames_received_from_all(&self, peers: &[u32]) -> u64 {
-        let f = self.frames.lock().expect("frame counts poisoned");
-        peers
-            .iter()
-            .map(|p| f.received.get(p).copied().unwrap_or(0))
-            .sum()
+        let get = |m: &HashMap<u32, u64>, n: u32| m.get(&n).copied().unwrap_or(0);
+        Counts {
+            sent: (0..nodes).map(|n| get(&f.sent, n)).collect(),
+            received: (0..nodes).map(|n| get(&f.received, n)).collect(),
+        }
     }
 
     pub(crate) fn set_draining(&self, on: bool) {
@@ -176,16 +165,12 @@ impl NodeShared {
 
     /// Runs `f` on the desk of the rescale being served, if any.
     pub(crate) fn with_desk<R>(&self, f: impl FnOnce(&mut Desk) -> R) -> Option<R> {
-        self.desk
-            .lock()
-            .expect("rescale desk poisoned")
-            .as_mut()
-            .map(f)
+        self.operation.with_rescale(f)
     }
 
     /// Answers the rescale being served (no-op when none is).
-    pub(crate) fn finish_rescale(&self, result: Result<(), String>) {
-        let desk = self.desk.lock().expect("rescale desk poisoned").take();
+    pub(crate) fn finish_rescale(&self, result: Result<(), crate::rescale::RescaleFailed>) {
+        let desk = self.operation.take_rescale();
         if let (Some(desk), Some(view)) = (desk, self.view()) {
             desk.answer(&view, result);
         }
@@ -260,7 +245,10 @@ impl NodeShared {
     /// node is one line on the job's terminal, not one per node and PE.
     pub(crate) fn lose_peer(&self, peer_uid: u64, reason: &str) {
         let view = self.view();
-        let peer = view.as_ref().and_then(|v| v.by_uid(peer_uid)).map(|m| m.node);
+        let peer = view
+            .as_ref()
+            .and_then(|v| v.by_uid(peer_uid))
+            .map(|m| m.node);
         let me = self.topology_now().map(|t| t.my_uid());
         let speaker = view.as_ref().and_then(|v| {
             v.members
@@ -580,7 +568,7 @@ fn run_member(
     };
     let watching = Arc::new(AtomicBool::new(true));
     let watcher = watch_coordinator(rejoiner.clone(), watching.clone(), admitted);
-    let mut driver = Driver::new(node.clone(), events, rejoiner.link.clone());
+    let mut shell = Shell::new(node.clone(), events, rejoiner.link.clone());
     let (me, newcomer) = match admission {
         Admission::Member { node: me, view } => {
             set_uid(view.members[me as usize].uid);
@@ -603,14 +591,7 @@ fn run_member(
                 epoch = view.epoch,
                 "newcomer registered; waiting for admission"
             );
-            let admitted = driver.wait_for("admission", ADMISSION_WAIT, |e| match e {
-                Some(NodeEvent::Coordinator(ServerMsg::Integrate { node, view })) => {
-                    Pick::Done((*node, view.clone()))
-                }
-                _ => Pick::Keep,
-            });
-            let joined = admitted.and_then(|(me, view)| driver.join_view(view, me).map(|_| me));
-            match joined {
+            match shell.admit() {
                 Ok(me) => (me, true),
                 Err(e) => {
                     error!("joining the job failed: {e}");
@@ -642,8 +623,8 @@ fn run_member(
         }
     }
     let (handles, commands) = start_pes(node, me == 0 && !newcomer);
-    driver.attach(commands);
-    let outcome = driver.run();
+    shell.attach(commands);
+    let outcome = shell.run();
     for h in handles {
         if h.join().is_err() {
             std::process::exit(EXIT_PANIC);

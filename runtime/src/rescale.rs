@@ -1,41 +1,47 @@
-//! The node's side of a rescale: the driver that runs on each node's main
-//! thread while its PEs are stopped (DESIGN.md, "Launch and rescale",
-//! steps 2-6), and the desk where node 0 keeps the request being served.
+//! The rescale, node side (DESIGN.md, "Launch and rescale"). One folder,
+//! one file per role, each saying what it may touch:
 //!
-//! Once every local PE has stopped, the driver
+//! - [`plan`]: what a request means for node and PE numbering; pure,
+//!   computed once per request (by [`service`]) and carried in the
+//!   [`StopOrder`] to every PE and node driver.
+//! - [`service`]: node 0's control endpoint service: admits a request into
+//!   the node's operation slot, hands it to PE 0, watches its stages'
+//!   bounds and answers the tool.
+//! - [`driver`]: the node-level protocol (drain, hand-over, commit, new
+//!   view, reconciliation, barrier) as a sans-IO state machine, tested in
+//!   virtual time.
+//! - [`shell`]: the node's main thread, which runs the driver with the
+//!   real clock, transport, coordinator and PEs.
+//! - `pe/rescale.rs`: each PE's part (PE 0 drives evacuation, stop,
+//!   adoption and the final balancing; every PE stops, hands over and
+//!   re-enters).
 //!
-//! 1. drains the network: it tells every peer how many envelope frames it
-//!    sent it in this epoch and waits until it received as many from each
-//!    peer (counting, not ordering, so it holds for any transport);
-//! 2. has its PEs hand over (a departing node's PEs send what they hold to
-//!    PE 0) and drains again;
-//! 3. on node 0, asks the coordinator for the pending newcomers and commits;
-//!    node 0 sends the new view to the survivors over the transport; a
-//!    departing node waits for the coordinator's Die and ends;
-//! 4. reconciles transport endpoints with the new view and installs it;
-//! 5. passes a barrier up and down the node-level tree of the new view;
-//! 6. tells its PEs to re-enter ([`crate::pe::PeCommand::Resume`]).
-//!
-//! Newcomers join at step 4: they waited, registered, with endpoints built
-//! speculatively from the view they were given.
+//! This file holds what they share: the stages and their bounds, the
+//! operation slot's rescale record ([`Desk`]) and the control frames.
+//! Newcomers join at the driver's reconciliation step: they waited,
+//! registered, with endpoints built speculatively from the view they were
+//! given.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use ductile_coordinator::client::ClientError;
+use crossbeam_channel::Sender;
 use ductile_coordinator::control::{RescaleReport, StageTime};
-use ductile_coordinator::proto::{ErrorCode, NodeId, ServerMsg, View};
+use ductile_coordinator::proto::{NodeId, ServerMsg, View};
 use serde::{Deserialize, Serialize};
-use tracing::{debug, info, warn};
 
-use crate::link::CoordinatorLink;
-use crate::msg::Envelope;
-use crate::node::NodeShared;
-use crate::pe::{LoopExit, PeCommand, Reentry};
+use crate::pe::LoopExit;
 use crate::system::StopOrder;
-use crate::topo::Topology;
+
+pub(crate) mod driver;
+pub(crate) mod plan;
+pub(crate) mod service;
+mod shell;
+
+pub(crate) use shell::Shell;
+
+/// How long a newcomer waits to be admitted before it gives up.
+const ADMISSION_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How long any one step of a rescale may wait for its peers, by default.
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -171,14 +177,30 @@ impl Stage {
     }
 }
 
-impl StopOrder {
-    pub(crate) fn request(&self) -> crate::elastic::RescaleRequest {
-        crate::elastic::RescaleRequest {
-            epoch: self.epoch,
-            remove: self.remove.clone(),
-            admit: self.admit,
-        }
-    }
+/// Why a rescale node 0 accepted did not complete (what the tool is told).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RescaleFailed {
+    /// Dropped in the evacuate stage: nothing was committed.
+    #[error("the rescale was abandoned in stage evacuate: {why}; nothing was committed and the job goes on at its size")]
+    Abandoned {
+        /// Why, with the nodes that did not answer when known.
+        why: String,
+    },
+    /// A node driver failed a step (`stage` says where node 0 was); the
+    /// job ends.
+    #[error("the rescale failed{stage}: {failure}; the job ends")]
+    Step {
+        /// " in stage X", or empty.
+        stage: String,
+        /// The step and its cause.
+        failure: driver::Failure,
+    },
+    /// A stage ran past its bound after the commit; the job ends.
+    #[error("the rescale failed after the commit: {why}; ending the job")]
+    Overdue {
+        /// Which stage and its bound.
+        why: String,
+    },
 }
 
 /// Node 0's record of the rescale being served: the request, where its
@@ -186,7 +208,7 @@ impl StopOrder {
 /// node driver).
 pub(crate) struct Desk {
     pub order: StopOrder,
-    reply: Sender<Result<RescaleReport, String>>,
+    reply: Sender<Result<RescaleReport, RescaleFailed>>,
     started: Instant,
     pes_before: u32,
     old_members: usize,
@@ -214,7 +236,7 @@ impl Desk {
     pub(crate) fn new(
         order: StopOrder,
         old: &View,
-        reply: Sender<Result<RescaleReport, String>>,
+        reply: Sender<Result<RescaleReport, RescaleFailed>>,
     ) -> Self {
         Desk {
             order,
@@ -244,7 +266,7 @@ impl Desk {
     }
 
     /// Sends the answer: the report against `view` (the job's view now), or the error.
-    pub(crate) fn answer(self, view: &View, result: Result<(), String>) {
+    pub(crate) fn answer(self, view: &View, result: Result<(), RescaleFailed>) {
         let report = result.map(|()| {
             let mut stages = self.stages.clone();
             stages.sort_by_key(|(s, _)| *s as u8);
@@ -347,19 +369,6 @@ pub(crate) enum NodeEvent {
     Coordinator(ServerMsg),
 }
 
-/// What a wait's predicate makes of an event.
-pub(crate) enum Pick<T> {
-    /// Not for this wait: keep it for a later one.
-    Keep,
-    /// Consumed; keep waiting.
-    Took,
-    /// Consumed; the wait is over. Only for an event the wait consumes (or
-    /// `None`): a wait whose condition became true by itself must `Keep` an
-    /// event meant for another, and finish on the next `None` poll, or that
-    /// event is lost.
-    Done(T),
-}
-
 /// Envelope frames sent to and received from each peer in this epoch.
 #[derive(Default)]
 pub(crate) struct FrameCounts {
@@ -367,547 +376,9 @@ pub(crate) struct FrameCounts {
     pub received: HashMap<NodeId, u64>,
 }
 
-/// How a node's PEs ended, as the driver saw it.
-pub(crate) struct Driver {
-    node: Arc<NodeShared>,
-    events: Receiver<NodeEvent>,
-    commands: Vec<Sender<PeCommand>>,
-    client: Arc<CoordinatorLink>,
-    /// Control frames and PE events that arrived before they were awaited.
-    early: VecDeque<NodeEvent>,
-    exits: Vec<Option<LoopExit>>,
-    stopped: usize,
-}
-
-impl Driver {
-    pub(crate) fn new(
-        node: Arc<NodeShared>,
-        events: Receiver<NodeEvent>,
-        client: Arc<CoordinatorLink>,
-    ) -> Self {
-        Driver {
-            node,
-            events,
-            commands: Vec::new(),
-            client,
-            early: VecDeque::new(),
-            exits: Vec::new(),
-            stopped: 0,
-        }
-    }
-
-    /// The PEs' command channels, once they run.
-    pub(crate) fn attach(&mut self, commands: Vec<Sender<PeCommand>>) {
-        self.exits = vec![None; commands.len()];
-        self.commands = commands;
-    }
-
-    /// Serves the node until every PE ended; returns how the job ended here.
-    pub(crate) fn run(&mut self) -> LoopExit {
-        loop {
-            let event = match self.events.recv_timeout(Duration::from_millis(100)) {
-                Ok(e) => e,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return LoopExit::Aborted,
-            };
-            match event {
-                NodeEvent::Exited { rank, exit } => {
-                    self.exits[rank] = Some(exit);
-                    if self.exits.iter().all(Option::is_some) {
-                        return combine(self.exits.iter().flatten().copied());
-                    }
-                }
-                NodeEvent::Stopped { order, .. } => {
-                    self.stopped += 1;
-                    if self.stopped == self.commands.len() {
-                        self.stopped = 0;
-                        if let Err(e) = self.rescale(&order) {
-                            let stage = self
-                                .node
-                                .with_desk(|d| format!(" in stage {}", d.stage.name()))
-                                .unwrap_or_default();
-                            self.node
-                                .abort(format!("rescale failed{stage}: {e}; ending the job"));
-                            self.node.finish_rescale(Err(format!(
-                                "the rescale failed{stage}: {e}; the job ends"
-                            )));
-                            self.command_all(|| PeCommand::Depart);
-                        }
-                    }
-                }
-                NodeEvent::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => self.node.abort(
-                    format!("node {node} (uid {uid}) left the job unexpectedly; ending the job"),
-                ),
-                NodeEvent::Coordinator(other) => debug!("coordinator notice {other:?}"),
-                e @ NodeEvent::Frame { .. } => self.early.push_back(e),
-                NodeEvent::Counted | NodeEvent::HandedOver => {}
-            }
-        }
-    }
-
-    fn command_all(&self, cmd: impl Fn() -> PeCommand) {
-        for c in &self.commands {
-            let _ = c.send(cmd());
-        }
-    }
-
-    /// Feeds events to `pick` (those that arrived early first, in order)
-    /// until it says `Done`; `pick(None)` is a tick on which it may check
-    /// counters. Events it keeps stay for later waits. `what` names the
-    /// wait in errors.
-    pub(crate) fn wait_for<T>(
-        &mut self,
-        what: &str,
-        timeout: Duration,
-        mut pick: impl FnMut(Option<&NodeEvent>) -> Pick<T>,
-    ) -> Result<T, String> {
-        let early = std::mem::take(&mut self.early);
-        let mut rest = early.into_iter();
-        while let Some(e) = rest.next() {
-            match pick(Some(&e)) {
-                Pick::Keep => self.early.push_back(e),
-                Pick::Took => {}
-                Pick::Done(t) => {
-                    self.early.extend(rest);
-                    return Ok(t);
-                }
-            }
-        }
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Pick::Done(t) = pick(None) {
-                return Ok(t);
-            }
-            if self.node.aborting() {
-                return Err(format!("the node is aborting while waiting for {what}"));
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!("timed out after {timeout:?} waiting for {what}"));
-            }
-            let e = match self.events.recv_timeout(left.min(Duration::from_millis(1))) {
-                Ok(e) => e,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err("the node is shutting down".into())
-                }
-            };
-            match pick(Some(&e)) {
-                Pick::Done(t) => return Ok(t),
-                Pick::Took => {}
-                Pick::Keep => match e {
-                    NodeEvent::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => {
-                        return Err(format!(
-                            "node {node} (uid {uid}) was lost during the rescale"
-                        ))
-                    }
-                    // A later step of this rescale waits for these (Die can
-                    // come while a departing node still drains).
-                    e @ NodeEvent::Coordinator(
-                        ServerMsg::Die { .. } | ServerMsg::Integrate { .. },
-                    ) => self.early.push_back(e),
-                    NodeEvent::Counted | NodeEvent::Coordinator(_) => {}
-                    e => self.early.push_back(e),
-                },
-            }
-        }
-    }
-
-    /// Runs one rescale on this node; PEs are all stopped.
-    fn rescale(&mut self, order: &StopOrder) -> Result<(), String> {
-        let node = self.node.clone();
-        let view = node.view().ok_or("no view")?;
-        let old = node.current_topology();
-        let me = old.my_node();
-        let plan = crate::elastic::plan(&view, &order.request()).map_err(|e| e.to_string())?;
-        let leaving = plan.node_map[me as usize].is_none();
-        // One tree per rescale in the logs (`DUCTILE_LOG=ductile=debug`,
-        // docs/metrics.md): its stages are children, timed when they close.
-        let _rescale = tracing::debug_span!("rescale", epoch = old.epoch(), node = me).entered();
-        let stop = tracing::debug_span!("stop").entered();
-        debug!(node = me, leaving, "all PEs stopped; draining");
-        node.set_draining(true);
-        self.drain(1, &old)?;
-        self.command_all(|| PeCommand::HandOver { leaving });
-        let local = self.commands.len();
-        let mut handed = 0;
-        self.wait_for("the PEs' hand-over", StageBounds::get().step, |e| match e {
-            Some(NodeEvent::HandedOver) => {
-                handed += 1;
-                if handed == local {
-                    Pick::Done(())
-                } else {
-                    Pick::Took
-                }
-            }
-            _ => Pick::Keep,
-        })?;
-        self.drain(2, &old)?;
-        node.set_draining(false);
-        drop(stop);
-        // Everything sent in the old view has arrived: take it out of the
-        // inboxes now, before the first message of the new view can land there.
-        let late: Vec<Vec<Envelope>> = (0..local)
-            .map(|rank| node.inboxes[rank].take_all())
-            .collect();
-        if me == 0 {
-            node.with_desk(|d| {
-                if let Some(t) = d.stop_sent {
-                    d.record(Stage::Stop, ms_since(t));
-                }
-            });
-        }
-        if leaving {
-            self.wait_for(
-                "Die from the coordinator",
-                StageBounds::get().step,
-                |e| match e {
-                    Some(NodeEvent::Coordinator(ServerMsg::Die { .. })) => Pick::Done(()),
-                    _ => Pick::Keep,
-                },
-            )?;
-            info!(node = me, "removed by the rescale; leaving the job");
-            self.command_all(|| PeCommand::Depart);
-            return Ok(());
-        }
-        let commit = tracing::debug_span!("commit").entered();
-        let next = if me == 0 {
-            let t = Instant::now();
-            let next = self.commit(order)?;
-            node.with_desk(|d| d.record(Stage::Commit, ms_since(t)));
-            for m in &view.members {
-                if m.node != 0 && plan.node_map[m.node as usize].is_some() {
-                    node.send_control(m.node, old.epoch(), &ControlFrame::View(next.clone()))
-                        .map_err(|e| format!("sending the new view to node {}: {e}", m.node))?;
-                }
-            }
-            next
-        } else {
-            self.wait_for(
-                "the new view from node 0",
-                StageBounds::get().step,
-                |e| match e {
-                    Some(NodeEvent::Frame {
-                        src: 0,
-                        frame: ControlFrame::View(v),
-                        ..
-                    }) => Pick::Done(v.clone()),
-                    _ => Pick::Keep,
-                },
-            )?
-        };
-        drop(commit);
-        let _reconcile = tracing::debug_span!("reconcile").entered();
-        let t = Instant::now();
-        let uid = old.my_uid();
-        let new_me = next
-            .by_uid(uid)
-            .map(|m| m.node)
-            .ok_or_else(|| format!("this node (uid {uid}) is not in the committed view"))?;
-        let new = self.join_view(next, new_me)?;
-        if me == 0 {
-            node.with_desk(|d| {
-                d.record(Stage::Reconcile, ms_since(t));
-                d.reentry_from = Some(Instant::now());
-            });
-        }
-        // Measurement only: contexts re-created here are on the critical
-        // path, inside node 0's re-entry stage.
-        if let Some(ms) = crate::gpu::context_on_reentry() {
-            node.with_desk(|d| d.gpu_context_ms = Some(ms));
-        }
-        let reentry = Arc::new(Reentry { old, new, plan });
-        for (c, late) in self.commands.iter().zip(late) {
-            let _ = c.send(PeCommand::Resume(reentry.clone(), late));
-        }
-        Ok(())
-    }
-
-    /// Reconciles endpoints with `view` (this node is `me` in it), installs
-    /// it, and passes the barrier of its node tree.
-    pub(crate) fn join_view(&mut self, view: View, me: NodeId) -> Result<Arc<Topology>, String> {
-        let node = self.node.clone();
-        let r = node
-            .transport()
-            .reconcile(&view, me)
-            .map_err(|e| format!("reconciling endpoints with epoch {}: {e}", view.epoch))?;
-        debug!(
-            kept = r.kept,
-            opened = r.opened,
-            closed = r.closed,
-            "endpoints reconciled"
-        );
-        let topo = node.install_view(view, me);
-        self.barrier(&topo)?;
-        Ok(topo)
-    }
-
-    /// Up and down the node-level tree of `topo`, over its endpoints.
-    fn barrier(&mut self, topo: &Topology) -> Result<(), String> {
-        let node = self.node.clone();
-        let (me, epoch) = (topo.my_node(), topo.epoch());
-        let bits = epoch & 0xffff;
-        let children = topo.node_children(me);
-        let mut ready = 0;
-        if !children.is_empty() {
-            self.wait_for(
-                "the barrier (children ready)",
-                StageBounds::get().step,
-                |e| match e {
-                    Some(NodeEvent::Frame {
-                        frame: ControlFrame::Ready,
-                        epoch_bits,
-                        ..
-                    }) if *epoch_bits == bits => {
-                        ready += 1;
-                        if ready == children.len() {
-                            Pick::Done(())
-                        } else {
-                            Pick::Took
-                        }
-                    }
-                    _ => Pick::Keep,
-                },
-            )?;
-        }
-        if let Some(parent) = topo.node_parent(me) {
-            node.send_control(parent, epoch, &ControlFrame::Ready)
-                .map_err(|e| format!("barrier: {e}"))?;
-            self.wait_for(
-                "the barrier (release)",
-                StageBounds::get().step,
-                |e| match e {
-                    Some(NodeEvent::Frame {
-                        frame: ControlFrame::Go,
-                        epoch_bits,
-                        ..
-                    }) if *epoch_bits == bits => Pick::Done(()),
-                    _ => Pick::Keep,
-                },
-            )?;
-        }
-        for c in children {
-            node.send_control(c, epoch, &ControlFrame::Go)
-                .map_err(|e| format!("barrier: {e}"))?;
-        }
-        Ok(())
-    }
-
-    /// Waits until every envelope frame sent in `topo`'s epoch, before this
-    /// round, has arrived. By default over the node tree
-    /// ([`Self::drain_tree`]); `DUCTILE_DRAIN=all` (measurement only) has
-    /// every node tell every peer ([`Self::drain_all_to_all`]).
-    fn drain(&mut self, round: u8, topo: &Topology) -> Result<(), String> {
-        if std::env::var("DUCTILE_DRAIN").ok().as_deref() == Some("all") {
-            self.drain_all_to_all(round, topo)
-        } else {
-            self.drain_tree(round, topo)
-        }
-    }
-
-    /// Tells every peer of `topo` how many frames it was sent, and waits
-    /// until as many arrived here from each: N-1 frames out and in per node.
-    fn drain_all_to_all(&mut self, round: u8, topo: &Topology) -> Result<(), String> {
-        let node = self.node.clone();
-        let me = topo.my_node();
-        let peers: Vec<NodeId> = (0..topo.num_nodes()).filter(|&n| n != me).collect();
-        for &p in &peers {
-            let sent = node.frames_sent_to(p);
-            node.send_control(p, topo.epoch(), &ControlFrame::Drain { round, sent })
-                .map_err(|e| format!("drain: {e}"))?;
-        }
-        let bits = topo.epoch() & 0xffff;
-        let mut expected: HashMap<NodeId, u64> = HashMap::new();
-        let what = format!("drain round {round}");
-        self.wait_for(&what, StageBounds::get().step, |e| {
-            let took = match e {
-                Some(NodeEvent::Frame {
-                    src,
-                    epoch_bits,
-                    frame: ControlFrame::Drain { round: r, sent },
-                }) if *r == round && *epoch_bits == bits => {
-                    expected.insert(*src, *sent);
-                    true
-                }
-                Some(NodeEvent::Counted) | None => true,
-                Some(_) => false,
-            };
-            let complete = expected.len() == peers.len()
-                && expected
-                    .iter()
-                    .all(|(&src, &n)| node.frames_received_from(src) >= n);
-            match (complete, took) {
-                (true, true) => Pick::Done(()),
-                (false, true) => Pick::Took,
-                // Done or not, another wait's event is kept for it.
-                (_, false) => Pick::Keep,
-            }
-        })
-    }
-
-    /// The drain over the node tree of `topo`: each subtree's counts of
-    /// frames sent to every node are summed on the way up, the totals come
-    /// back down, and each node waits until it has received its total. A
-    /// node sends and receives one frame per tree edge, not one per peer.
-    ///
-    /// Sums suffice: from each peer a node receives at most what that peer
-    /// sent it (PEs are stopped, so the counts taken here are final until
-    /// the next round), so a total received equal to the total sent means
-    /// every peer's frames arrived.
-    fn drain_tree(&mut self, round: u8, topo: &Topology) -> Result<(), String> {
-        let node = self.node.clone();
-        let (me, epoch, n) = (topo.my_node(), topo.epoch(), topo.num_nodes());
-        let bits = epoch & 0xffff;
-        let mut sum: Vec<u64> = (0..n)
-            .map(|p| if p == me { 0 } else { node.frames_sent_to(p) })
-            .collect();
-        let children = topo.node_children(me);
-        if !children.is_empty() {
-            let mut heard = 0;
-            let what = format!("drain round {round} (the counts of node {me}'s subtree)");
-            self.wait_for(&what, StageBounds::get().step, |e| match e {
-                Some(NodeEvent::Frame {
-                    src,
-                    epoch_bits,
-                    frame: ControlFrame::DrainUp { round: r, sent },
-                }) if *r == round && *epoch_bits == bits => {
-                    heard += 1;
-                    if let Err(e) = add_counts(&mut sum, sent) {
-                        return Pick::Done(Err(format!("drain: node {src}: {e}")));
-                    }
-                    if heard == children.len() {
-                        Pick::Done(Ok(()))
-                    } else {
-                        Pick::Took
-                    }
-                }
-                _ => Pick::Keep,
-            })??;
-        }
-        let totals = match topo.node_parent(me) {
-            Some(parent) => {
-                node.send_control(parent, epoch, &ControlFrame::DrainUp { round, sent: sum })
-                    .map_err(|e| format!("drain: {e}"))?;
-                let what = format!("drain round {round} (the totals from node {parent})");
-                self.wait_for(&what, StageBounds::get().step, |e| match e {
-                    Some(NodeEvent::Frame {
-                        epoch_bits,
-                        frame: ControlFrame::DrainDown { round: r, totals },
-                        ..
-                    }) if *r == round && *epoch_bits == bits => Pick::Done(totals.clone()),
-                    _ => Pick::Keep,
-                })?
-            }
-            None => sum,
-        };
-        let Some(&expect) = totals
-            .get(me as usize)
-            .filter(|_| totals.len() == n as usize)
-        else {
-            return Err(format!(
-                "drain: {} totals for a view of {n} nodes",
-                totals.len()
-            ));
-        };
-        for &c in &children {
-            node.send_control(
-                c,
-                epoch,
-                &ControlFrame::DrainDown {
-                    round,
-                    totals: totals.clone(),
-                },
-            )
-            .map_err(|e| format!("drain: {e}"))?;
-        }
-        let peers: Vec<NodeId> = (0..n).filter(|&p| p != me).collect();
-        let what = format!("drain round {round} ({expect} frames)");
-        self.wait_for(&what, StageBounds::get().step, |e| {
-            // Another wait's event (a DrainUp of the next round, the new
-            // view) is kept even when the count is complete: the next
-            // `None` poll ends this wait.
-            if !matches!(e, Some(NodeEvent::Counted) | None) {
-                Pick::Keep
-            } else if node.frames_received_from_all(&peers) >= expect {
-                Pick::Done(())
-            } else {
-                Pick::Took
-            }
-        })
-    }
-
-    /// Node 0: admits what waits (at most what was asked) and commits.
-    fn commit(&self, order: &StopOrder) -> Result<View, String> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let admit = if order.admit > 0 {
-                let pending = self
-                    .client
-                    .settled(StageBounds::get().step)
-                    .query_pending(order.epoch, StageBounds::get().step)
-                    .map_err(|e| format!("asking the coordinator for newcomers: {e}"))?;
-                order.admit.min(pending.len() as u32)
-            } else {
-                0
-            };
-            match self.client.settled(StageBounds::get().step).commit(
-                order.epoch,
-                order.remove.clone(),
-                admit,
-                StageBounds::get().step,
-            ) {
-                Ok(view) => return Ok(view),
-                // A newcomer vanished between the query and the commit: ask again.
-                Err(ClientError::Server {
-                    code: ErrorCode::InvalidCommit,
-                    message,
-                }) if admit > 0 && tries < 3 => {
-                    warn!("the coordinator refused the commit ({message}); asking again");
-                }
-                Err(e) => return Err(format!("the coordinator refused the commit: {e}")),
-            }
-        }
-    }
-}
-
-/// Adds a subtree's per-node counts into `sum`.
-fn add_counts(sum: &mut [u64], counts: &[u64]) -> Result<(), String> {
-    if counts.len() != sum.len() {
-        return Err(format!(
-            "{} counts for a view of {} nodes",
-            counts.len(),
-            sum.len()
-        ));
-    }
-    for (s, c) in sum.iter_mut().zip(counts) {
-        *s = s
-            .checked_add(*c)
-            .ok_or_else(|| "frame counts overflow".to_string())?;
-    }
-    Ok(())
-}
-
-fn ms_since(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
-
-/// How a node ended, from how its PEs ended.
-fn combine(exits: impl Iterator<Item = LoopExit>) -> LoopExit {
-    let mut out = LoopExit::Exit(0);
-    for e in exits {
-        out = match (out, e) {
-            (LoopExit::Aborted, _) | (_, LoopExit::Aborted) => LoopExit::Aborted,
-            (_, LoopExit::Departed) => LoopExit::Departed,
-            (_, LoopExit::Exit(code)) => LoopExit::Exit(code),
-            (o, LoopExit::Stopped) => o,
-        };
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    use super::driver::add_counts;
     use super::*;
 
     proptest::proptest! {
@@ -922,9 +393,9 @@ mod tests {
             let split = split.min(rows.len());
             let mut left = vec![0; n];
             let mut right = vec![0; n];
-            rows[..split].iter().try_for_each(|r| add_counts(&mut left, r)).unwrap();
-            rows[split..].iter().try_for_each(|r| add_counts(&mut right, r)).unwrap();
-            add_counts(&mut left, &right).unwrap();
+            rows[..split].iter().try_for_each(|r| add_counts(&mut left, r, 1)).unwrap();
+            rows[split..].iter().try_for_each(|r| add_counts(&mut right, r, 2)).unwrap();
+            add_counts(&mut left, &right, 3).unwrap();
             for (col, total) in left.iter().enumerate() {
                 proptest::prop_assert_eq!(*total, rows.iter().map(|r| r[col]).sum::<u64>());
             }
@@ -969,16 +440,6 @@ mod tests {
         );
         // The drivers' stages get node 0's backstop, beyond their own waits.
         assert_eq!(overdue(Stage::Stop, ms(2001), &b), None);
-    }
-
-    #[test]
-    fn counts_of_another_view_or_that_overflow_are_refused() {
-        let mut sum = vec![1, 2, 3];
-        let e = add_counts(&mut sum, &[1, 2]).unwrap_err();
-        assert!(e.contains("2 counts for a view of 3 nodes"), "{e}");
-        assert!(add_counts(&mut sum, &[0, u64::MAX, 0]).is_err());
-        add_counts(&mut sum, &[1, 0, 1]).unwrap();
-        assert_eq!(sum[0], 2);
     }
 
     #[test]

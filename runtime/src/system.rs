@@ -190,6 +190,9 @@ pub(crate) struct StopOrder {
     pub remove: Vec<u32>,
     /// Newcomers to admit (at most).
     pub admit: u32,
+    /// What the request does to node and PE numbering, computed once by
+    /// the control service and carried to every PE and node driver.
+    pub plan: crate::rescale::plan::Renumbering,
 }
 
 /// The state a newcomer PE adopts instead of running main.

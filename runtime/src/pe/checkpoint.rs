@@ -27,7 +27,7 @@ use super::{Pe, PeCtx, Population};
 use crate::callback::{CallbackSpec, Target};
 use crate::chare::IndexKey;
 use crate::checkpoint::{
-    job_path, pe_path, read, write, JobFile, PeFile, SavedChare, SavedPopulation,
+    job_path, pe_path, read, write, CheckpointError, JobFile, PeFile, SavedChare, SavedPopulation,
 };
 use crate::collection::ElemMeta;
 use crate::msg::{CollId, Dest, MAIN_COLL};
@@ -60,7 +60,7 @@ impl PeCtx {
     /// Root: the control endpoint queued a checkpoint.
     pub(super) fn checkpoint_begin(&mut self) {
         if self.rescale.is_some() {
-            self.checkpoint_answer(Err("a rescale is in progress".into()));
+            self.checkpoint_answer(Err(CheckpointError::Rescaling));
             return;
         }
         self.checkpoint = Some(RootCheckpoint::default());
@@ -70,14 +70,7 @@ impl PeCtx {
     /// Root: every element of `coll` is at sync. Returns whether a waiting
     /// checkpoint took the sync point (its step runs after the checkpoint).
     pub(super) fn checkpoint_at_sync(&mut self, coll: CollId) -> bool {
-        if self.checkpoint.is_some()
-            && self
-                .node
-                .checkpoint
-                .lock()
-                .expect("checkpoint desk poisoned")
-                .is_none()
-        {
+        if self.checkpoint.is_some() && self.node.operation.with_checkpoint(|_| ()).is_none() {
             info!("the checkpoint request was withdrawn before a sync point came");
             self.checkpoint = None;
         }
@@ -100,16 +93,10 @@ impl PeCtx {
 
     /// Root: the job is quiescent; every PE writes its chares.
     pub(super) fn checkpoint_quiescent(&mut self, coll: CollId) {
-        let dir = self
-            .node
-            .checkpoint
-            .lock()
-            .expect("checkpoint desk poisoned")
-            .as_mut()
-            .map(|d| {
-                d.writing_from = Some(Instant::now());
-                d.dir.to_string_lossy().into_owned()
-            });
+        let dir = self.node.operation.with_checkpoint(|d| {
+            d.writing_from = Some(Instant::now());
+            d.dir.to_string_lossy().into_owned()
+        });
         let Some(dir) = dir else {
             info!("the checkpoint request was withdrawn; resuming {coll:#x}");
             self.checkpoint = None;
@@ -121,14 +108,8 @@ impl PeCtx {
         }
     }
 
-    fn checkpoint_answer(&mut self, result: Result<CheckpointReport, String>) {
-        let desk = self
-            .node
-            .checkpoint
-            .lock()
-            .expect("checkpoint desk poisoned")
-            .take();
-        if let Some(desk) = desk {
+    fn checkpoint_answer(&mut self, result: Result<CheckpointReport, CheckpointError>) {
+        if let Some(desk) = self.node.operation.take_checkpoint_if(|_| true) {
             let _ = desk.reply.send(result);
         }
     }
@@ -228,25 +209,19 @@ impl Pe {
             self.write_job_file(synced)
                 .map(|bytes| (c.chares + 1, c.bytes + bytes))
         } else {
-            Err(c.failures.join("; "))
+            Err(CheckpointError::Pes(c.failures.join("; ")))
         };
         let (started, writing_from, dir, exit) = {
-            let desk = self
-                .ctx
-                .node
-                .checkpoint
-                .lock()
-                .expect("checkpoint desk poisoned");
-            match desk.as_ref() {
-                Some(d) => (
+            let desk = self.ctx.node.operation.with_checkpoint(|d| {
+                (
                     d.started,
                     d.writing_from.unwrap_or(d.started),
                     d.dir.clone(),
                     d.exit,
-                ),
-                // Nobody waits for it: go on from the sync point.
-                None => (Instant::now(), Instant::now(), PathBuf::new(), false),
-            }
+                )
+            });
+            // Nobody waits for it: go on from the sync point.
+            desk.unwrap_or_else(|| (Instant::now(), Instant::now(), PathBuf::new(), false))
         };
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let report = outcome.map(|(chares, bytes)| CheckpointReport {
@@ -274,23 +249,18 @@ impl Pe {
         }
     }
 
-    fn write_job_file(&mut self, synced: CollId) -> Result<u64, String> {
-        let dir = match self
+    fn write_job_file(&mut self, synced: CollId) -> Result<u64, CheckpointError> {
+        let dir = self
             .ctx
             .node
-            .checkpoint
-            .lock()
-            .expect("checkpoint desk poisoned")
-            .as_ref()
-        {
-            Some(d) => d.dir.clone(),
-            None => return Err("the checkpoint request went away".into()),
-        };
+            .operation
+            .with_checkpoint(|d| d.dir.clone())
+            .ok_or(CheckpointError::Withdrawn)?;
         let (state, meta) = self
             .stores
             .get(&MAIN_COLL)
             .and_then(|s| s.snapshot(0))
-            .ok_or("the main chare is not on PE 0")?;
+            .ok_or(CheckpointError::NoMain)?;
         let reg = self.ctx.node.registry.clone();
         let mut readonly: Vec<(u64, Vec<u8>)> = self
             .ctx
@@ -302,9 +272,9 @@ impl Pe {
         let mut populations = Vec::new();
         for (&coll, p) in &self.ctx.populations {
             if !p.done.is_empty() {
-                return Err(format!(
+                return Err(CheckpointError::Unsettled(format!(
                     "collection {coll:#x} has reduction results waiting"
-                ));
+                )));
             }
             populations.push((
                 coll,
@@ -344,7 +314,7 @@ impl Pe {
             },
             rescale_callbacks: self.ctx.rescale_callbacks.clone(),
         };
-        write(&job_path(&dir), &job).map_err(|e| e.to_string())
+        write(&job_path(&dir), &job)
     }
 
     /// PE 0 of a restarted job: everything main would have done, from the files.

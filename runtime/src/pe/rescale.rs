@@ -2,7 +2,7 @@
 //!
 //! PE 0 drives it: it waits for load-balancing steps in progress, runs a
 //! step of every array that evacuates the departing PEs, and tells every
-//! PE to stop. The node's rescale driver ([`crate::rescale`]) then drains
+//! PE to stop. The node's rescale driver ([`crate::rescale::driver`]) then drains
 //! the network, has departing PEs hand what they hold to PE 0, commits the
 //! new view and reconciles endpoints. Each surviving PE re-enters in place
 //! ([`Pe::reenter`]): same thread, same chares, new numbering; everything
@@ -26,9 +26,9 @@ use tracing::{debug, error, info, warn};
 
 use super::{Envelope, Inbox, LoopExit, Pe, PeCtx};
 use crate::callback::CallbackSpec;
-use crate::elastic::Renumbering;
 use crate::msg::{CollId, Dest, Payload, MAIN_COLL};
 use crate::reduce::Value;
+use crate::rescale::plan::Renumbering;
 use crate::rescale::{Desk, NodeEvent, Stage};
 use crate::system::{AdoptedColl, Adoption, Partial, Shape, StopOrder, SysMsg};
 use crate::topo::{Pe as PeId, Topology};
@@ -75,8 +75,8 @@ enum Phase {
 
 /// PE 0's bookkeeping of the rescale in progress.
 pub(crate) struct RootRescale {
+    /// The request, with its plan.
     order: StopOrder,
-    plan: Renumbering,
     phase: Phase,
     /// When the current phase began.
     since: Instant,
@@ -96,12 +96,7 @@ impl RootRescale {
 
 impl PeCtx {
     fn desk<R>(&self, f: impl FnOnce(&mut Desk) -> R) -> Option<R> {
-        self.node
-            .desk
-            .lock()
-            .expect("rescale desk poisoned")
-            .as_mut()
-            .map(f)
+        self.node.with_desk(f)
     }
 
     /// Root: the arrays a rescale's steps balance.
@@ -143,17 +138,6 @@ impl Pe {
             debug!("no rescale on the desk");
             return;
         };
-        let view = self.ctx.node.view().expect("a member has a view");
-        let plan = match crate::elastic::plan(&view, &order.request()) {
-            Ok(p) => p,
-            Err(e) => {
-                // Checked when the request arrived; the view cannot have changed since.
-                self.ctx
-                    .node
-                    .finish_rescale(Err(format!("rescale refused: {e}")));
-                return;
-            }
-        };
         info!(
             remove = ?order.remove,
             admit = order.admit,
@@ -162,7 +146,6 @@ impl Pe {
         );
         self.ctx.rescale = Some(RootRescale {
             order,
-            plan,
             phase: Phase::Waiting,
             since: Instant::now(),
             deferred: Vec::new(),
@@ -187,7 +170,7 @@ impl Pe {
             let next = match &r.phase {
                 // `lb_done` calls again when the step in progress ends.
                 Phase::Waiting if !self.ctx.lb_root.is_empty() => return,
-                Phase::Waiting => Next::Evacuate(r.plan.leaving_pes.clone()),
+                Phase::Waiting => Next::Evacuate(r.order.plan.leaving_pes.clone()),
                 Phase::Evacuating(colls) if colls.is_empty() => Next::Stop(r.order.clone()),
                 Phase::Adopting(0) => Next::Populate(r.new_pes > 0),
                 Phase::Balancing(colls) if colls.is_empty() => Next::Finish,
@@ -262,9 +245,11 @@ impl Pe {
             admit = r.order.admit,
             "rescale abandoned in stage evacuate: {why}{stuck}"
         );
-        self.ctx.node.finish_rescale(Err(format!(
-            "the rescale was abandoned in stage evacuate: {why}{stuck}; nothing was committed and the job goes on at its size"
-        )));
+        self.ctx
+            .node
+            .finish_rescale(Err(crate::rescale::RescaleFailed::Abandoned {
+                why: format!("{why}{stuck}"),
+            }));
         // `at_sync` steps that waited for the rescale run now.
         for coll in r.deferred {
             let cb = CallbackSpec {

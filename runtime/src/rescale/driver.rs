@@ -1,0 +1,1218 @@
+//! The node-level rescale protocol as a sans-IO state machine: events and
+//! the time in, actions out. No thread, no clock, no socket, no channel:
+//! the shell ([`super::shell`]) reads the clock, carries out the actions
+//! and feeds back what happened; the tests (`driver/tests.rs`) run whole
+//! jobs of these machines in virtual time.
+//!
+//! Once every local PE has stopped (one [`Event::PeStopped`] per PE, each
+//! carrying the request with its plan), a node
+//!
+//! 1. drains the network: the envelope frames every node sent to every
+//!    other in this epoch are summed up the node tree and the totals come
+//!    back down ([`DrainMode::Tree`]; or every node tells every peer,
+//!    [`DrainMode::AllToAll`]), and the node waits until it received its
+//!    total (counts come as [`Event::Counts`]);
+//! 2. has its PEs hand over ([`Action::HandOver`]) and drains again, then
+//!    takes the old epoch's late envelopes out of its inboxes
+//!    ([`Action::TakeLate`]);
+//! 3. a departing node waits for the coordinator's Die and departs; node 0
+//!    asks the coordinator for the newcomers waiting (when the request
+//!    admits any), commits, asking again when a newcomer vanished between
+//!    the query and the commit, and sends the committed view to every
+//!    survivor; a survivor waits for it;
+//! 4. reconciles endpoints with the new view and installs it
+//!    ([`Action::Install`]);
+//! 5. passes a barrier up and down the node tree of the new view;
+//! 6. resumes its PEs in the new view ([`Action::Resume`]).
+//!
+//! A newcomer starts at step 4 when the coordinator's `Integrate` comes and
+//! ends with [`Action::Joined`].
+//!
+//! Every wait has a deadline ([`Driver::next_deadline`]); past it, or when a
+//! member is lost, the node is aborting or an answer is an error, the
+//! machine fails with a [`Failure`] that names the step it was in.
+//! Frames of an epoch that is neither this node's nor the next are late
+//! frames of an old epoch and are dropped; frames and coordinator notices
+//! that come before the step that wants them are kept until it comes.
+//!
+//! May touch: nothing but itself. Reads the topology and the plan it is
+//! given.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ductile_coordinator::proto::{NodeId, ServerMsg, View};
+use tracing::{debug, info, warn};
+
+use super::plan::Renumbering;
+use super::{ControlFrame, Stage};
+use crate::system::StopOrder;
+use crate::topo::Topology;
+
+/// How the drain's counts travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DrainMode {
+    /// Summed up the node tree, totals down: one frame per tree edge.
+    Tree,
+    /// Every node tells every peer: N-1 frames out and in per node
+    /// (`DUCTILE_DRAIN=all`, measurement only).
+    AllToAll,
+}
+
+/// What a node's driver is set up with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Config {
+    /// PEs of this node (one `PeStopped` and one `HandedOver` each).
+    pub local_pes: usize,
+    /// How the drain's counts travel.
+    pub drain: DrainMode,
+    /// The bound of each wait ([`super::StageBounds::step`]).
+    pub step: Duration,
+    /// How long a newcomer waits to be admitted.
+    pub admission: Duration,
+    /// Commits node 0 tries when newcomers vanish between query and commit.
+    pub commit_tries: u32,
+}
+
+/// Envelope frames this node sent to and received from each node of its
+/// epoch, indexed by node id (missing entries are zero).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Sent to node n.
+    pub sent: Vec<u64>,
+    /// Received from node n.
+    pub received: Vec<u64>,
+}
+
+impl Counts {
+    fn sent_to(&self, n: NodeId) -> u64 {
+        self.sent.get(n as usize).copied().unwrap_or(0)
+    }
+
+    fn received_from(&self, n: NodeId) -> u64 {
+        self.received.get(n as usize).copied().unwrap_or(0)
+    }
+}
+
+/// Why node 0's commit was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum CommitRefusal {
+    /// The coordinator had fewer newcomers than asked for: one vanished
+    /// between the query and the commit. Worth asking again.
+    NewcomerGone(String),
+    /// Anything else.
+    Other(String),
+}
+
+/// What the shell tells the driver.
+#[derive(Clone, Debug)]
+pub(crate) enum Event {
+    /// A local PE stopped for the rescale `order` (its plan included).
+    PeStopped(StopOrder),
+    /// A local PE handed over.
+    HandedOver,
+    /// The frame counts now (the shell sends them before `PeStopped` and
+    /// `HandedOver`, after [`Action::Draining`]`(true)`, and whenever an
+    /// envelope frame arrived while draining).
+    Counts(Counts),
+    /// A control frame from node `src`, tagged with the low 16 bits of the
+    /// sender's epoch.
+    Frame {
+        /// The sender.
+        src: NodeId,
+        /// Low 16 bits of the epoch the frame was sent in.
+        epoch_bits: u64,
+        /// The frame.
+        frame: ControlFrame,
+    },
+    /// A notice from the coordinator.
+    Coordinator(ServerMsg),
+    /// Answer to [`Action::QueryPending`]: newcomers waiting.
+    Pending(Result<u32, String>),
+    /// Answer to [`Action::Commit`].
+    Committed(Result<View, CommitRefusal>),
+    /// Answer to [`Action::Install`]: the installed topology.
+    Installed(Result<Arc<Topology>, String>),
+    /// An [`Action::Send`] failed.
+    SendFailed {
+        /// The node it was for.
+        to: NodeId,
+        /// Why.
+        error: String,
+    },
+    /// The node is aborting (a peer was lost, an error elsewhere).
+    Aborting,
+    /// Time passed (the shell's wait ended with no event).
+    Tick,
+}
+
+/// What the driver asks the shell to do, in order.
+#[derive(Clone, Debug)]
+pub(crate) enum Action {
+    /// Send a control frame to `to`, tagged with `epoch`.
+    Send {
+        /// The node.
+        to: NodeId,
+        /// The epoch to tag it with.
+        epoch: u64,
+        /// The frame.
+        frame: ControlFrame,
+    },
+    /// Report envelope frames as they arrive (`Event::Counts`), or stop.
+    Draining(bool),
+    /// Tell every local PE to hand over.
+    HandOver {
+        /// This node leaves.
+        leaving: bool,
+    },
+    /// Every envelope of the old epoch arrived: take them out of the
+    /// inboxes now, before the first of the new epoch lands there.
+    TakeLate,
+    /// Node 0: a stage of the rescale ended (the shell times it).
+    StageEnded(Stage),
+    /// Node 0: ask the coordinator how many newcomers wait.
+    QueryPending {
+        /// The epoch being left.
+        epoch: u64,
+    },
+    /// Node 0: commit at the coordinator.
+    Commit {
+        /// The epoch being left.
+        epoch: u64,
+        /// Nodes removed.
+        remove: Vec<NodeId>,
+        /// Newcomers admitted.
+        admit: u32,
+    },
+    /// Reconcile endpoints with `view`, in which this node is `me`, and
+    /// install it.
+    Install {
+        /// The committed view.
+        view: View,
+        /// This node's id in it.
+        me: NodeId,
+    },
+    /// Resume the local PEs in the new view.
+    Resume {
+        /// The view left.
+        old: Arc<Topology>,
+        /// The view joined.
+        new: Arc<Topology>,
+        /// Old PE numbers to new ones.
+        plan: Renumbering,
+    },
+    /// A newcomer was admitted and passed the barrier: start its PEs.
+    Joined {
+        /// Its node id.
+        me: NodeId,
+    },
+    /// This node was removed: end its PEs.
+    Depart,
+    /// The rescale failed on this node: end the job.
+    Fail(Failure),
+    /// No rescale runs, but the job cannot go on (a member was lost).
+    Abort(String),
+}
+
+/// A wait of the protocol, named in errors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Tree drain: the counts of this node's subtree.
+    DrainCounts {
+        /// Drain round (1 before the hand-over, 2 after).
+        round: u8,
+        /// This node.
+        node: NodeId,
+    },
+    /// Tree drain: the totals from the parent.
+    DrainTotals {
+        /// Drain round.
+        round: u8,
+        /// The parent.
+        parent: NodeId,
+    },
+    /// The frames counted as sent to this node.
+    DrainFrames {
+        /// Drain round.
+        round: u8,
+        /// How many.
+        expect: u64,
+    },
+    /// All-to-all drain: every peer's count.
+    DrainPeers {
+        /// Drain round.
+        round: u8,
+    },
+    /// The local PEs' hand-over.
+    HandOver,
+    /// A departing node: the coordinator's Die.
+    Die,
+    /// Node 0: the coordinator's count of newcomers.
+    Pending,
+    /// Node 0: the commit.
+    Commit,
+    /// A survivor: the committed view from node 0.
+    NewView,
+    /// Reconciling endpoints with the committed view.
+    Reconcile {
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// Barrier: the children of the new view's node tree.
+    BarrierReady,
+    /// Barrier: the release from the parent.
+    BarrierGo,
+    /// A newcomer: the coordinator's Integrate.
+    Admission,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::DrainCounts { round, node } => {
+                write!(
+                    f,
+                    "drain round {round} (the counts of node {node}'s subtree)"
+                )
+            }
+            Step::DrainTotals { round, parent } => {
+                write!(f, "drain round {round} (the totals from node {parent})")
+            }
+            Step::DrainFrames { round, expect } => {
+                write!(f, "drain round {round} ({expect} frames)")
+            }
+            Step::DrainPeers { round } => write!(f, "drain round {round} (every peer's count)"),
+            Step::HandOver => f.write_str("the PEs' hand-over"),
+            Step::Die => f.write_str("Die from the coordinator"),
+            Step::Pending => f.write_str("the newcomers waiting at the coordinator"),
+            Step::Commit => f.write_str("the commit"),
+            Step::NewView => f.write_str("the new view from node 0"),
+            Step::Reconcile { epoch } => write!(f, "reconciling endpoints with epoch {epoch}"),
+            Step::BarrierReady => f.write_str("the barrier (children ready)"),
+            Step::BarrierGo => f.write_str("the barrier (release)"),
+            Step::Admission => f.write_str("admission"),
+        }
+    }
+}
+
+/// Why a step failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Cause {
+    /// Its deadline passed.
+    #[error("timed out after {0:?}")]
+    TimedOut(Duration),
+    /// The coordinator reported a member lost.
+    #[error("node {node} (uid {uid}) was lost during the rescale")]
+    MemberLost {
+        /// Its id.
+        node: NodeId,
+        /// Its uid.
+        uid: u64,
+    },
+    /// The node is aborting.
+    #[error("the node is aborting")]
+    Aborting,
+    /// The node is shutting down (its event channel closed).
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    /// A drain frame whose counts do not fit the view.
+    #[error("node {src}: {counts} counts for a view of {nodes} nodes")]
+    Counts {
+        /// The sender.
+        src: NodeId,
+        /// Counts it sent.
+        counts: usize,
+        /// Nodes of the view.
+        nodes: u32,
+    },
+    /// Counts that overflow.
+    #[error("node {src}: frame counts overflow")]
+    Overflow {
+        /// The sender.
+        src: NodeId,
+    },
+    /// The request's plan is for another view.
+    #[error("the plan is for {planned} nodes of epoch {epoch}, this view has {nodes}")]
+    Plan {
+        /// The request's epoch.
+        epoch: u64,
+        /// Nodes the plan covers.
+        planned: usize,
+        /// Nodes of this view.
+        nodes: u32,
+    },
+    /// The coordinator did not answer the query.
+    #[error("asking the coordinator for newcomers: {0}")]
+    Pending(String),
+    /// The coordinator refused the commit.
+    #[error("the coordinator refused the commit: {0}")]
+    Refused(String),
+    /// This node is not in the committed view.
+    #[error("this node (uid {uid}) is not in the committed view")]
+    NotInView {
+        /// Its uid.
+        uid: u64,
+    },
+    /// Endpoints could not be reconciled.
+    #[error("{0}")]
+    Reconcile(String),
+    /// A frame could not be sent.
+    #[error("sending to node {to}: {error}")]
+    Send {
+        /// The node.
+        to: NodeId,
+        /// Why.
+        error: String,
+    },
+}
+
+/// A rescale that failed on this node, and the step it failed in.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{step}: {cause}")]
+pub(crate) struct Failure {
+    /// Where.
+    pub step: Step,
+    /// Why.
+    pub cause: Cause,
+}
+
+/// The rescale this node takes part in.
+#[derive(Debug)]
+struct Rescale {
+    order: StopOrder,
+    old: Arc<Topology>,
+    leaving: bool,
+}
+
+#[derive(Debug)]
+enum DrainWait {
+    /// Tree: DrainUp from the children.
+    Children { heard: usize, sum: Vec<u64> },
+    /// Tree: DrainDown from the parent.
+    Totals,
+    /// Until the frames counted as sent here arrived.
+    Frames { expect: u64 },
+    /// All-to-all: every peer's Drain, then its frames.
+    Peers { expected: BTreeMap<NodeId, u64> },
+}
+
+#[derive(Debug)]
+enum BarrierWait {
+    Ready { ready: usize },
+    Go,
+}
+
+#[derive(Debug)]
+enum State {
+    /// PEs run; counts those that stopped.
+    Running {
+        stopped: usize,
+    },
+    Drain {
+        r: Box<Rescale>,
+        round: u8,
+        wait: DrainWait,
+    },
+    HandOver {
+        r: Box<Rescale>,
+        handed: usize,
+    },
+    /// A departing node: the rescale is over for it at the Die.
+    Die,
+    Pending {
+        r: Box<Rescale>,
+        tries: u32,
+    },
+    Commit {
+        r: Box<Rescale>,
+        tries: u32,
+        admit: u32,
+    },
+    NewView {
+        r: Box<Rescale>,
+    },
+    /// `r` is None for a newcomer.
+    Installing {
+        r: Option<Box<Rescale>>,
+        epoch: u64,
+    },
+    Barrier {
+        r: Option<Box<Rescale>>,
+        topo: Arc<Topology>,
+        wait: BarrierWait,
+    },
+    /// A newcomer waiting for Integrate.
+    Admission,
+    Departed,
+    Failed,
+    /// Only while a transition is in progress.
+    Moving,
+}
+
+/// One node's rescale driver.
+#[derive(Debug)]
+pub(crate) struct Driver {
+    cfg: Config,
+    /// The installed topology (None: a newcomer waiting).
+    topo: Option<Arc<Topology>>,
+    state: State,
+    /// Frames and notices kept for a later step, in arrival order.
+    early: VecDeque<Event>,
+    counts: Counts,
+    /// When the current wait ends, which step it is, and its bound.
+    deadline: Option<(Instant, Step, Duration)>,
+    /// The step changed: kept events are offered again.
+    moved: bool,
+}
+
+impl Driver {
+    /// A member's driver, in the view of `topo`.
+    pub(crate) fn member(cfg: Config, topo: Arc<Topology>) -> Self {
+        Driver {
+            cfg,
+            topo: Some(topo),
+            state: State::Running { stopped: 0 },
+            early: VecDeque::new(),
+            counts: Counts::default(),
+            deadline: None,
+            moved: false,
+        }
+    }
+
+    /// A newcomer's driver, registered at `now` and waiting for admission.
+    pub(crate) fn newcomer(cfg: Config, now: Instant) -> Self {
+        let mut d = Driver {
+            cfg,
+            topo: None,
+            state: State::Admission,
+            early: VecDeque::new(),
+            counts: Counts::default(),
+            deadline: None,
+            moved: false,
+        };
+        d.wait(now, Step::Admission, cfg.admission);
+        d
+    }
+
+    /// When the shell must call with [`Event::Tick`] at the latest.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.deadline.as_ref().map(|(at, _, _)| *at)
+    }
+
+    /// Whether a rescale (or an admission) is under way on this node.
+    pub(crate) fn busy(&self) -> bool {
+        !matches!(
+            self.state,
+            State::Running { .. } | State::Departed | State::Failed
+        )
+    }
+
+    /// Whether the driver wants [`Event::Counts`] now.
+    pub(crate) fn draining(&self) -> bool {
+        matches!(self.state, State::Drain { .. } | State::HandOver { .. })
+    }
+
+    /// The installed topology, if any.
+    pub(crate) fn topology(&self) -> Option<&Arc<Topology>> {
+        self.topo.as_ref()
+    }
+
+    /// Takes one event at time `now`; returns what to do, in order.
+    pub(crate) fn on_event(&mut self, event: Event, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        self.handle(event, now, &mut out);
+        while std::mem::take(&mut self.moved) {
+            self.poll(now, &mut out);
+            let early = std::mem::take(&mut self.early);
+            for e in early {
+                if !self.offer(&e, now, &mut out) {
+                    self.early.push_back(e);
+                }
+            }
+        }
+        out
+    }
+
+    fn handle(&mut self, event: Event, now: Instant, out: &mut Vec<Action>) {
+        if let Some((at, step, bound)) = &self.deadline {
+            if now >= *at {
+                let (step, bound) = (step.clone(), *bound);
+                self.fail(step, Cause::TimedOut(bound), out);
+                return;
+            }
+        }
+        match &event {
+            Event::Tick => return,
+            Event::Counts(c) => {
+                self.counts = c.clone();
+                self.poll(now, out);
+                return;
+            }
+            Event::Aborting => {
+                self.fail_busy(Cause::Aborting, out);
+                return;
+            }
+            Event::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => {
+                if self.busy() {
+                    self.fail_busy(
+                        Cause::MemberLost {
+                            node: *node,
+                            uid: *uid,
+                        },
+                        out,
+                    );
+                } else if matches!(self.state, State::Running { .. }) {
+                    out.push(Action::Abort(format!(
+                        "node {node} (uid {uid}) left the job unexpectedly; ending the job"
+                    )));
+                }
+                return;
+            }
+            Event::Frame {
+                src, epoch_bits, ..
+            } if self.stale(*epoch_bits) => {
+                debug!(src, epoch_bits, "dropping a control frame of an old epoch");
+                return;
+            }
+            _ => {}
+        }
+        if matches!(self.state, State::Failed | State::Departed) {
+            return;
+        }
+        if !self.offer(&event, now, out) {
+            match event {
+                // For a later step of this rescale (or the next).
+                e @ (Event::Frame { .. }
+                | Event::Coordinator(ServerMsg::Die { .. } | ServerMsg::Integrate { .. })) => {
+                    self.early.push_back(e)
+                }
+                Event::Coordinator(other) => debug!("coordinator notice {other:?}"),
+                other => debug!("ignoring {other:?} in {:?}", self.state_name()),
+            }
+        }
+    }
+
+    /// Fails the rescale (or admission) in progress; nothing when none is.
+    fn fail_busy(&mut self, cause: Cause, out: &mut Vec<Action>) {
+        if !self.busy() {
+            return;
+        }
+        let step = match &self.deadline {
+            Some((_, step, _)) => step.clone(),
+            None => Step::Commit,
+        };
+        self.fail(step, cause, out);
+    }
+
+    fn fail(&mut self, step: Step, cause: Cause, out: &mut Vec<Action>) {
+        let failure = Failure { step, cause };
+        warn!("rescale failed on this node: {failure}");
+        self.state = State::Failed;
+        self.deadline = None;
+        self.early.clear();
+        out.push(Action::Fail(failure));
+    }
+
+    fn state_name(&self) -> &'static str {
+        match self.state {
+            State::Running { .. } => "running",
+            State::Drain { .. } => "drain",
+            State::HandOver { .. } => "hand-over",
+            State::Die => "die",
+            State::Pending { .. } => "pending",
+            State::Commit { .. } => "commit",
+            State::NewView { .. } => "new view",
+            State::Installing { .. } => "installing",
+            State::Barrier { .. } => "barrier",
+            State::Admission => "admission",
+            State::Departed => "departed",
+            State::Failed => "failed",
+            State::Moving => "moving",
+        }
+    }
+
+    /// A frame of an epoch that is neither this node's nor the next one.
+    fn stale(&self, bits: u64) -> bool {
+        let Some(topo) = &self.topo else {
+            return false;
+        };
+        let cur = topo.epoch() & 0xffff;
+        bits != cur && bits != (cur + 1) & 0xffff
+    }
+
+    fn wait(&mut self, now: Instant, step: Step, bound: Duration) {
+        self.deadline = Some((now + bound, step, bound));
+    }
+
+    fn set(&mut self, state: State) {
+        self.state = state;
+        self.moved = true;
+    }
+
+    fn me(&self) -> NodeId {
+        self.topo.as_ref().map_or(NodeId::MAX, |t| t.my_node())
+    }
+
+    /// Offers `e` to the step in progress; false: not for it.
+    fn offer(&mut self, e: &Event, now: Instant, out: &mut Vec<Action>) -> bool {
+        let state = std::mem::replace(&mut self.state, State::Moving);
+        let (state, took) = self.offer_to(state, e, now, out);
+        if let Some(s) = state {
+            self.state = s;
+        }
+        took
+    }
+
+    /// Returns the state to keep (None: a transition set it) and whether
+    /// the event was taken.
+    fn offer_to(
+        &mut self,
+        state: State,
+        e: &Event,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) -> (Option<State>, bool) {
+        match (state, e) {
+            (State::Running { stopped }, Event::PeStopped(order)) => {
+                let stopped = stopped + 1;
+                if stopped < self.cfg.local_pes {
+                    return (Some(State::Running { stopped }), true);
+                }
+                self.begin(order.clone(), now, out);
+                (None, true)
+            }
+            (State::Running { stopped }, Event::HandedOver) => {
+                (Some(State::Running { stopped }), true)
+            }
+            (
+                State::Drain {
+                    r,
+                    round,
+                    wait: DrainWait::Children { heard, mut sum },
+                },
+                Event::Frame {
+                    src,
+                    epoch_bits,
+                    frame: ControlFrame::DrainUp { round: fr, sent },
+                },
+            ) if *fr == round && *epoch_bits == r.old.epoch() & 0xffff => {
+                if let Err(cause) = add_counts(&mut sum, sent, *src) {
+                    let step = Step::DrainCounts {
+                        round,
+                        node: self.me(),
+                    };
+                    self.fail(step, cause, out);
+                    return (None, true);
+                }
+                let heard = heard + 1;
+                if heard < r.old.node_children(r.old.my_node()).len() {
+                    let wait = DrainWait::Children { heard, sum };
+                    return (Some(State::Drain { r, round, wait }), true);
+                }
+                self.drain_up(r, round, sum, now, out);
+                (None, true)
+            }
+            (
+                State::Drain {
+                    r,
+                    round,
+                    wait: DrainWait::Totals,
+                },
+                Event::Frame {
+                    epoch_bits,
+                    frame: ControlFrame::DrainDown { round: fr, totals },
+                    ..
+                },
+            ) if *fr == round && *epoch_bits == r.old.epoch() & 0xffff => {
+                self.drain_down(r, round, totals.clone(), now, out);
+                (None, true)
+            }
+            (
+                State::Drain {
+                    r,
+                    round,
+                    wait: DrainWait::Peers { mut expected },
+                },
+                Event::Frame {
+                    src,
+                    epoch_bits,
+                    frame: ControlFrame::Drain { round: fr, sent },
+                },
+            ) if *fr == round && *epoch_bits == r.old.epoch() & 0xffff => {
+                expected.insert(*src, *sent);
+                self.moved = true;
+                let wait = DrainWait::Peers { expected };
+                (Some(State::Drain { r, round, wait }), true)
+            }
+            (State::HandOver { r, handed }, Event::HandedOver) => {
+                let handed = handed + 1;
+                if handed < self.cfg.local_pes {
+                    return (Some(State::HandOver { r, handed }), true);
+                }
+                self.drain(r, 2, now, out);
+                (None, true)
+            }
+            (State::Die, Event::Coordinator(ServerMsg::Die { .. })) => {
+                info!(node = self.me(), "removed by the rescale; leaving the job");
+                self.deadline = None;
+                out.push(Action::Depart);
+                self.set(State::Departed);
+                (None, true)
+            }
+            (State::Pending { r, tries }, Event::Pending(answer)) => match answer {
+                Ok(waiting) => {
+                    let admit = r.order.admit.min(*waiting);
+                    self.commit(r, tries, admit, now, out);
+                    (None, true)
+                }
+                Err(e) => {
+                    self.fail(Step::Pending, Cause::Pending(e.clone()), out);
+                    (None, true)
+                }
+            },
+            (State::Commit { r, tries, admit }, Event::Committed(answer)) => match answer {
+                Ok(view) => {
+                    out.push(Action::StageEnded(Stage::Commit));
+                    let epoch = r.old.epoch();
+                    for (node, next) in r.order.plan.node_map.iter().enumerate() {
+                        if node != 0 && next.is_some() {
+                            out.push(Action::Send {
+                                to: node as NodeId,
+                                epoch,
+                                frame: ControlFrame::View(view.clone()),
+                            });
+                        }
+                    }
+                    self.install(Some(r), view.clone(), now, out);
+                    (None, true)
+                }
+                Err(CommitRefusal::NewcomerGone(why))
+                    if admit > 0 && tries < self.cfg.commit_tries =>
+                {
+                    warn!("the coordinator refused the commit ({why}); asking again");
+                    self.query(r, tries + 1, now, out);
+                    (None, true)
+                }
+                Err(CommitRefusal::NewcomerGone(why) | CommitRefusal::Other(why)) => {
+                    self.fail(Step::Commit, Cause::Refused(why.clone()), out);
+                    (None, true)
+                }
+            },
+            (
+                State::NewView { r },
+                Event::Frame {
+                    src: 0,
+                    frame: ControlFrame::View(view),
+                    ..
+                },
+            ) => {
+                self.install(Some(r), view.clone(), now, out);
+                (None, true)
+            }
+            (State::Admission, Event::Coordinator(ServerMsg::Integrate { node, view })) => {
+                out.push(Action::Install {
+                    view: view.clone(),
+                    me: *node,
+                });
+                self.wait(now, Step::Reconcile { epoch: view.epoch }, self.cfg.step);
+                self.set(State::Installing {
+                    r: None,
+                    epoch: view.epoch,
+                });
+                (None, true)
+            }
+            (State::Installing { r, epoch }, Event::Installed(result)) => match result {
+                Ok(topo) => {
+                    self.barrier(r, topo.clone(), now, out);
+                    (None, true)
+                }
+                Err(e) => {
+                    self.fail(Step::Reconcile { epoch }, Cause::Reconcile(e.clone()), out);
+                    (None, true)
+                }
+            },
+            (
+                State::Barrier {
+                    r,
+                    topo,
+                    wait: BarrierWait::Ready { ready },
+                },
+                Event::Frame {
+                    epoch_bits,
+                    frame: ControlFrame::Ready,
+                    ..
+                },
+            ) if *epoch_bits == topo.epoch() & 0xffff => {
+                let ready = ready + 1;
+                if ready < topo.node_children(topo.my_node()).len() {
+                    let wait = BarrierWait::Ready { ready };
+                    return (Some(State::Barrier { r, topo, wait }), true);
+                }
+                self.barrier_up(r, topo, now, out);
+                (None, true)
+            }
+            (
+                State::Barrier {
+                    r,
+                    topo,
+                    wait: BarrierWait::Go,
+                },
+                Event::Frame {
+                    epoch_bits,
+                    frame: ControlFrame::Go,
+                    ..
+                },
+            ) if *epoch_bits == topo.epoch() & 0xffff => {
+                self.barrier_done(r, topo, out);
+                (None, true)
+            }
+            (state, Event::SendFailed { to, error }) if !matches!(state, State::Running { .. }) => {
+                self.state = state;
+                let cause = Cause::Send {
+                    to: *to,
+                    error: error.clone(),
+                };
+                self.fail_busy(cause, out);
+                (None, true)
+            }
+            (state, _) => (Some(state), false),
+        }
+    }
+
+    /// Conditions that may hold without an event: the drain's frames in.
+    fn poll(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let done = match &self.state {
+            State::Drain {
+                r,
+                wait: DrainWait::Frames { expect },
+                ..
+            } => {
+                let me = r.old.my_node();
+                let got: u64 = (0..r.old.num_nodes())
+                    .filter(|&p| p != me)
+                    .map(|p| self.counts.received_from(p))
+                    .sum();
+                got >= *expect
+            }
+            State::Drain {
+                r,
+                wait: DrainWait::Peers { expected },
+                ..
+            } => {
+                expected.len() + 1 == r.old.num_nodes() as usize
+                    && expected
+                        .iter()
+                        .all(|(&src, &n)| self.counts.received_from(src) >= n)
+            }
+            _ => false,
+        };
+        if done {
+            let State::Drain { r, round, .. } = std::mem::replace(&mut self.state, State::Moving)
+            else {
+                unreachable!("matched above")
+            };
+            self.drained(r, round, now, out);
+        }
+    }
+
+    /// All local PEs stopped for `order`: the rescale begins here.
+    fn begin(&mut self, order: StopOrder, now: Instant, out: &mut Vec<Action>) {
+        let Some(old) = self.topo.clone() else {
+            self.state = State::Admission;
+            return;
+        };
+        let me = old.my_node();
+        if order.plan.node_map.len() != old.num_nodes() as usize || order.epoch != old.epoch() {
+            let cause = Cause::Plan {
+                epoch: order.epoch,
+                planned: order.plan.node_map.len(),
+                nodes: old.num_nodes(),
+            };
+            self.fail(Step::DrainCounts { round: 1, node: me }, cause, out);
+            return;
+        }
+        let leaving = order.plan.node_map[me as usize].is_none();
+        debug!(node = me, leaving, "all PEs stopped; draining");
+        out.push(Action::Draining(true));
+        let r = Box::new(Rescale {
+            order,
+            old,
+            leaving,
+        });
+        self.drain(r, 1, now, out);
+    }
+
+    /// Starts drain round `round`.
+    fn drain(&mut self, r: Box<Rescale>, round: u8, now: Instant, out: &mut Vec<Action>) {
+        let (me, epoch, n) = (r.old.my_node(), r.old.epoch(), r.old.num_nodes());
+        match self.cfg.drain {
+            DrainMode::AllToAll => {
+                for p in (0..n).filter(|&p| p != me) {
+                    out.push(Action::Send {
+                        to: p,
+                        epoch,
+                        frame: ControlFrame::Drain {
+                            round,
+                            sent: self.counts.sent_to(p),
+                        },
+                    });
+                }
+                self.wait(now, Step::DrainPeers { round }, self.cfg.step);
+                let wait = DrainWait::Peers {
+                    expected: BTreeMap::new(),
+                };
+                self.set(State::Drain { r, round, wait });
+            }
+            DrainMode::Tree => {
+                let sum: Vec<u64> = (0..n)
+                    .map(|p| if p == me { 0 } else { self.counts.sent_to(p) })
+                    .collect();
+                if r.old.node_children(me).is_empty() {
+                    self.drain_up(r, round, sum, now, out);
+                } else {
+                    self.wait(now, Step::DrainCounts { round, node: me }, self.cfg.step);
+                    let wait = DrainWait::Children { heard: 0, sum };
+                    self.set(State::Drain { r, round, wait });
+                }
+            }
+        }
+    }
+
+    /// Tree drain: the subtree's counts are in; up to the parent, or (the
+    /// root) they are the totals.
+    fn drain_up(
+        &mut self,
+        r: Box<Rescale>,
+        round: u8,
+        sum: Vec<u64>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let me = r.old.my_node();
+        match r.old.node_parent(me) {
+            Some(parent) => {
+                out.push(Action::Send {
+                    to: parent,
+                    epoch: r.old.epoch(),
+                    frame: ControlFrame::DrainUp { round, sent: sum },
+                });
+                self.wait(now, Step::DrainTotals { round, parent }, self.cfg.step);
+                let wait = DrainWait::Totals;
+                self.set(State::Drain { r, round, wait });
+            }
+            None => self.drain_down(r, round, sum, now, out),
+        }
+    }
+
+    /// Tree drain: the totals are known; down to the children, then wait
+    /// for this node's own.
+    fn drain_down(
+        &mut self,
+        r: Box<Rescale>,
+        round: u8,
+        totals: Vec<u64>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let (me, n) = (r.old.my_node(), r.old.num_nodes());
+        if totals.len() != n as usize {
+            let step = match r.old.node_parent(me) {
+                Some(parent) => Step::DrainTotals { round, parent },
+                None => Step::DrainCounts { round, node: me },
+            };
+            let cause = Cause::Counts {
+                src: r.old.node_parent(me).unwrap_or(me),
+                counts: totals.len(),
+                nodes: n,
+            };
+            self.fail(step, cause, out);
+            return;
+        }
+        let expect = totals[me as usize];
+        for c in r.old.node_children(me) {
+            out.push(Action::Send {
+                to: c,
+                epoch: r.old.epoch(),
+                frame: ControlFrame::DrainDown {
+                    round,
+                    totals: totals.clone(),
+                },
+            });
+        }
+        self.wait(now, Step::DrainFrames { round, expect }, self.cfg.step);
+        let wait = DrainWait::Frames { expect };
+        self.set(State::Drain { r, round, wait });
+    }
+
+    /// Drain round `round` is over.
+    fn drained(&mut self, r: Box<Rescale>, round: u8, now: Instant, out: &mut Vec<Action>) {
+        if round == 1 {
+            out.push(Action::HandOver { leaving: r.leaving });
+            self.wait(now, Step::HandOver, self.cfg.step);
+            self.set(State::HandOver { r, handed: 0 });
+            return;
+        }
+        out.push(Action::Draining(false));
+        out.push(Action::TakeLate);
+        let me = r.old.my_node();
+        if me == 0 {
+            out.push(Action::StageEnded(Stage::Stop));
+        }
+        if r.leaving {
+            self.wait(now, Step::Die, self.cfg.step);
+            self.set(State::Die);
+        } else if me == 0 {
+            self.query(r, 1, now, out);
+        } else {
+            self.wait(now, Step::NewView, self.cfg.step);
+            self.set(State::NewView { r });
+        }
+    }
+
+    /// Node 0: asks how many newcomers wait (when the request admits any).
+    fn query(&mut self, r: Box<Rescale>, tries: u32, now: Instant, out: &mut Vec<Action>) {
+        if r.order.admit == 0 {
+            self.commit(r, tries, 0, now, out);
+            return;
+        }
+        out.push(Action::QueryPending {
+            epoch: r.order.epoch,
+        });
+        self.wait(now, Step::Pending, self.cfg.step);
+        self.set(State::Pending { r, tries });
+    }
+
+    fn commit(
+        &mut self,
+        r: Box<Rescale>,
+        tries: u32,
+        admit: u32,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        out.push(Action::Commit {
+            epoch: r.order.epoch,
+            remove: r.order.remove.clone(),
+            admit,
+        });
+        self.wait(now, Step::Commit, self.cfg.step);
+        self.set(State::Commit { r, tries, admit });
+    }
+
+    /// The committed view: reconcile endpoints and install it.
+    fn install(
+        &mut self,
+        r: Option<Box<Rescale>>,
+        view: View,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let epoch = view.epoch;
+        let uid = r.as_ref().map(|r| r.old.my_uid());
+        let me = uid.and_then(|uid| view.by_uid(uid).map(|m| m.node));
+        match (uid, me) {
+            (Some(_), Some(me)) => {
+                out.push(Action::Install { view, me });
+                self.wait(now, Step::Reconcile { epoch }, self.cfg.step);
+                self.set(State::Installing { r, epoch });
+            }
+            (uid, _) => {
+                let cause = Cause::NotInView {
+                    uid: uid.unwrap_or(0),
+                };
+                self.fail(Step::Reconcile { epoch }, cause, out);
+            }
+        }
+    }
+
+    /// The new view is installed: the barrier of its node tree.
+    fn barrier(
+        &mut self,
+        r: Option<Box<Rescale>>,
+        topo: Arc<Topology>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        self.topo = Some(topo.clone());
+        if topo.node_children(topo.my_node()).is_empty() {
+            self.barrier_up(r, topo, now, out);
+        } else {
+            self.wait(now, Step::BarrierReady, self.cfg.step);
+            let wait = BarrierWait::Ready { ready: 0 };
+            self.set(State::Barrier { r, topo, wait });
+        }
+    }
+
+    fn barrier_up(
+        &mut self,
+        r: Option<Box<Rescale>>,
+        topo: Arc<Topology>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        match topo.node_parent(topo.my_node()) {
+            Some(parent) => {
+                out.push(Action::Send {
+                    to: parent,
+                    epoch: topo.epoch(),
+                    frame: ControlFrame::Ready,
+                });
+                self.wait(now, Step::BarrierGo, self.cfg.step);
+                let wait = BarrierWait::Go;
+                self.set(State::Barrier { r, topo, wait });
+            }
+            None => self.barrier_done(r, topo, out),
+        }
+    }
+
+    fn barrier_done(
+        &mut self,
+        r: Option<Box<Rescale>>,
+        topo: Arc<Topology>,
+        out: &mut Vec<Action>,
+    ) {
+        for c in topo.node_children(topo.my_node()) {
+            out.push(Action::Send {
+                to: c,
+                epoch: topo.epoch(),
+                frame: ControlFrame::Go,
+            });
+        }
+        match r {
+            Some(r) => {
+                if r.old.my_node() == 0 {
+                    out.push(Action::StageEnded(Stage::Reconcile));
+                }
+                out.push(Action::Resume {
+                    old: r.old,
+                    new: topo,
+                    plan: r.order.plan,
+                });
+            }
+            None => out.push(Action::Joined { me: topo.my_node() }),
+        }
+        self.deadline = None;
+        self.counts = Counts::default();
+        self.set(State::Running { stopped: 0 });
+    }
+}
+
+/// Adds a subtree's per-node counts (from node `src`) into `sum`.
+pub(crate) fn add_counts(sum: &mut [u64], counts: &[u64], src: NodeId) -> Result<(), Cause> {
+    if counts.len() != sum.len() {
+        return Err(Cause::Counts {
+            src,
+            counts: counts.len(),
+            nodes: sum.len() as u32,
+        });
+    }
+    for (s, c) in sum.iter_mut().zip(counts) {
+        *s = s.checked_add(*c).ok_or(Cause::Overflow { src })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

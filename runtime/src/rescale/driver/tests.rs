@@ -1,0 +1,1020 @@
+//! Whole jobs of node drivers in virtual time: a simulated network (one FIFO
+//! per link, links served in a seeded random order), a simulated
+//! coordinator and simulated PEs; no thread, no socket, no sleeping.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use ductile_coordinator::proto::Member;
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::rescale::plan::{plan, RescaleRequest};
+
+const STEP: Duration = Duration::from_secs(2);
+
+fn cfg(pes: usize, drain: DrainMode) -> Config {
+    Config {
+        local_pes: pes,
+        drain,
+        step: STEP,
+        admission: Duration::from_secs(3600),
+        commit_tries: 3,
+    }
+}
+
+fn member(node: NodeId, uid: u64, pes: u32) -> Member {
+    Member {
+        node,
+        uid,
+        address: vec![],
+        pes,
+        host: "sim".into(),
+        pid: uid as u32,
+    }
+}
+
+/// How a node's part ended.
+#[derive(Clone, Debug, PartialEq)]
+enum Outcome {
+    Resumed { epoch: u64, members: Vec<u64> },
+    Joined { epoch: u64, members: Vec<u64> },
+    Departed,
+    Failed(Failure),
+    Aborted(String),
+}
+
+/// Who a queued item is from: a node (by uid), the coordinator, or the
+/// node's own PEs and shell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Src {
+    Node(u64),
+    Coordinator,
+    Local,
+}
+
+enum Item {
+    Event(Event),
+    /// An application envelope frame from `from`, counted when delivered.
+    Envelope {
+        from: u64,
+        epoch: u64,
+    },
+}
+
+struct SimNode {
+    uid: u64,
+    pes: u32,
+    driver: Driver,
+    view: Option<View>,
+    alive: bool,
+    draining: bool,
+    /// Envelope frames by (epoch, peer uid).
+    sent: HashMap<(u64, u64), u64>,
+    received: HashMap<(u64, u64), u64>,
+    outcomes: Vec<Outcome>,
+    /// Whether `TakeLate` came with every frame of the epoch in.
+    late_complete: Vec<bool>,
+    stages: Vec<Stage>,
+}
+
+/// Faults a scenario injects.
+#[derive(Clone, Default)]
+struct Faults {
+    /// Frames from this uid are never delivered when `silent_in` says so.
+    silent: Option<(u64, fn(&ControlFrame) -> bool)>,
+    /// Kill this uid the first time any node's actions match.
+    kill: Option<(u64, fn(&Action) -> bool)>,
+    /// The coordinator refuses every commit.
+    refuse_commit: bool,
+    /// Newcomers that vanish right after node 0's first query.
+    vanish_after_query: usize,
+}
+
+struct Sim {
+    now: Instant,
+    rng: StdRng,
+    nodes: BTreeMap<u64, SimNode>,
+    /// One FIFO per link (from, to uid).
+    links: BTreeMap<(Src, u64), VecDeque<Item>>,
+    /// The coordinator's view and its pending newcomers (uids).
+    view: View,
+    pending: Vec<u64>,
+    views: HashMap<u64, View>,
+    faults: Faults,
+    killed: bool,
+    queried: bool,
+}
+
+impl Sim {
+    /// A job of `pes.len()` members (uids 100, 101, ...) and `newcomers`
+    /// registered newcomers (uids 1000, ...), each of 2 PEs.
+    fn new(pes: &[u32], newcomers: usize, drain: DrainMode, seed: u64) -> Sim {
+        let view = View {
+            epoch: 7,
+            members: pes
+                .iter()
+                .enumerate()
+                .map(|(i, &p)| member(i as NodeId, 100 + i as u64, p))
+                .collect(),
+        };
+        let now = Instant::now();
+        let mut nodes = BTreeMap::new();
+        for m in &view.members {
+            let topo = Arc::new(Topology::new(&view, m.node));
+            nodes.insert(
+                m.uid,
+                SimNode::new(
+                    m.uid,
+                    m.pes,
+                    Driver::member(cfg(m.pes as usize, drain), topo),
+                    Some(view.clone()),
+                ),
+            );
+        }
+        let mut pending = Vec::new();
+        for i in 0..newcomers {
+            let uid = 1000 + i as u64;
+            nodes.insert(
+                uid,
+                SimNode::new(uid, 2, Driver::newcomer(cfg(2, drain), now), None),
+            );
+            pending.push(uid);
+        }
+        let mut views = HashMap::new();
+        views.insert(view.epoch, view.clone());
+        Sim {
+            now,
+            rng: StdRng::seed_from_u64(seed),
+            nodes,
+            links: BTreeMap::new(),
+            view,
+            pending,
+            views,
+            faults: Faults::default(),
+            killed: false,
+            queried: false,
+        }
+    }
+
+    fn push(&mut self, from: Src, to: u64, item: Item) {
+        self.links.entry((from, to)).or_default().push_back(item);
+    }
+
+    /// Application frames in flight when the PEs stop: `n` from every node
+    /// to a few others.
+    fn traffic(&mut self, n: u64) {
+        let uids: Vec<u64> = self.view.members.iter().map(|m| m.uid).collect();
+        for &a in &uids {
+            for &b in &uids {
+                if a != b && self.rng.gen_bool(0.6) {
+                    for _ in 0..n {
+                        self.send_envelope(a, b);
+                    }
+                }
+            }
+        }
+    }
+
+    fn send_envelope(&mut self, from: u64, to: u64) {
+        let node = self.nodes.get_mut(&from).expect("node");
+        let epoch = node.epoch();
+        *node.sent.entry((epoch, to)).or_default() += 1;
+        self.push(Src::Node(from), to, Item::Envelope { from, epoch });
+    }
+
+    /// Starts a rescale: the request's plan, and every PE stops.
+    fn rescale(&mut self, remove: Vec<NodeId>, admit: u32) {
+        let req = RescaleRequest {
+            epoch: self.view.epoch,
+            remove,
+            admit,
+        };
+        let plan = plan(&self.view, &req).expect("a valid request");
+        let order = StopOrder {
+            epoch: req.epoch,
+            remove: req.remove,
+            admit: req.admit,
+            plan,
+        };
+        for m in self.view.members.clone() {
+            for _ in 0..m.pes {
+                self.push(
+                    Src::Local,
+                    m.uid,
+                    Item::Event(Event::PeStopped(order.clone())),
+                );
+            }
+        }
+    }
+
+    fn counts(&self, uid: u64) -> Counts {
+        let n = &self.nodes[&uid];
+        let Some(view) = &n.view else {
+            return Counts::default();
+        };
+        let e = view.epoch;
+        Counts {
+            sent: view
+                .members
+                .iter()
+                .map(|m| n.sent.get(&(e, m.uid)).copied().unwrap_or(0))
+                .collect(),
+            received: view
+                .members
+                .iter()
+                .map(|m| n.received.get(&(e, m.uid)).copied().unwrap_or(0))
+                .collect(),
+        }
+    }
+
+    /// Feeds `event` to node `uid` and carries out its actions (answers
+    /// to actions are fed at once, as the shell does).
+    fn feed(&mut self, uid: u64, event: Event) {
+        let mut queue = VecDeque::from([event]);
+        while let Some(event) = queue.pop_front() {
+            if !self.nodes[&uid].alive {
+                return;
+            }
+            let needs_counts = matches!(event, Event::PeStopped(_) | Event::HandedOver);
+            if needs_counts {
+                let c = self.counts(uid);
+                let now = self.now;
+                let actions = self
+                    .nodes
+                    .get_mut(&uid)
+                    .expect("node")
+                    .driver
+                    .on_event(Event::Counts(c), now);
+                self.act(uid, actions, &mut queue);
+            }
+            let now = self.now;
+            let actions = self
+                .nodes
+                .get_mut(&uid)
+                .expect("node")
+                .driver
+                .on_event(event, now);
+            self.act(uid, actions, &mut queue);
+        }
+    }
+
+    fn act(&mut self, uid: u64, actions: Vec<Action>, answers: &mut VecDeque<Event>) {
+        for a in actions {
+            if !self.nodes[&uid].alive {
+                return;
+            }
+            if let Some((victim, when)) = self.faults.kill {
+                if !self.killed && when(&a) {
+                    self.killed = true;
+                    self.kill(victim);
+                    if victim == uid {
+                        return;
+                    }
+                }
+            }
+            match a {
+                Action::Send { to, epoch, frame } => {
+                    let view = &self.views[&epoch];
+                    let src = view.by_uid(uid).map(|m| m.node);
+                    let sender_view = self.nodes[&uid].view.clone().expect("a member sends");
+                    let src_now = sender_view.by_uid(uid).expect("in its view").node;
+                    assert_eq!(
+                        src,
+                        Some(src_now),
+                        "frames are tagged with the sender's id in the epoch they name"
+                    );
+                    let to_uid = view.members[to as usize].uid;
+                    if let Some((silent, what)) = self.faults.silent {
+                        if silent == uid && what(&frame) {
+                            continue;
+                        }
+                    }
+                    let event = Event::Frame {
+                        src: src_now,
+                        epoch_bits: epoch & 0xffff,
+                        frame,
+                    };
+                    self.push(Src::Node(uid), to_uid, Item::Event(event));
+                }
+                Action::Draining(on) => {
+                    self.nodes.get_mut(&uid).expect("node").draining = on;
+                    if on {
+                        answers.push_back(Event::Counts(self.counts(uid)));
+                    }
+                }
+                Action::HandOver { leaving } => {
+                    let pes = self.nodes[&uid].pes;
+                    for _ in 0..pes {
+                        if leaving {
+                            // A departing PE sends what it holds to PE 0.
+                            let zero = self.view.members[0].uid;
+                            for _ in 0..3 {
+                                self.send_envelope(uid, zero);
+                            }
+                        }
+                        self.push(Src::Local, uid, Item::Event(Event::HandedOver));
+                    }
+                }
+                Action::TakeLate => {
+                    let me = &self.nodes[&uid];
+                    let e = me.epoch();
+                    let complete = self.nodes.values().all(|n| {
+                        n.sent.get(&(e, uid)).copied().unwrap_or(0)
+                            == me.received.get(&(e, n.uid)).copied().unwrap_or(0)
+                    });
+                    self.nodes
+                        .get_mut(&uid)
+                        .expect("node")
+                        .late_complete
+                        .push(complete);
+                }
+                Action::StageEnded(s) => self.nodes.get_mut(&uid).expect("node").stages.push(s),
+                Action::QueryPending { epoch } => {
+                    assert_eq!(epoch, self.view.epoch);
+                    let n = self.pending.len() as u32;
+                    if !self.queried {
+                        self.queried = true;
+                        for _ in 0..self.faults.vanish_after_query.min(self.pending.len()) {
+                            let gone = self.pending.remove(0);
+                            self.kill(gone);
+                        }
+                    }
+                    answers.push_back(Event::Pending(Ok(n)));
+                }
+                Action::Commit {
+                    epoch,
+                    remove,
+                    admit,
+                } => {
+                    answers.push_back(Event::Committed(self.commit(epoch, &remove, admit)));
+                }
+                Action::Install { view, me } => {
+                    let node = self.nodes.get_mut(&uid).expect("node");
+                    assert_eq!(
+                        view.members[me as usize].uid, uid,
+                        "installs itself where the view says"
+                    );
+                    node.view = Some(view.clone());
+                    answers.push_back(Event::Installed(Ok(Arc::new(Topology::new(&view, me)))));
+                }
+                Action::Resume { old, new, plan } => {
+                    assert_eq!(plan.node_map.len(), old.num_nodes() as usize);
+                    assert_eq!(plan.node_map[old.my_node() as usize], Some(new.my_node()));
+                    let members = self.nodes[&uid]
+                        .view
+                        .as_ref()
+                        .expect("installed")
+                        .members
+                        .iter()
+                        .map(|m| m.uid)
+                        .collect();
+                    self.outcome(
+                        uid,
+                        Outcome::Resumed {
+                            epoch: new.epoch(),
+                            members,
+                        },
+                    );
+                }
+                Action::Joined { me } => {
+                    let view = self.nodes[&uid].view.clone().expect("installed");
+                    assert_eq!(view.members[me as usize].uid, uid);
+                    let members = view.members.iter().map(|m| m.uid).collect();
+                    self.outcome(
+                        uid,
+                        Outcome::Joined {
+                            epoch: view.epoch,
+                            members,
+                        },
+                    );
+                }
+                Action::Depart => {
+                    self.outcome(uid, Outcome::Departed);
+                    self.nodes.get_mut(&uid).expect("node").alive = false;
+                }
+                Action::Fail(f) => {
+                    self.outcome(uid, Outcome::Failed(f));
+                    // The node aborts and its process ends: the coordinator
+                    // tells everyone else.
+                    self.kill(uid);
+                }
+                Action::Abort(why) => {
+                    self.outcome(uid, Outcome::Aborted(why));
+                    self.kill(uid);
+                }
+            }
+        }
+    }
+
+    fn outcome(&mut self, uid: u64, o: Outcome) {
+        self.nodes.get_mut(&uid).expect("node").outcomes.push(o);
+    }
+
+    /// A process ends: its frames stop, the coordinator reports it lost
+    /// (a member) or forgets it (a newcomer).
+    fn kill(&mut self, uid: u64) {
+        let node = self.nodes.get_mut(&uid).expect("node");
+        if !node.alive {
+            return;
+        }
+        node.alive = false;
+        self.pending.retain(|&p| p != uid);
+        if let Some(m) = self.view.by_uid(uid) {
+            let lost = ServerMsg::MemberLost {
+                epoch: self.view.epoch,
+                node: m.node,
+                uid,
+            };
+            let others: Vec<u64> = self.nodes.keys().copied().filter(|&u| u != uid).collect();
+            for u in others {
+                self.push(
+                    Src::Coordinator,
+                    u,
+                    Item::Event(Event::Coordinator(lost.clone())),
+                );
+            }
+        }
+    }
+
+    fn commit(&mut self, epoch: u64, remove: &[NodeId], admit: u32) -> Result<View, CommitRefusal> {
+        if self.faults.refuse_commit {
+            return Err(CommitRefusal::Other("refused by the scenario".into()));
+        }
+        if epoch != self.view.epoch {
+            return Err(CommitRefusal::Other(format!("stale epoch {epoch}")));
+        }
+        if admit as usize > self.pending.len() {
+            return Err(CommitRefusal::NewcomerGone(format!(
+                "{admit} newcomers asked for, {} waiting",
+                self.pending.len()
+            )));
+        }
+        let admitted: Vec<Member> = self
+            .pending
+            .drain(..admit as usize)
+            .map(|uid| member(0, uid, 2))
+            .collect();
+        let mut next = self
+            .view
+            .renumbered(remove, &admitted)
+            .expect("a valid commit");
+        next.epoch = self.view.epoch + 1;
+        for &r in remove {
+            let uid = self.view.members[r as usize].uid;
+            let die = ServerMsg::Die { epoch: next.epoch };
+            self.push(Src::Coordinator, uid, Item::Event(Event::Coordinator(die)));
+        }
+        for m in &next.members {
+            if admitted.iter().any(|a| a.uid == m.uid) {
+                let msg = ServerMsg::Integrate {
+                    node: m.node,
+                    view: next.clone(),
+                };
+                self.push(
+                    Src::Coordinator,
+                    m.uid,
+                    Item::Event(Event::Coordinator(msg)),
+                );
+            }
+        }
+        self.views.insert(next.epoch, next.clone());
+        self.view = next.clone();
+        Ok(next)
+    }
+
+    /// Delivers one item of a random non-empty link; false when none.
+    fn step(&mut self) -> bool {
+        let ready: Vec<(Src, u64)> = self
+            .links
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        if ready.is_empty() {
+            return false;
+        }
+        let key = ready[self.rng.gen_range(0..ready.len())];
+        let item = self
+            .links
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .expect("non-empty");
+        self.now += Duration::from_micros(self.rng.gen_range(0..500));
+        let (_, to) = key;
+        if !self.nodes[&to].alive {
+            return true;
+        }
+        match item {
+            Item::Envelope { from, epoch } => {
+                let node = self.nodes.get_mut(&to).expect("node");
+                *node.received.entry((epoch, from)).or_default() += 1;
+                if node.draining {
+                    let c = self.counts(to);
+                    self.feed(to, Event::Counts(c));
+                }
+            }
+            Item::Event(e) => self.feed(to, e),
+        }
+        true
+    }
+
+    /// Runs until nothing moves, firing deadlines when the network is idle.
+    fn run(&mut self) {
+        for _ in 0..1_000_000 {
+            if self.step() {
+                continue;
+            }
+            let next = self
+                .nodes
+                .values()
+                .filter(|n| n.alive)
+                .filter_map(|n| n.driver.next_deadline().map(|d| (d, n.uid)))
+                .min();
+            let Some((at, uid)) = next else {
+                return;
+            };
+            // Admission waits of newcomers that were never admitted end the run.
+            if at > self.now + Duration::from_secs(600) {
+                return;
+            }
+            self.now = self.now.max(at);
+            self.feed(uid, Event::Tick);
+        }
+        panic!("the simulation did not settle");
+    }
+
+    fn outcome_of(&self, uid: u64) -> Option<&Outcome> {
+        self.nodes[&uid].outcomes.last()
+    }
+
+    fn members(&self) -> Vec<u64> {
+        self.view.members.iter().map(|m| m.uid).collect()
+    }
+}
+
+impl SimNode {
+    fn epoch(&self) -> u64 {
+        self.view.as_ref().map_or(0, |v| v.epoch)
+    }
+
+    fn new(uid: u64, pes: u32, driver: Driver, view: Option<View>) -> Self {
+        SimNode {
+            uid,
+            pes,
+            driver,
+            view,
+            alive: true,
+            draining: false,
+            sent: HashMap::new(),
+            received: HashMap::new(),
+            outcomes: Vec::new(),
+            late_complete: Vec::new(),
+            stages: Vec::new(),
+        }
+    }
+}
+
+/// Checks a rescale that should have succeeded: every survivor resumed and
+/// every admitted newcomer joined in the same epoch with the same members;
+/// removed nodes departed; nothing of the old epoch was lost or duplicated.
+fn assert_rescaled(sim: &Sim, before: &[u64], removed: &[u64], epoch: u64) {
+    let members = sim.members();
+    assert_eq!(sim.view.epoch, epoch);
+    for uid in before {
+        let node = &sim.nodes[uid];
+        if removed.contains(uid) {
+            if sim.outcome_of(*uid).is_none() && !node.alive {
+                // Killed after the commit removed it: nobody misses it.
+                continue;
+            }
+            assert_eq!(
+                sim.outcome_of(*uid),
+                Some(&Outcome::Departed),
+                "node uid {uid}"
+            );
+        } else {
+            assert_eq!(
+                sim.outcome_of(*uid),
+                Some(&Outcome::Resumed {
+                    epoch,
+                    members: members.clone()
+                }),
+                "node uid {uid}"
+            );
+            assert!(!node.driver.busy());
+        }
+        assert!(
+            !node.late_complete.is_empty() && node.late_complete.iter().all(|&c| c),
+            "uid {uid}: every frame of the old epoch arrived, once: {:?}",
+            node.late_complete
+        );
+    }
+    for uid in members.iter().filter(|u| !before.contains(u)) {
+        assert_eq!(
+            sim.outcome_of(*uid),
+            Some(&Outcome::Joined {
+                epoch,
+                members: members.clone()
+            })
+        );
+    }
+    let stages = &sim.nodes[&100].stages;
+    assert!(!stages.is_empty());
+    for s in stages.chunks(3) {
+        assert_eq!(s, [Stage::Stop, Stage::Commit, Stage::Reconcile]);
+    }
+}
+
+/// Checks a rescale that failed: every node that took part ended failed
+/// (naming its step) or aborted, and none is still waiting.
+fn assert_failed_everywhere(sim: &Sim, uids: &[u64]) -> Vec<Failure> {
+    let mut failures = Vec::new();
+    for uid in uids {
+        let node = &sim.nodes[uid];
+        assert!(!node.driver.busy() || !node.alive, "uid {uid} still waits");
+        match node.outcomes.last() {
+            Some(Outcome::Failed(f)) => {
+                assert!(f.to_string().starts_with(&f.step.to_string()), "{f}");
+                failures.push(f.clone());
+            }
+            Some(Outcome::Aborted(_)) => {}
+            _ if !node.alive => {}
+            other => panic!("uid {uid} ended {other:?}"),
+        }
+    }
+    failures
+}
+
+fn uids(n: usize) -> Vec<u64> {
+    (0..n as u64).map(|i| 100 + i).collect()
+}
+
+#[test]
+fn every_stage_passes_at_1_2_4_and_16_nodes() {
+    for drain in [DrainMode::Tree, DrainMode::AllToAll] {
+        for n in [1usize, 2, 4, 16] {
+            let pes: Vec<u32> = (0..n).map(|i| 1 + (i % 3) as u32).collect();
+            // Expand by two.
+            let mut sim = Sim::new(&pes, 2, drain, n as u64);
+            sim.traffic(3);
+            sim.rescale(vec![], 2);
+            sim.run();
+            assert_rescaled(&sim, &uids(n), &[], 8);
+            if n == 1 {
+                continue;
+            }
+            // Shrink by the last half.
+            let mut sim = Sim::new(&pes, 0, drain, 10 + n as u64);
+            sim.traffic(2);
+            let remove: Vec<NodeId> = (n as u32 / 2..n as u32).filter(|&i| i > 0).collect();
+            let removed: Vec<u64> = remove.iter().map(|&i| 100 + i as u64).collect();
+            sim.rescale(remove, 0);
+            sim.run();
+            assert_rescaled(&sim, &uids(n), &removed, 8);
+            // Both in one commit, then again from the new view.
+            let mut sim = Sim::new(&pes, 3, drain, 20 + n as u64);
+            sim.traffic(1);
+            sim.rescale(vec![1], 1);
+            sim.run();
+            assert_rescaled(&sim, &uids(n), &[101], 8);
+            let now = sim.members();
+            sim.traffic(2);
+            sim.rescale(vec![], 2);
+            sim.run();
+            assert_rescaled(&sim, &now, &[], 9);
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_never_answers_the_drain_fails_it_by_name() {
+    let mut sim = Sim::new(&[1, 1, 1, 1], 0, DrainMode::Tree, 3);
+    fn drain(f: &ControlFrame) -> bool {
+        matches!(f, ControlFrame::DrainUp { .. } | ControlFrame::Drain { .. })
+    }
+    sim.faults.silent = Some((103, drain));
+    sim.traffic(2);
+    sim.rescale(vec![2], 0);
+    sim.run();
+    let failures = assert_failed_everywhere(&sim, &uids(4));
+    // Whoever's deadline fired first named the first drain round (its
+    // parent's counts or the totals that never came down); the others
+    // heard that node was lost.
+    let timed_out: Vec<&Failure> = failures
+        .iter()
+        .filter(|f| matches!(f.cause, Cause::TimedOut(_)))
+        .collect();
+    assert!(!timed_out.is_empty(), "a deadline fired: {failures:?}");
+    for f in timed_out {
+        assert!(
+            matches!(
+                f.step,
+                Step::DrainCounts { round: 1, .. } | Step::DrainTotals { round: 1, .. }
+            ),
+            "{f}"
+        );
+        assert!(f.to_string().starts_with("drain round 1"), "{f}");
+        assert_eq!(f.cause, Cause::TimedOut(STEP));
+    }
+    assert_eq!(sim.view.epoch, 7, "nothing was committed");
+}
+
+#[test]
+fn a_peer_that_never_answers_the_barrier_fails_it_by_name() {
+    let mut sim = Sim::new(&[2, 2, 2, 2], 1, DrainMode::Tree, 4);
+    fn ready(f: &ControlFrame) -> bool {
+        matches!(f, ControlFrame::Ready)
+    }
+    // The newcomer (node 3 of the new view, a leaf) never says ready.
+    sim.faults.silent = Some((1000, ready));
+    sim.rescale(vec![1], 1);
+    sim.run();
+    let failures = assert_failed_everywhere(&sim, &[100, 102, 103, 1000]);
+    assert_eq!(sim.outcome_of(101), Some(&Outcome::Departed));
+    let timed_out: Vec<&Failure> = failures
+        .iter()
+        .filter(|f| matches!(f.cause, Cause::TimedOut(_)))
+        .collect();
+    assert!(!timed_out.is_empty());
+    for f in timed_out {
+        assert!(
+            matches!(f.step, Step::BarrierReady | Step::BarrierGo),
+            "{f}"
+        );
+        assert!(f.to_string().contains("the barrier"), "{f}");
+    }
+}
+
+#[test]
+fn a_member_lost_in_each_stage_fails_the_rescale_everywhere() {
+    // When node uid 102 dies: as the first PE hands over (stop), as node 0
+    // commits (commit), as the first node installs the view (reconcile).
+    let stages: [(&str, fn(&Action) -> bool); 4] = [
+        ("stop", |a| matches!(a, Action::Draining(true))),
+        ("hand-over", |a| matches!(a, Action::HandOver { .. })),
+        ("commit", |a| matches!(a, Action::Commit { .. })),
+        ("reconcile", |a| matches!(a, Action::Install { .. })),
+    ];
+    for (name, when) in stages {
+        for drain in [DrainMode::Tree, DrainMode::AllToAll] {
+            let mut sim = Sim::new(&[1, 2, 1, 2, 1], 1, drain, 5);
+            sim.faults.kill = Some((102, when));
+            sim.traffic(2);
+            sim.rescale(vec![4], 1);
+            sim.run();
+            let took_part = [100, 101, 103, 1000];
+            assert_failed_everywhere(&sim, &took_part);
+            let heard = took_part.iter().any(|u| match sim.outcome_of(*u) {
+                Some(Outcome::Failed(f)) => f.cause == Cause::MemberLost { node: 2, uid: 102 },
+                Some(Outcome::Aborted(why)) => why.contains("uid 102"),
+                _ => false,
+            });
+            assert!(heard, "{name}: nobody heard of the lost node");
+            // Nobody went on in a new epoch as if nothing had happened.
+            for uid in took_part {
+                assert!(
+                    !matches!(
+                        sim.outcome_of(uid),
+                        Some(Outcome::Resumed { .. } | Outcome::Joined { .. })
+                    ),
+                    "{name}: uid {uid} went on"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_refused_commit_fails_the_rescale_everywhere() {
+    let mut sim = Sim::new(&[1, 1, 1], 1, DrainMode::Tree, 6);
+    sim.faults.refuse_commit = true;
+    sim.traffic(1);
+    sim.rescale(vec![2], 1);
+    sim.run();
+    let failures = assert_failed_everywhere(&sim, &uids(3));
+    let zero = failures
+        .iter()
+        .find(|f| f.step == Step::Commit)
+        .expect("node 0 failed its commit");
+    assert!(
+        zero.to_string()
+            .contains("the coordinator refused the commit: refused by the scenario"),
+        "{zero}"
+    );
+    assert_eq!(sim.view.epoch, 7, "nothing was committed");
+}
+
+#[test]
+fn a_newcomer_vanishing_between_query_and_commit_is_asked_for_again() {
+    let mut sim = Sim::new(&[1, 1], 3, DrainMode::Tree, 7);
+    sim.faults.vanish_after_query = 1;
+    sim.traffic(2);
+    sim.rescale(vec![], 3);
+    sim.run();
+    assert_rescaled(&sim, &uids(2), &[], 8);
+    assert_eq!(
+        sim.members(),
+        vec![100, 101, 1001, 1002],
+        "the two left are admitted"
+    );
+}
+
+#[test]
+fn newcomers_all_vanishing_leave_a_commit_without_them() {
+    let mut sim = Sim::new(&[1, 1], 2, DrainMode::Tree, 8);
+    sim.faults.vanish_after_query = 2;
+    sim.rescale(vec![], 2);
+    sim.run();
+    // With none left, the second query finds none and commits without them.
+    assert_rescaled(&sim, &uids(2), &[], 8);
+    assert_eq!(sim.members(), vec![100, 101]);
+}
+
+#[test]
+fn late_frames_of_the_old_epoch_are_dropped_not_taken() {
+    let mut sim = Sim::new(&[1, 1, 1], 0, DrainMode::Tree, 9);
+    sim.rescale(vec![2], 0);
+    sim.run();
+    assert_rescaled(&sim, &uids(3), &[102], 8);
+    // Late duplicates of epoch 7 reach node 0 (uid 100), which is node 0 of
+    // epoch 8 with one child: they must not stand in for epoch 8's frames.
+    for frame in [
+        ControlFrame::DrainUp {
+            round: 1,
+            sent: vec![0, 0],
+        },
+        ControlFrame::DrainDown {
+            round: 1,
+            totals: vec![0, 0],
+        },
+        ControlFrame::Ready,
+        ControlFrame::Go,
+    ] {
+        sim.push(
+            Src::Node(101),
+            100,
+            Item::Event(Event::Frame {
+                src: 1,
+                epoch_bits: 7,
+                frame,
+            }),
+        );
+    }
+    sim.run();
+    assert!(
+        sim.nodes[&100].driver.early.is_empty(),
+        "stale frames are not kept"
+    );
+    // The next rescale's drain must wait for node 1's real counts: it
+    // never sends them, so the deadline fires in drain round 1.
+    fn drain(f: &ControlFrame) -> bool {
+        matches!(f, ControlFrame::DrainUp { .. })
+    }
+    sim.faults.silent = Some((101, drain));
+    sim.rescale(vec![1], 0);
+    sim.run();
+    let failures = assert_failed_everywhere(&sim, &[100, 101]);
+    assert!(
+        failures.iter().any(|f| f.cause == Cause::TimedOut(STEP)
+            && matches!(f.step, Step::DrainCounts { round: 1, node: 0 })),
+        "{failures:?}"
+    );
+}
+
+#[test]
+fn counts_of_another_view_or_that_overflow_are_refused() {
+    let mut sum = vec![1, 2, 3];
+    let e = add_counts(&mut sum, &[1, 2], 4).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("node 4: 2 counts for a view of 3 nodes"),
+        "{e}"
+    );
+    assert_eq!(
+        add_counts(&mut sum, &[0, u64::MAX, 0], 1),
+        Err(Cause::Overflow { src: 1 })
+    );
+    add_counts(&mut sum, &[1, 0, 1], 2).unwrap();
+    assert_eq!(sum[0], 2);
+}
+
+#[test]
+fn a_newcomer_that_is_never_admitted_gives_up_at_its_deadline() {
+    let now = Instant::now();
+    let mut d = Driver::newcomer(cfg(1, DrainMode::Tree), now);
+    assert_eq!(d.next_deadline(), Some(now + Duration::from_secs(3600)));
+    assert!(d
+        .on_event(Event::Tick, now + Duration::from_secs(10))
+        .is_empty());
+    let out = d.on_event(Event::Tick, now + Duration::from_secs(3600));
+    match &out[..] {
+        [Action::Fail(f)] => assert_eq!(
+            f,
+            &Failure {
+                step: Step::Admission,
+                cause: Cause::TimedOut(Duration::from_secs(3600)),
+            }
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(!d.busy());
+}
+
+/// Which fault a proptest case injects.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    None,
+    Kill { victim: usize, at: u8 },
+    Silent { victim: usize },
+    Refuse,
+}
+
+fn fault() -> impl Strategy<Value = Fault> {
+    prop_oneof![
+        3 => Just(Fault::None),
+        2 => (0usize..8, 0u8..6).prop_map(|(victim, at)| Fault::Kill { victim, at }),
+        1 => (0usize..8).prop_map(|victim| Fault::Silent { victim }),
+        1 => Just(Fault::Refuse),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Events interleaved at random (any link's frame may come next),
+    /// with or without a fault: every node ends in the same epoch with the
+    /// same members and every frame of the old epoch arrived exactly once,
+    /// or the rescale failed everywhere, each node naming its step. No
+    /// node is left waiting.
+    #[test]
+    fn random_interleavings_end_the_same_everywhere(
+        pes in proptest::collection::vec(1u32..4, 1..8),
+        picks in proptest::collection::vec(any::<bool>(), 8),
+        newcomers in 0usize..3,
+        admit in 0u32..3,
+        traffic in 0u64..4,
+        tree in any::<bool>(),
+        fault in fault(),
+        seed in any::<u64>(),
+    ) {
+        let n = pes.len();
+        let remove: Vec<NodeId> = (1..n as u32).filter(|&i| picks[i as usize]).collect();
+        prop_assume!(!(remove.is_empty() && admit == 0));
+        let drain = if tree { DrainMode::Tree } else { DrainMode::AllToAll };
+        let mut sim = Sim::new(&pes, newcomers, drain, seed);
+        let before = uids(n);
+        match fault {
+            Fault::None => {}
+            Fault::Kill { victim, at } => {
+                let whens: [fn(&Action) -> bool; 6] = [
+                    |a| matches!(a, Action::Draining(true)),
+                    |a| matches!(a, Action::HandOver { .. }),
+                    |a| matches!(a, Action::TakeLate),
+                    |a| matches!(a, Action::Commit { .. }),
+                    |a| matches!(a, Action::Install { .. }),
+                    |a| matches!(a, Action::Send { frame: ControlFrame::Ready, .. }),
+                ];
+                sim.faults.kill = Some((before[victim % n], whens[at as usize]));
+            }
+            Fault::Silent { victim } => {
+                fn all(_: &ControlFrame) -> bool { true }
+                sim.faults.silent = Some((before[victim % n], all));
+            }
+            Fault::Refuse => sim.faults.refuse_commit = true,
+        }
+        sim.traffic(traffic);
+        sim.rescale(remove.clone(), admit);
+        sim.run();
+        let removed: Vec<u64> = remove.iter().map(|&i| 100 + u64::from(i)).collect();
+        let succeeded = sim.view.epoch == 8
+            && before.iter().filter(|u| !removed.contains(u)).all(|u| matches!(sim.outcome_of(*u), Some(Outcome::Resumed { .. })));
+        if succeeded {
+            assert_rescaled(&sim, &before, &removed, 8);
+        } else {
+            let trouble = !matches!(fault, Fault::None);
+            prop_assert!(trouble, "a rescale without a fault failed: {:?}", sim.nodes.values().map(|n| n.outcomes.clone()).collect::<Vec<_>>());
+            // Everyone who took part and was not removed ended failed or
+            // aborted; whoever resumed heard of the loss later and aborted.
+            let survivors: Vec<u64> = before.iter().copied().filter(|u| !removed.contains(u)).collect();
+            for uid in &survivors {
+                let node = &sim.nodes[uid];
+                prop_assert!(!node.driver.busy() || !node.alive, "uid {} still waits", uid);
+                match node.outcomes.last() {
+                    Some(Outcome::Failed(f)) => prop_assert!(f.to_string().starts_with(&f.step.to_string())),
+                    Some(Outcome::Aborted(_)) => {}
+                    _ if !node.alive => {}
+                    None => prop_assert!(false, "uid {} ended without a word", uid),
+                    Some(other) => prop_assert!(false, "uid {} ended {:?} while the rescale failed", uid, other),
+                }
+            }
+            // Nobody installed an epoch the others did not.
+            let epochs: BTreeSet<u64> = sim.nodes.values().filter_map(|n| n.outcomes.iter().find_map(|o| match o {
+                Outcome::Resumed { epoch, .. } | Outcome::Joined { epoch, .. } => Some(*epoch),
+                _ => None,
+            })).collect();
+            prop_assert!(epochs.len() <= 1, "{:?}", epochs);
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! The node's main thread: runs the rescale [`Driver`] against the real
+//! world. It turns what the node hears ([`NodeEvent`]: PEs, transport,
+//! coordinator) into driver events with the clock's time, and carries out
+//! the driver's actions: control frames over the transport, commands to
+//! the PEs, the coordinator's query and commit, endpoint reconciliation,
+//! node 0's stage times. It also waits for the PEs' threads to end.
+//!
+//! May touch: the node ([`NodeShared`]: transport, inboxes, view, frame
+//! counts, the operation slot's stage times), the PEs' command channels,
+//! the coordinator link. Holds no protocol logic of its own.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use ductile_coordinator::client::ClientError;
+use ductile_coordinator::proto::{ErrorCode, NodeId};
+use tracing::{debug, info};
+
+use super::driver::{Action, CommitRefusal, Config, DrainMode, Driver, Event, Failure};
+use super::{NodeEvent, RescaleFailed, Stage, StageBounds};
+use crate::link::CoordinatorLink;
+use crate::msg::Envelope;
+use crate::node::NodeShared;
+use crate::pe::{LoopExit, PeCommand, Reentry};
+
+/// How long the node's thread waits for an event when no deadline is near.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+/// How often a node in a rescale looks at its aborting flag.
+const BUSY_WAIT: Duration = Duration::from_millis(5);
+/// Commits node 0 tries when newcomers vanish between query and commit.
+const COMMIT_TRIES: u32 = 3;
+
+/// What a newcomer's wait for admission ended with.
+pub(crate) type Admitted = Result<NodeId, Failure>;
+
+/// The node's main thread: the rescale driver and the PEs' ends.
+pub(crate) struct Shell {
+    node: Arc<NodeShared>,
+    events: Receiver<NodeEvent>,
+    commands: Vec<Sender<PeCommand>>,
+    client: Arc<CoordinatorLink>,
+    driver: Option<Driver>,
+    exits: Vec<Option<LoopExit>>,
+    /// Answers to actions, fed before anything else.
+    answers: VecDeque<Event>,
+    /// Envelopes of the old view, taken out of the inboxes after the drain.
+    late: Vec<Vec<Envelope>>,
+    /// Node 0: when the stage in progress began (the last stage's end).
+    stage_from: Option<Instant>,
+    /// Set when a newcomer's driver said it joined (or failed to).
+    admitted: Option<Admitted>,
+    /// The aborting flag was passed on.
+    told_aborting: bool,
+}
+
+impl Shell {
+    pub(crate) fn new(
+        node: Arc<NodeShared>,
+        events: Receiver<NodeEvent>,
+        client: Arc<CoordinatorLink>,
+    ) -> Self {
+        Shell {
+            node,
+            events,
+            commands: Vec::new(),
+            client,
+            driver: None,
+            exits: Vec::new(),
+            answers: VecDeque::new(),
+            late: Vec::new(),
+            stage_from: None,
+            admitted: None,
+            told_aborting: false,
+        }
+    }
+
+    fn config(&self) -> Config {
+        let drain = if std::env::var("DUCTILE_DRAIN").ok().as_deref() == Some("all") {
+            DrainMode::AllToAll
+        } else {
+            DrainMode::Tree
+        };
+        Config {
+            local_pes: self.node.inboxes.len(),
+            drain,
+            step: StageBounds::get().step,
+            admission: super::ADMISSION_WAIT,
+            commit_tries: COMMIT_TRIES,
+        }
+    }
+
+    /// A newcomer: waits until the coordinator admits it and it passed the
+    /// barrier of its first view; returns its node id.
+    pub(crate) fn admit(&mut self) -> Admitted {
+        self.driver = Some(Driver::newcomer(self.config(), Instant::now()));
+        loop {
+            if let Some(done) = self.admitted.take() {
+                return done;
+            }
+            if self.next().is_some() {
+                return Err(Failure {
+                    step: super::driver::Step::Admission,
+                    cause: super::driver::Cause::ShuttingDown,
+                });
+            }
+        }
+    }
+
+    /// The PEs' command channels, once they run.
+    pub(crate) fn attach(&mut self, commands: Vec<Sender<PeCommand>>) {
+        self.exits = vec![None; commands.len()];
+        self.commands = commands;
+        if self.driver.is_none() {
+            let topo = self.node.current_topology();
+            self.driver = Some(Driver::member(self.config(), topo));
+        }
+    }
+
+    /// Serves the node until every PE ended; returns how the job ended here.
+    pub(crate) fn run(&mut self) -> LoopExit {
+        loop {
+            if let Some(exit) = self.next() {
+                return exit;
+            }
+        }
+    }
+
+    fn driver(&mut self) -> &mut Driver {
+        self.driver.as_mut().expect("the driver is set up first")
+    }
+
+    /// Waits for one event and handles it; Some when the node's PEs all ended.
+    fn next(&mut self) -> Option<LoopExit> {
+        if let Some(e) = self.answers.pop_front() {
+            self.feed(e);
+            return None;
+        }
+        let busy = self.driver().busy();
+        if busy && self.node.aborting() && !self.told_aborting {
+            self.told_aborting = true;
+            self.feed(Event::Aborting);
+            return None;
+        }
+        let wait = match self.driver().next_deadline() {
+            Some(at) => at.saturating_duration_since(Instant::now()).min(if busy {
+                BUSY_WAIT
+            } else {
+                IDLE_WAIT
+            }),
+            None => IDLE_WAIT,
+        };
+        let event = match self.events.recv_timeout(wait) {
+            Ok(e) => e,
+            Err(RecvTimeoutError::Timeout) => {
+                self.feed(Event::Tick);
+                return None;
+            }
+            Err(RecvTimeoutError::Disconnected) => return Some(LoopExit::Aborted),
+        };
+        match event {
+            NodeEvent::Exited { rank, exit } => {
+                self.exits[rank] = Some(exit);
+                if self.exits.iter().all(Option::is_some) {
+                    return Some(combine(self.exits.iter().flatten().copied()));
+                }
+            }
+            NodeEvent::Stopped { order } => {
+                self.feed_counts();
+                self.feed(Event::PeStopped(order));
+            }
+            NodeEvent::HandedOver => {
+                self.feed_counts();
+                self.feed(Event::HandedOver);
+            }
+            NodeEvent::Counted => {
+                if self.driver().draining() {
+                    self.feed_counts();
+                }
+            }
+            NodeEvent::Frame {
+                src,
+                epoch_bits,
+                frame,
+            } => self.feed(Event::Frame {
+                src,
+                epoch_bits,
+                frame,
+            }),
+            NodeEvent::Coordinator(msg) => self.feed(Event::Coordinator(msg)),
+        }
+        None
+    }
+
+    fn feed_counts(&mut self) {
+        let Some(n) = self.driver().topology().map(|t| t.num_nodes()) else {
+            return;
+        };
+        let counts = self.node.frame_counts(n);
+        self.feed(Event::Counts(counts));
+    }
+
+    fn feed(&mut self, event: Event) {
+        let actions = self.driver().on_event(event, Instant::now());
+        for a in actions {
+            self.act(a);
+        }
+    }
+
+    fn command_all(&self, cmd: impl Fn() -> PeCommand) {
+        for c in &self.commands {
+            let _ = c.send(cmd());
+        }
+    }
+
+    fn act(&mut self, action: Action) {
+        let node = self.node.clone();
+        let step = StageBounds::get().step;
+        match action {
+            Action::Send { to, epoch, frame } => {
+                if let Err(e) = node.send_control(to, epoch, &frame) {
+                    self.answers.push_back(Event::SendFailed {
+                        to,
+                        error: e.to_string(),
+                    });
+                }
+            }
+            Action::Draining(on) => {
+                node.set_draining(on);
+                if on {
+                    // Frames that arrived before the flag was up sent no
+                    // event: the counts now include them.
+                    if let Some(n) = self.driver().topology().map(|t| t.num_nodes()) {
+                        self.answers.push_back(Event::Counts(node.frame_counts(n)));
+                    }
+                }
+            }
+            Action::HandOver { leaving } => self.command_all(|| PeCommand::HandOver { leaving }),
+            Action::TakeLate => {
+                self.late = node.inboxes.iter().map(|i| i.take_all()).collect();
+            }
+            Action::StageEnded(stage) => self.stage_ended(stage),
+            Action::QueryPending { epoch } => {
+                let answer = self
+                    .client
+                    .settled(step)
+                    .query_pending(epoch, step)
+                    .map(|p| p.len() as u32)
+                    .map_err(|e| e.to_string());
+                self.answers.push_back(Event::Pending(answer));
+            }
+            Action::Commit {
+                epoch,
+                remove,
+                admit,
+            } => {
+                let answer = match self.client.settled(step).commit(epoch, remove, admit, step) {
+                    Ok(view) => Ok(view),
+                    Err(ClientError::Server {
+                        code: ErrorCode::InvalidCommit,
+                        message,
+                    }) => Err(CommitRefusal::NewcomerGone(message)),
+                    Err(e) => Err(CommitRefusal::Other(e.to_string())),
+                };
+                self.answers.push_back(Event::Committed(answer));
+            }
+            Action::Install { view, me } => {
+                let epoch = view.epoch;
+                let answer = match node.transport().reconcile(&view, me) {
+                    Ok(r) => {
+                        debug!(
+                            kept = r.kept,
+                            opened = r.opened,
+                            closed = r.closed,
+                            "endpoints reconciled"
+                        );
+                        Ok(node.install_view(view, me))
+                    }
+                    Err(e) => Err(format!("reconciling endpoints with epoch {epoch}: {e}")),
+                };
+                self.answers.push_back(Event::Installed(answer));
+            }
+            Action::Resume { old, new, plan } => {
+                // Measurement only: contexts re-created here are on the
+                // critical path, inside node 0's re-entry stage.
+                if let Some(ms) = crate::gpu::context_on_reentry() {
+                    node.with_desk(|d| d.gpu_context_ms = Some(ms));
+                }
+                let reentry = Arc::new(Reentry { old, new, plan });
+                let late = std::mem::take(&mut self.late);
+                let mut late = late.into_iter();
+                for c in &self.commands {
+                    let _ = c.send(PeCommand::Resume(
+                        reentry.clone(),
+                        late.next().unwrap_or_default(),
+                    ));
+                }
+            }
+            Action::Joined { me } => self.admitted = Some(Ok(me)),
+            Action::Depart => {
+                info!("removed by the rescale; leaving the job");
+                self.command_all(|| PeCommand::Depart);
+            }
+            Action::Fail(failure) => {
+                if self.commands.is_empty() {
+                    // A newcomer not admitted: it has no PEs yet.
+                    self.admitted = Some(Err(failure));
+                    return;
+                }
+                let stage = node
+                    .with_desk(|d| format!(" in stage {}", d.stage.name()))
+                    .unwrap_or_default();
+                node.abort(format!("rescale failed{stage}: {failure}; ending the job"));
+                node.finish_rescale(Err(RescaleFailed::Step { stage, failure }));
+                self.command_all(|| PeCommand::Depart);
+            }
+            Action::Abort(reason) => node.abort(reason),
+        }
+    }
+
+    /// Node 0: times a stage that ended on its driver.
+    fn stage_ended(&mut self, stage: Stage) {
+        let now = Instant::now();
+        let from = match stage {
+            Stage::Stop => self.node.with_desk(|d| d.stop_sent).flatten(),
+            _ => self.stage_from,
+        };
+        if let Some(t) = from {
+            let ms = now.saturating_duration_since(t).as_secs_f64() * 1e3;
+            self.node.with_desk(|d| {
+                d.record(stage, ms);
+                if stage == Stage::Reconcile {
+                    d.reentry_from = Some(now);
+                }
+            });
+        }
+        self.stage_from = Some(now);
+    }
+}
+
+/// How a node ended, from how its PEs ended.
+fn combine(exits: impl Iterator<Item = LoopExit>) -> LoopExit {
+    let mut out = LoopExit::Exit(0);
+    for e in exits {
+        out = match (out, e) {
+            (LoopExit::Aborted, _) | (_, LoopExit::Aborted) => LoopExit::Aborted,
+            (_, LoopExit::Departed) => LoopExit::Departed,
+            (_, LoopExit::Exit(code)) => LoopExit::Exit(code),
+            (o, LoopExit::Stopped) => o,
+        };
+    }
+    out
+}
