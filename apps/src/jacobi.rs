@@ -517,6 +517,11 @@ pub struct Main {
     blocks: ArrayProxy<Block>,
     #[serde(skip)]
     started: Option<Instant>,
+    /// The start as a wall-clock reading (seconds since the Unix epoch): a
+    /// checkpoint carries it, so a job relaunched by `--mode restart`
+    /// reports the seconds since its first start, relaunch included.
+    #[serde(default)]
+    started_unix_s: f64,
     residuals: u64,
     last_residual: f64,
     /// When the last progress line was printed, and at which iteration
@@ -549,6 +554,7 @@ impl Chare for Main {
         Main {
             blocks,
             started: None,
+            started_unix_s: 0.0,
             residuals: 0,
             last_residual: f64::NAN,
             last_report: None,
@@ -562,6 +568,7 @@ impl Chare for Main {
         match msg {
             MainMsg::Ready(()) => {
                 self.started = Some(Instant::now());
+                self.started_unix_s = unix_now_s();
                 self.blocks.broadcast(ctx, BlockMsg::Start);
             }
             MainMsg::Residual(r) => {
@@ -591,7 +598,15 @@ impl Chare for Main {
                 }
             }
             MainMsg::Checksum(sum) => {
-                let secs = self.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                // In the process that started (a monotonic clock), else
+                // after a restart by the wall clock the checkpoint carried.
+                let secs = match self.started {
+                    Some(t) => t.elapsed().as_secs_f64(),
+                    None if self.started_unix_s > 0.0 => {
+                        (unix_now_s() - self.started_unix_s).max(0.0)
+                    }
+                    None => 0.0,
+                };
                 let (br, bc) = spec.blocks();
                 println!(
                     "jacobi2d grid={}x{} blocks={}x{} pes={} nodes={} iterations={} seconds={secs:.6} time_per_iter_ms={:.4} residual={:.6e} device={}",
@@ -611,6 +626,12 @@ impl Chare for Main {
             }
         }
     }
+}
+
+fn unix_now_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// Registers Jacobi2D's types.

@@ -457,8 +457,22 @@ fn restart_mode_replaces_every_process_and_keeps_the_checksum() {
     );
     let report = job.ductile(&["rescale", "--add", "2", "--mode", "restart"]);
     assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (2, 4));
+    // The report names the nodes added (the relaunched job's last two)
+    // and says the job was relaunched.
+    assert_eq!(report["admitted"], serde_json::json!([2, 3]), "{report}");
+    assert_eq!(report["relaunched"], true, "{report}");
     assert_eq!(job.members().len(), 4);
-    completes_with(job, &want);
+    let (code, stdout, stderr) = job.finish();
+    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
+    assert_eq!(checksum(&stdout), want, "checksum changed\n{stderr}");
+    // The timer is carried by the checkpoint: the seconds count from the
+    // first start, not from the last relaunch (or zero).
+    let seconds: f64 = stdout
+        .split_whitespace()
+        .find_map(|t| t.strip_prefix("seconds="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no seconds= in\n{stdout}"));
+    assert!(seconds > 0.0, "{stdout}");
 }
 
 /// `--mode restart` keeps group, nodegroup and readonly state too: after a
@@ -517,6 +531,10 @@ fn a_restart_that_finds_no_sync_point_is_withdrawn_and_the_job_goes_on() {
         "{stderr}"
     );
     assert_eq!(pids(&job.members()), first, "the job was relaunched");
+    assert!(
+        !job.state.path().join("ckpt").exists(),
+        "the withdrawn checkpoint's directory was left behind"
+    );
     let report = job.ductile(&["shrink", "--nodes", "1"]);
     assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (3, 2));
     completes_with(job, &want);

@@ -87,6 +87,10 @@ struct RescaleOutput<'a> {
     #[serde(flatten)]
     report: &'a RescaleReport,
     spawned_pids: &'a [u32],
+    /// `--mode restart`: the job was relaunched from a checkpoint, a new
+    /// job whose epochs count again from 1 (absent for a live rescale).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    relaunched: bool,
 }
 
 fn ids(ids: &[NodeId]) -> String {
@@ -101,11 +105,23 @@ fn ids(ids: &[NodeId]) -> String {
 
 /// The human form of a rescale's report.
 pub fn render_report(report: &RescaleReport, spawned_pids: &[u32]) -> String {
+    render(report, spawned_pids, false)
+}
+
+/// The human form of a live rescale's report, or (`relaunched`) of a
+/// `--mode restart` one, whose epoch after is the new job's.
+fn render(report: &RescaleReport, spawned_pids: &[u32], relaunched: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "epoch       {} -> {}",
-        report.epoch_before, report.epoch
+        "epoch       {} -> {}{}",
+        report.epoch_before,
+        report.epoch,
+        if relaunched {
+            " (relaunched from a checkpoint: a new job, its epochs count from 1)"
+        } else {
+            ""
+        }
     );
     let _ = writeln!(out, "PEs         {} -> {}", report.pes_before, report.pes);
     let _ = writeln!(out, "removed     {}", ids(&report.removed));
@@ -402,10 +418,15 @@ fn ask_launcher(dir: &Path, request: &Request, timeout: Duration) -> Result<Vec<
 
 /// Prints a rescale's report as a table or JSON; returns the exit code.
 fn print_report(report: &RescaleReport, spawned: &[u32], json: bool) -> i32 {
+    emit_report(report, spawned, json, false)
+}
+
+fn emit_report(report: &RescaleReport, spawned: &[u32], json: bool, relaunched: bool) -> i32 {
     if json {
         let output = RescaleOutput {
             report,
             spawned_pids: spawned,
+            relaunched,
         };
         match serde_json::to_string_pretty(&output) {
             Ok(text) => println!("{text}"),
@@ -415,7 +436,7 @@ fn print_report(report: &RescaleReport, spawned: &[u32], json: bool) -> i32 {
             }
         }
     } else {
-        print!("{}", render_report(report, spawned));
+        print!("{}", render(report, spawned, relaunched));
     }
     0
 }
@@ -453,6 +474,7 @@ fn rescale_by_restart(
         dir: ckpt.clone(),
     };
     if let Err(code) = ask_launcher(&job.dir, &arranged, left()) {
+        let _ = std::fs::remove_dir_all(&ckpt);
         return code;
     }
     let checkpoint = CheckpointRequest {
@@ -468,6 +490,8 @@ fn rescale_by_restart(
             say(&format!("the checkpoint failed: {e}"));
             let cancel = ask_launcher(&job.dir, &Request::CancelRestart, Duration::from_secs(5));
             if cancel.is_ok() {
+                // Nothing will read the checkpoint directory: it goes too.
+                let _ = std::fs::remove_dir_all(&ckpt);
                 say("the job goes on at its size; the arranged relaunch was cancelled");
             }
             return EXIT_FAILED;
@@ -518,7 +542,9 @@ fn rescale_by_restart(
         epoch_before: status.epoch,
         epoch,
         removed: request.remove.clone(),
-        admitted: Vec::new(),
+        // The relaunched job numbers its nodes 0..nodes: the survivors
+        // first, then the added ones.
+        admitted: (nodes - request.admit..nodes).collect(),
         pes_before: status.pes,
         pes: restored["pes"].as_u64().unwrap_or(0) as u32,
         migrations: 0,
@@ -533,7 +559,7 @@ fn rescale_by_restart(
         total_ms: t0.elapsed().as_secs_f64() * 1e3,
         gpu: Vec::new(),
     };
-    print_report(&report, &[], options.json)
+    emit_report(&report, &[], options.json, true)
 }
 
 /// Polls the job's status until at least `count` newcomers wait for
@@ -699,6 +725,7 @@ total          17.11
         let text = serde_json::to_string(&RescaleOutput {
             report: &report,
             spawned_pids: &[4711],
+            relaunched: false,
         })
         .unwrap();
         let back: RescaleReport = serde_json::from_str(&text).unwrap();
@@ -706,5 +733,28 @@ total          17.11
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(value["spawned_pids"], serde_json::json!([4711]));
         assert_eq!(value["stages"][0]["stage"], "evacuate");
+        assert!(value.get("relaunched").is_none(), "{value}");
+    }
+
+    #[test]
+    fn a_restart_report_says_the_job_was_relaunched() {
+        let report = RescaleReport {
+            epoch_before: 3,
+            epoch: 1,
+            ..report()
+        };
+        let text = render(&report, &[], true);
+        assert!(
+            text.starts_with("epoch       3 -> 1 (relaunched from a checkpoint"),
+            "{text}"
+        );
+        assert!(text.contains("admitted    3, 4\n"), "{text}");
+        let json = serde_json::to_value(RescaleOutput {
+            report: &report,
+            spawned_pids: &[],
+            relaunched: true,
+        })
+        .unwrap();
+        assert_eq!(json["relaunched"], true);
     }
 }
