@@ -377,6 +377,25 @@ pub fn say(line: &str) {
     eprintln!("ductile: {line}");
 }
 
+/// An error and its causes as one line, each said once. Libraries often
+/// put their source's message into their own (kube's configuration
+/// inference does, three levels deep), so `{:#}` would repeat it: a cause
+/// whose text the line already holds is left out.
+pub fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 fn to_exit_code(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(EXIT_FAILED as u8))
 }
@@ -448,6 +467,24 @@ fn init_tracing() {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("failed to read kubeconfig: {0}")]
+        struct Read(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("failed to infer config: kubeconfig: ({0})")]
+        struct Infer(#[source] Read);
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let error = anyhow::Error::new(Infer(Read(io))).context("cannot start");
+        assert_eq!(
+            super::one_line(&error),
+            "cannot start: failed to infer config: kubeconfig: (failed to read kubeconfig: no such file)"
+        );
+        let plain = anyhow::anyhow!("outer").context("top");
+        assert_eq!(super::one_line(&plain), "top: outer");
+    }
+
     use super::*;
     use clap::CommandFactory;
 

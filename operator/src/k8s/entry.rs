@@ -225,7 +225,7 @@ pub fn run_process(program: &str, args: &OperatorArgs) -> i32 {
     match runtime.block_on(main(config)) {
         Ok(()) => 0,
         Err(error) => {
-            eprintln!("{program}: {error:#}");
+            eprintln!("{program}: {}", crate::cli::one_line(&error));
             1
         }
     }
