@@ -200,6 +200,19 @@ pub(crate) fn decode_frame(
     Ok((rank, env))
 }
 
+/// [`decode_frame`] for fuzzers and tests outside the crate: the local
+/// rank of the PE `frame` (received with `tag`) is for, or why it was
+/// refused. Never panics, whatever the bytes.
+pub fn decode_frame_rank(
+    topo: &crate::topo::Topology,
+    tag: crate::transport::Tag,
+    frame: Vec<u8>,
+) -> Result<usize, String> {
+    decode_frame(topo, tag, frame)
+        .map(|(rank, _)| rank)
+        .map_err(|e| e.to_string())
+}
+
 /// Encodes an envelope leaving for PE `dest_pe` as one frame: the header,
 /// then the body, in one buffer, so that a transport can hand the buffer
 /// itself to the network (UCX) instead of gathering parts into a copy.
