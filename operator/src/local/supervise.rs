@@ -192,8 +192,11 @@ pub enum Failure {
         /// The launch timeout.
         launch_timeout: Duration,
     },
-    /// Node 0 exited 0 but another member exited with an error.
+    /// Node 0 exited 0, or aborted because it lost a peer
+    /// ([`EXIT_NODE_ABORTED`]), and another member exited with an error.
     Disagreement {
+        /// Node 0's code.
+        code: i32,
         /// Members that disagree (who, code).
         disagreeing: Vec<(Who, i32)>,
     },
@@ -374,10 +377,15 @@ impl fmt::Display for Failure {
                 "the job did not start within the launch timeout ({}): not every node registered",
                 secs(*launch_timeout)
             ),
-            Failure::Disagreement { disagreeing } => {
+            Failure::Disagreement { code, disagreeing } => {
+                let why = if *code == EXIT_NODE_ABORTED {
+                    " (it lost a peer)"
+                } else {
+                    ""
+                };
                 write!(
                     f,
-                    "node 0 exited with code 0 but {}",
+                    "node 0 exited with code {code}{why} but {}",
                     disagreement(disagreeing)
                 )
             }
@@ -388,6 +396,11 @@ impl fmt::Display for Failure {
 /// The code a program exits with when it refuses its arguments (clap's,
 /// and `ductile run`'s own usage code).
 pub const EXIT_PROGRAM_USAGE: i32 = 2;
+
+/// The code a node exits with when it ended because it lost a peer or its
+/// coordinator (the runtime's `EXIT_ABORTED`): a consequence, never a
+/// program's verdict.
+pub const EXIT_NODE_ABORTED: i32 = 3;
 
 impl JobEnd {
     /// The exit code `ductile run` returns for this ending.
@@ -1016,9 +1029,14 @@ impl Supervisor {
         // others typically end with a lost peer as a consequence: they are
         // named, after it). Members that disagree with a node 0 that exited
         // 0 mean something went wrong beyond the program's own choice of
-        // code (a panic, a lost peer): that fails the job.
-        if code == 0 && !disagreeing.is_empty() {
-            JobEnd::Failed(Failure::Disagreement { disagreeing })
+        // code (a panic, a lost peer): that fails the job. So does a node 0
+        // that only aborted because it lost a peer, when another member
+        // ended with a code of its own (a panic, an error): the cause is
+        // there, and both exits may be seen in the same look.
+        let caused_elsewhere = code == EXIT_NODE_ABORTED
+            && disagreeing.iter().any(|&(_, c)| c != 0 && c != EXIT_NODE_ABORTED);
+        if (code == 0 || caused_elsewhere) && !disagreeing.is_empty() {
+            JobEnd::Failed(Failure::Disagreement { code, disagreeing })
         } else {
             JobEnd::Completed { code, disagreeing }
         }
@@ -1304,10 +1322,36 @@ mod tests {
         assert_eq!(
             end,
             JobEnd::Failed(Failure::Disagreement {
+                code: 0,
                 disagreeing: vec![(Who::Node(1), 2)]
             })
         );
         assert_eq!(end.exit_code(), 1);
+    }
+
+    /// A node panics; node 0 aborts because it lost that peer, and the
+    /// launcher sees both exits in one look: the job failed (exit 1), it
+    /// did not complete with node 0's 3.
+    #[test]
+    fn node_zero_aborted_by_a_lost_peer_is_not_the_verdict() {
+        let mut panicked = sup(3);
+        panicked.job_started();
+        panicked.node_exited(0, Exit::Code(EXIT_NODE_ABORTED), s(1.0));
+        panicked.node_exited(1, Exit::Code(101), s(1.0));
+        panicked.node_exited(2, Exit::Code(EXIT_NODE_ABORTED), s(1.0));
+        let end = panicked.poll(s(1.0)).unwrap();
+        assert_eq!(end.exit_code(), 1, "{end:?}");
+        let msg = end.message().unwrap();
+        assert!(
+            msg.starts_with("node 0 exited with code 3 (it lost a peer) but node 1 exited with code 101"),
+            "{msg}"
+        );
+        // Aborts everywhere and no other cause: node 0's code passes through.
+        let mut aborted = sup(2);
+        aborted.job_started();
+        aborted.node_exited(0, Exit::Code(EXIT_NODE_ABORTED), s(1.0));
+        aborted.node_exited(1, Exit::Code(EXIT_NODE_ABORTED), s(1.0));
+        assert_eq!(aborted.poll(s(1.0)).unwrap().exit_code(), EXIT_NODE_ABORTED);
     }
 
     #[test]
