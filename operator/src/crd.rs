@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{
     PodTemplateSpec, ResourceRequirements, SecurityContext, Toleration,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -185,6 +185,19 @@ pub struct ElasticJobSpec {
     /// often short at launch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub launch_policy: Option<LaunchPolicy>,
+
+    /// Seconds the job may run from its first launch (relaunches included,
+    /// suspension resets it); past them its pods are deleted and it is
+    /// Failed with reason `DeadlineExceeded`, as for a Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
+
+    /// Seconds after the job ended (Succeeded or Failed) at which the
+    /// operator deletes the ElasticJob, as for a Job; absent: kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i32>,
 }
 
 /// How many nodes a job waits for before it starts.
@@ -639,6 +652,13 @@ pub struct ElasticJobStatus {
     /// subresource (and so for an HPA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// When the job was first launched (`activeDeadlineSeconds` counts from
+    /// it; a suspension clears it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the job ended (`ttlSecondsAfterFinished` counts from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
 }
 
 /// One member of the job's view.
@@ -1081,6 +1101,8 @@ mod tests {
             coordinator: None,
             suspend: false,
             launch_policy: None,
+            active_deadline_seconds: None,
+            ttl_seconds_after_finished: None,
         }
     }
 

@@ -10,7 +10,8 @@ use ductile_coordinator::Secret;
 use k8s_openapi::api::core::v1::{Pod, Secret as K8sSecret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
@@ -174,7 +175,18 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
         .ok_or_else(|| Error::NoNamespace(name.clone()))?;
     let client = ctx.client.clone();
     let jobs: Api<ElasticJob> = Api::namespaced(client.clone(), &ns);
-    let old = job.status.clone().unwrap_or_default();
+    let mut old = job.status.clone().unwrap_or_default();
+
+    // A job failed by its deadline stays so (its pods are gone: node 0's
+    // absence is no new failure to relaunch for); only its TTL runs.
+    if old.phase == Some(Phase::Failed)
+        && old
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Failed" && c.reason == DEADLINE_EXCEEDED)
+    {
+        return after_finished(job, ctx, &jobs, &old).await;
+    }
 
     ensure_secret(job, ctx, rt).await?;
 
@@ -261,6 +273,10 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
         }
         // Launch members only: with `launchPolicy: MinReplicas` the rest of
         // `replicas` are newcomers the policy launches once epoch 1 exists.
+        // activeDeadlineSeconds counts from the first launch.
+        if old.start_time.is_none() {
+            old.start_time = Some(Time(ctx.now()));
+        }
         let replicas = u32::try_from(job.spec.launch_replicas()).unwrap_or(0);
         for index in 0..replicas {
             if let std::collections::btree_map::Entry::Vacant(slot) =
@@ -326,7 +342,33 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
                 .push(failed_condition(job, &old, why, ctx.now()));
         }
         patch_status(&jobs, job, &status).await?;
-        return Ok(Action::await_change());
+        return after_finished(job, ctx, &jobs, &status).await;
+    }
+
+    // Past activeDeadlineSeconds: the job's pods go and it is Failed.
+    let ran = old
+        .start_time
+        .as_ref()
+        .and_then(|t| Duration::try_from(ctx.now().duration_since(t.0)).ok());
+    if let (Some(limit), Some(ran)) = (job.spec.active_deadline_seconds, ran) {
+        if ran.as_secs() >= u64::try_from(limit).unwrap_or(u64::MAX) {
+            delete_job_pods(job, &pods).await?;
+            let why = format!(
+                "the job ran {} s, past activeDeadlineSeconds {limit}: its pods were deleted",
+                ran.as_secs()
+            );
+            tracing::warn!(job = %name, %why, "deadline exceeded");
+            ctx.publish(job, EventType::Warning, DEADLINE_EXCEEDED, "JobEnded", why.clone())
+                .await;
+            ctx.metrics.job_ended(&Phase::Failed.to_string());
+            rt.rescale = None;
+            let mut status = build_status(job, ctx, rt, &view, Phase::Failed, &old);
+            status
+                .conditions
+                .push(condition(job, &old.conditions, "Failed", true, DEADLINE_EXCEEDED, why, ctx.now()));
+            patch_status(&jobs, job, &status).await?;
+            return after_finished(job, ctx, &jobs, &status).await;
+        }
     }
 
     // The answer of a rescale running in the background, if it came.
@@ -377,6 +419,36 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
     let status = build_status(job, ctx, rt, &view, phase, &old);
     patch_status(&jobs, job, &status).await?;
     Ok(Action::requeue(requeue_after(ctx, rt)))
+}
+
+/// Reason of the `Failed` condition of a job past its `activeDeadlineSeconds`.
+const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+
+/// What follows the end of a job: with `ttlSecondsAfterFinished`, the
+/// ElasticJob is deleted that long after `status.completionTime` (its
+/// finalizer then tears down what is left); before, a requeue for then.
+async fn after_finished(
+    job: &ElasticJob,
+    ctx: &Context,
+    jobs: &Api<ElasticJob>,
+    status: &ElasticJobStatus,
+) -> Result<Action> {
+    let (Some(ttl), Some(done)) = (job.spec.ttl_seconds_after_finished, &status.completion_time)
+    else {
+        return Ok(Action::await_change());
+    };
+    let age = Duration::try_from(ctx.now().duration_since(done.0)).unwrap_or(Duration::ZERO);
+    let ttl = Duration::from_secs(u64::try_from(ttl).unwrap_or(0));
+    if age < ttl {
+        return Ok(Action::requeue(ttl - age));
+    }
+    tracing::info!(job = %job.name_any(), "ttlSecondsAfterFinished passed: deleting the ElasticJob");
+    match jobs.delete(&job.name_any(), &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Action::await_change())
 }
 
 /// Server-side apply of an object the job owns, without force: a conflict

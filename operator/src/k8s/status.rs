@@ -88,6 +88,11 @@ pub(super) fn fresh_status(
             condition(job, &old.conditions, "Ready", false, reason, message, now),
         ],
         selector: Some(objects::selector(job)),
+        // A relaunch keeps counting the deadline from the first launch; a
+        // suspension starts it afresh.
+        start_time: (phase != Phase::Suspended)
+            .then(|| old.start_time.clone())
+            .flatten(),
         ..ElasticJobStatus::default()
     }
 }
@@ -261,5 +266,8 @@ pub(super) fn build_status(
         last_rescale: rt.last_rescale.clone().or_else(|| old.last_rescale.clone()),
         conditions,
         selector: Some(objects::selector(job)),
+        start_time: old.start_time.clone(),
+        completion_time: matches!(phase, Phase::Succeeded | Phase::Failed)
+            .then(|| old.completion_time.clone().unwrap_or(Time(now))),
     }
 }

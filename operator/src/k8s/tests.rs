@@ -428,6 +428,8 @@ async fn first_apply_creates_the_on_demand_and_spot_objects() {
             (handle, (pods, status))
         })
         .await;
+    // activeDeadlineSeconds counts from here.
+    assert_eq!(status["startTime"], "2025-06-01T12:00:00Z");
     // Node 0 is not running yet: look again soon for its control endpoint.
     assert_eq!(
         action.expect("reconcile succeeds"),
@@ -1959,4 +1961,64 @@ async fn with_network_policies_every_job_gets_one() {
     assert!(ingress[2]["from"].is_null());
     assert_eq!(ingress[2]["ports"], json!([{"port": 9464, "protocol": "TCP"}]));
     assert_eq!(ingress.len(), 3);
+}
+
+#[tokio::test]
+async fn an_active_deadline_fails_the_job_and_its_ttl_deletes_it() {
+    let secret = Secret::generate();
+    let (harness, handle) = context();
+    let ctx = harness.ctx.clone();
+    let mut spec = valid_spec();
+    spec["activeDeadlineSeconds"] = 600.into();
+    spec["ttlSecondsAfterFinished"] = 300.into();
+    let mut job_value = running_job_json();
+    job_value["spec"] = spec;
+    // Launched an hour before the (fixed) clock.
+    job_value["status"]["startTime"] = "2025-06-01T11:00:00Z".into();
+    let status_job = job_value.clone();
+    let (action, _, (event, status)) =
+        reconcile_against(&ctx, &job_value, handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &launch_pods()).await;
+            expect_pods_deleted(&mut handle).await;
+            let event = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &status_job).await;
+            (handle, (event, status))
+        })
+        .await;
+    // Deleted 300 s after it ended.
+    assert_eq!(
+        action.expect("reconcile succeeds"),
+        Action::requeue(Duration::from_secs(300))
+    );
+    assert_eq!(event.0, "DeadlineExceeded");
+    assert!(event.1.contains("ran 3600 s, past activeDeadlineSeconds 600"), "{event:?}");
+    assert_eq!(status["phase"], "Failed");
+    assert_eq!(status["startTime"], "2025-06-01T11:00:00Z");
+    assert_eq!(status["completionTime"], "2025-06-01T12:00:00Z");
+    let failed = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Failed")
+        .unwrap_or_else(|| panic!("no Failed condition: {status}"));
+    assert_eq!(failed["reason"], "DeadlineExceeded");
+
+    // Later, with its pods gone: no relaunch, no node-0 failure; once the
+    // TTL passed, the ElasticJob is deleted (its finalizer does the rest).
+    let mut ended = job_value.clone();
+    ended["spec"]["restartPolicy"] = "OnFailure".into();
+    ended["status"] = status.clone();
+    ended["status"]["completionTime"] = "2025-06-01T11:50:00Z".into();
+    let (harness, handle) = context();
+    let (action, _, deleted) =
+        reconcile_against(&harness.ctx, &ended, handle, |mut handle| async move {
+            let deleted = expect(&mut handle, Method::DELETE, JOB_PATH, |_| {
+                (StatusCode::OK, managed_job_json(valid_spec()))
+            })
+            .await;
+            (handle, deleted)
+        })
+        .await;
+    assert_eq!(action.expect("reconcile succeeds"), Action::await_change());
+    let _ = deleted;
 }

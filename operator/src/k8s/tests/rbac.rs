@@ -250,6 +250,7 @@ fn the_rbac_grants_exactly_the_verbs_the_scenarios_use() {
         ("unschedulable", super::a_pod_the_scheduler_cannot_place_is_reported_in_a_condition),
         ("partial_launch", super::a_partial_launch_starts_with_min_replicas_and_grows_as_newcomers_arrive),
         ("network_policy", super::with_network_policies_every_job_gets_one),
+        ("deadline_ttl", super::an_active_deadline_fails_the_job_and_its_ttl_deletes_it),
         ("lease_created", super::super::leader::tests::a_missing_lease_is_created_and_held),
         ("lease_taken_over", super::super::leader::tests::an_expired_lease_is_taken_over_with_its_resource_version),
         ("lease_race", super::super::leader::tests::losing_the_race_for_a_lease_is_not_an_error),
