@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::chare::{ArrayIndex, BulkIndex, Chare};
 use crate::msg::{CollId, Payload};
 use crate::pe::PeCtx;
-use crate::registry::fnv1a;
+use crate::ids::fnv1a;
 use crate::system::Shape;
 use crate::topo::Pe;
 

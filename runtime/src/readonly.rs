@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::pe::PeCtx;
-use crate::registry::fnv1a;
+use crate::ids::fnv1a;
 
 /// A handle to a readonly global of type `T`, named stably.
 pub struct Readonly<T> {

@@ -14,7 +14,8 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::registry::{fnv1a, Registry};
+use crate::ids::fnv1a;
+use crate::registry::Registry;
 
 /// A built-in or custom reduction operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -21,17 +21,8 @@ use crate::msg::CollId;
 use crate::readonly::Readonly;
 use crate::reduce::ReduceError;
 
-/// FNV-1a, 64-bit: the stable name hash behind every identifier.
-pub const fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut i = 0;
-    while i < bytes.len() {
-        h ^= bytes[i] as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        i += 1;
-    }
-    h
-}
+/// The stable name hash, kept here under its old path for programs.
+pub use crate::ids::fnv1a;
 
 pub(crate) type StoreFactory = fn(CollId) -> Box<dyn Store>;
 pub(crate) type LinearFn = fn(IndexKey, IndexKey) -> Option<u64>;

@@ -188,7 +188,7 @@ impl GpuModule {
         format!(
             "gpu module {} source={:016x} options={:?} kernels={}",
             self.name,
-            crate::registry::fnv1a(self.source.as_bytes()),
+            crate::ids::fnv1a(self.source.as_bytes()),
             self.options,
             kernels.join(",")
         )
