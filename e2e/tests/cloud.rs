@@ -67,11 +67,15 @@ impl Rehearsal {
 }
 
 fn rehearse(iters: u32, events: &str) -> Rehearsal {
+    rehearse_texts(&JOB.replace("ITERS", &iters.to_string()), &format!("{TYPES}events:\n{events}"))
+}
+
+fn rehearse_texts(job_text: &str, scenario_text: &str) -> Rehearsal {
     let dir = tempfile::tempdir().expect("temp dir");
     let job = dir.path().join("job.yaml");
     let scenario = dir.path().join("scenario.yaml");
-    std::fs::write(&job, JOB.replace("ITERS", &iters.to_string())).unwrap();
-    std::fs::write(&scenario, format!("{TYPES}events:\n{events}")).unwrap();
+    std::fs::write(&job, job_text).unwrap();
+    std::fs::write(&scenario, scenario_text).unwrap();
     let path = format!("{}:{}", bin_dir().display(), std::env::var("PATH").unwrap_or_default());
     let out = Command::new(bin("ductile"))
         .arg("cloud")
@@ -176,4 +180,78 @@ fn an_invalid_scenario_is_refused_before_anything_starts_naming_its_line() {
     let stderr = String::from_utf8_lossy(&r.out.stderr);
     assert!(stderr.contains("scenario.yaml:7: no instance \"rehearsal-9\""), "{stderr}");
     assert!(!r.state().exists(), "nothing was started");
+}
+
+/// `network: namespaces`: every instance but node 0's runs in its own
+/// network namespace on a bridge in 10.200.0.0/16. A notice becomes a live
+/// rescale and the replacement joins from its own namespace; the checksum
+/// equals the uninterrupted run's, and no namespace, veth or bridge of the
+/// job is left afterwards. Needs root and `ip` (skipped otherwise, saying why).
+#[test]
+fn instances_in_their_own_network_namespaces_rescale_live_and_leave_no_network_behind() {
+    if let Err(why) = ductile_operator::cloud::netns::available() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    // Its own job name: the leftovers it checks for are this job's.
+    let job = JOB
+        .replace("name: rehearsal", "name: netns-e2e")
+        .replace("replicas: 4", "replicas: 3")
+        .replace("--grid, '1024'", "--grid, '512'")
+        .replace("ITERS", "10000");
+    let scenario = format!(
+        "network: namespaces\n{}events:\n  - {{ at: 40, interruption: netns-e2e-2, deadline: 120 }}\n",
+        TYPES.replace("spot: [m5.large, c5.large]", "spot: [m5.large]")
+    );
+    let r = rehearse_texts(&job, &scenario);
+    let record = r.record();
+    let stdout = r.stdout();
+    assert_eq!(r.out.status.code(), Some(0), "ductile cloud failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.out.stderr));
+    let summary = &record["summary"];
+    let rec = &record["record"];
+    // The notice became a live rescale before its deadline; nothing lost.
+    assert!(summary["committedByReason"]["Emergency"].as_u64() >= Some(1), "{stdout}");
+    assert_eq!(summary["failed"], 0, "{stdout}");
+    assert_eq!(summary["noticesHandled"], serde_json::json!([1, 1]), "{stdout}");
+    assert_eq!(summary["lost"], 0, "{stdout}");
+    // Every instance but node 0's was in its namespace, at its address:
+    // both launch spot members (listening there) and the replacement.
+    let network = marks(&record, "network");
+    let bridge = network
+        .iter()
+        .find(|m| m["instance"].is_null())
+        .and_then(|m| m["detail"].as_str())
+        .and_then(|d| d.strip_prefix("bridge "))
+        .and_then(|d| d.split_whitespace().next())
+        .expect("the bridge is named")
+        .to_owned();
+    let verified: Vec<&str> = network
+        .iter()
+        .filter(|m| m["detail"].as_str().is_some_and(|d| d.starts_with("verified: ")))
+        .filter_map(|m| m["instance"].as_str())
+        .collect();
+    for member in ["netns-e2e-1", "netns-e2e-2", "netns-e2e-n0"] {
+        assert!(verified.contains(&member), "{member} not verified in its namespace:\n{stdout}");
+    }
+    assert!(!verified.contains(&"netns-e2e-0"), "node 0 stays in the root namespace");
+    for m in network.iter().filter(|m| m["instance"] == "netns-e2e-1") {
+        assert!(m["detail"].as_str().unwrap().contains("listening on 10.200."), "{stdout}");
+    }
+    assert!(marks(&record, "report").iter().all(|m| !m["detail"].as_str().unwrap_or("").contains("not where it belongs")), "{stdout}");
+    // Same result as an uninterrupted run.
+    assert!(rec["checksum"].is_string(), "{stdout}");
+    assert_eq!(rec["checksum"], rec["referenceChecksum"], "{stdout}");
+    nothing_left(&r.state(), &record);
+    // No namespace, veth or bridge of the job is left, as `ip` itself says.
+    let tag = bridge.strip_suffix("br").expect("bridge dct<tag>br").to_owned();
+    let ip = |args: &[&str]| {
+        let out = Command::new("ip").args(args).output().expect("ip runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let namespaces = ip(&["netns", "list"]);
+    assert!(!namespaces.contains(&tag), "namespaces left behind:\n{namespaces}");
+    let links = ip(&["-o", "link", "show"]);
+    assert!(!links.contains(&tag), "links left behind:\n{links}");
+    assert!(!ip(&["-o", "-4", "addr", "show"]).contains("inet 10.200.0.1/"), "the bridge address is left");
+    assert!(ductile_operator::cloud::netns::remaining("netns-e2e").is_empty());
 }

@@ -200,6 +200,16 @@ fn remove_all(job: &str) {
     }
 }
 
+/// Removes the namespaces and links a crashed earlier run of `job` left;
+/// returns their names.
+pub fn remove_leftovers(job: &str) -> Vec<String> {
+    let old = remaining(job);
+    if !old.is_empty() {
+        remove_all(job);
+    }
+    old
+}
+
 /// The job's namespaces and links that exist now (for tests and checks).
 pub fn remaining(job: &str) -> Vec<String> {
     let (mut n, l) = leftovers(job);
@@ -213,10 +223,9 @@ impl Network {
     /// `state_dir`.
     pub fn create(job: &str, state_dir: &Path) -> Result<Self, NetError> {
         available().map_err(NetError::Unavailable)?;
-        let (old_ns, old_links) = leftovers(job);
-        if !old_ns.is_empty() || !old_links.is_empty() {
-            tracing::warn!(namespaces = ?old_ns, links = ?old_links, "removing what an earlier run of this job left");
-            remove_all(job);
+        let old = remove_leftovers(job);
+        if !old.is_empty() {
+            tracing::warn!(left = ?old, "removed what an earlier run of this job left");
         }
         let bridge = bridge_name(job);
         // 10.200.0.1 on another interface: another run (another job) holds the network.
@@ -424,6 +433,37 @@ mod tests {
         assert!(s.contains("dir='/tmp/st/netns'"));
         assert!(s.contains("exec ip netns exec \"$ns\" env \"DUCTILE_BIND=$ip\" \"$@\""));
         assert!(wrapper_script(Path::new("/tmp/it's")).is_none());
+    }
+
+    /// As root: a namespace and a link with the job's tag, as a crashed run
+    /// leaves them, are found and removed; another job's are not touched.
+    #[test]
+    fn leftovers_of_a_crashed_run_are_removed_and_only_those() {
+        if available().is_err() {
+            eprintln!("skipped: {}", available().unwrap_err());
+            return;
+        }
+        let (job, other) = ("unit-leftovers", "unit-other-job");
+        let ns = namespace_name(job, "unit-leftovers-1");
+        let link = veth_name(job, 7);
+        let other_ns = namespace_name(other, "unit-other-job-1");
+        // What an interrupted run of this test left.
+        remove_leftovers(job);
+        remove_leftovers(other);
+        ip(&["netns", "add", &ns]).unwrap();
+        ip(&["netns", "add", &other_ns]).unwrap();
+        ip(&["link", "add", &link, "type", "bridge"]).unwrap();
+        let mut found = remaining(job);
+        found.sort();
+        let mut expected = vec![ns.clone(), link.clone()];
+        expected.sort();
+        assert_eq!(found, expected);
+        let mut removed = remove_leftovers(job);
+        removed.sort();
+        assert_eq!(removed, expected);
+        assert!(remaining(job).is_empty());
+        assert_eq!(remaining(other), vec![other_ns.clone()], "another job's namespace stays");
+        ip(&["netns", "del", &other_ns]).unwrap();
     }
 
     /// The wrapper, run by hand: without a slot file a launch member runs
