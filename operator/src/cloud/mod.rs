@@ -307,8 +307,9 @@ events:
         let e = Loaded::from_texts("job.yaml", &JOB.replace("minReplicas: 2", "minReplicas: 9"), "s.yaml", SCENARIO)
             .expect_err("min above replicas");
         assert!(e.to_string().contains("invalid ElasticJob"), "{e}");
-        let e = Loaded::from_texts("job.yaml", "kind: [", "s.yaml", SCENARIO).expect_err("not YAML");
-        assert!(e.to_string().starts_with("job.yaml:1:"), "{e}");
+        let e = Loaded::from_texts("job.yaml", "apiVersion: v1\nkind: ]\n", "s.yaml", SCENARIO)
+            .expect_err("not YAML");
+        assert!(e.to_string().starts_with("job.yaml:2:"), "{e}");
         let e = Loaded::from_texts("job.yaml", &JOB.replace("pesPerPod: 1", "pesPerPod: 2"), "s.yaml", SCENARIO)
             .expect_err("types run 1 PE");
         assert!(e.to_string().contains("must match"), "{e}");
