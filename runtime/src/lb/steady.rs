@@ -7,8 +7,11 @@
 //!
 //! * **smoothing**: each object's load and each PE's speed is an
 //!   exponentially weighted average over the steps (`+lb-smoothing A`: the
-//!   newest measurement's weight; 1 turns it off). The history starts over
-//!   when the PEs change (a rescale renumbers them);
+//!   newest measurement's weight; 1 turns it off). Objects keep their
+//!   history across a rescale, which renumbers the PEs: their speeds start
+//!   over. A rescale's own steps smooth too, so its placement does not
+//!   follow one period's noise (under a CPU quota a block's measured time
+//!   includes the time its thread was throttled);
 //! * **worth moving**: a step migrates only when the plan's predicted
 //!   makespan is better than the current placement's by more than a fraction
 //!   (`+lb-min-gain G`, default 5%): below it the gain does not pay for the
@@ -37,9 +40,16 @@ pub struct History {
 }
 
 impl History {
-    /// Forgets everything (the PEs were renumbered).
+    /// Forgets everything.
     pub fn reset(&mut self) {
         *self = History::default();
+    }
+
+    /// Forgets the PEs' speeds, keeping the objects' loads (the PEs are
+    /// about to be renumbered by a rescale; objects keep their ids).
+    pub fn forget_pes(&mut self) {
+        self.speeds.clear();
+        self.pes.clear();
     }
 
     /// Replaces the loads and speeds of `stats` by their averages over the
@@ -53,7 +63,7 @@ impl History {
         };
         let pes: Vec<u32> = stats.pes.iter().map(|p| p.pe).collect();
         if pes != self.pes {
-            self.reset();
+            self.forget_pes();
             self.pes = pes;
         }
         let blend = |old: Option<&f64>, new: f64| match old {
@@ -133,10 +143,18 @@ mod tests {
         let mut s = stats(&[10.0, 2.0], &[1.0, 1.0]);
         h.smooth(&mut s, 0.5);
         assert_eq!(s.objs[0].load, 6.0);
-        // Three PEs now: the old numbering means nothing.
-        let mut s = stats(&[10.0, 2.0], &[1.0, 1.0, 1.0]);
+        // Three PEs now: the old numbering means nothing, the objects'
+        // loads still do.
+        let mut s = stats(&[10.0, 2.0], &[0.5, 1.0, 1.0]);
         h.smooth(&mut s, 0.5);
-        assert_eq!(s.objs[0].load, 10.0);
+        assert_eq!(s.pes[0].speed, 0.5, "speeds start over");
+        assert_eq!(s.objs[0].load, 8.0, "loads carry on");
+        // Renumbered without a change of count (a swap): forget_pes.
+        h.forget_pes();
+        let mut s = stats(&[8.0, 2.0], &[2.0, 1.0, 1.0]);
+        h.smooth(&mut s, 0.5);
+        assert_eq!(s.pes[0].speed, 2.0);
+        assert_eq!(s.objs[0].load, 8.0);
         // alpha 1: no smoothing at all.
         let mut s = stats(&[4.0, 2.0], &[1.0, 1.0, 1.0]);
         h.smooth(&mut s, 1.0);

@@ -145,13 +145,12 @@ impl Pe {
             p.leaving = root.leaving.contains(&p.pe);
         }
         let options = self.ctx.node.options.clone();
-        // Steady-state steps balance averaged measurements; a rescale's step
-        // acts on what it measured, and the PEs are renumbered after it.
+        // Every step balances averaged measurements (lb::steady); after a
+        // rescale's step the PEs are renumbered, so their speeds start over.
         let history = self.ctx.lb_history.entry(coll).or_default();
+        history.smooth(&mut stats, options.lb_smoothing);
         if forced {
-            history.reset();
-        } else {
-            history.smooth(&mut stats, options.lb_smoothing);
+            history.forget_pes();
         }
         let strategy = if forced {
             options.rescale_strategy.clone()
