@@ -1047,6 +1047,11 @@ proptest! {
 /// new view) never gets its totals; the job goes on at the new epoch, but
 /// that node fails at `DrainTotals` after the step's bound instead of
 /// departing. Found by the property above with a random seed.
+///
+/// Ignored because it fails until the gap is fixed (it reproduces the case,
+/// it does not hide it); it still runs on demand, in under a second:
+/// `cargo test --release -p ductile --lib a_leaving_child_of_a_killed -- --ignored`.
+/// When the fix lands, drop the `#[ignore]` so CI keeps it.
 #[test]
 #[ignore = "known gap: a leaving child of a killed leaving drain parent fails instead of departing"]
 fn a_leaving_child_of_a_killed_leaving_drain_parent_departs() {
