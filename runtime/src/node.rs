@@ -29,7 +29,7 @@ use crate::link::{rejoin_as, CoordinatorLink, Rejoined};
 use crate::msg::{decode_frame, CollId};
 use crate::operation::OperationSlot;
 use crate::options::Options;
-use crate::pe::{Inbox, LoopExit, Pe, PeCommand};
+use crate::pe::{Inbox, LoopExit, PeCommand, Scheduler};
 use crate::registry::Registry;
 use crate::rescale::driver::Counts;
 use crate::rescale::{ControlFrame, Desk, FrameCounts, NodeEvent, Shell};
@@ -848,7 +848,7 @@ fn start_pes(
                     crate::gpu::bind_pe(rank);
                     let pes = topo.local_pes() as usize;
                     crate::affinity::pin_this_pe(rank, pes, &cpus, node.options.pe_affinity);
-                    let mut pe = Pe::new(node.clone(), topo, pe_id);
+                    let mut pe = Scheduler::new(node.clone(), topo, pe_id);
                     if pe_id == 0 && main_here {
                         match env_var(contract::ENV_RESTORE) {
                             Some(dir) => pe.restore(dir.into()),

@@ -217,7 +217,65 @@ pub(crate) struct AdoptedColl {
     pub skip_members: bool,
 }
 
+/// The per-PE service that handles a runtime message (`pe.rs` routes by it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Service {
+    /// Start-up order and the job's end: readonly data, exit.
+    Startup,
+    /// Location management: creation, insertion, homes, migration.
+    Location,
+    /// Reductions and populations.
+    Reduction,
+    /// Quiescence detection.
+    Quiescence,
+    /// Load balancing.
+    Balance,
+    /// Checkpoint and restore.
+    Checkpoint,
+    /// The rescale's PE side.
+    Rescale,
+    /// A `Leaf` inside a `Leaf`: no service, dropped.
+    None,
+}
+
 impl SysMsg {
+    /// Which service handles this message. Exhaustive, so a new message
+    /// cannot be added without giving it one.
+    pub(crate) fn service(&self) -> Service {
+        match self {
+            SysMsg::Readonly { .. } | SysMsg::ExitRequest { .. } | SysMsg::Exit { .. } => {
+                Service::Startup
+            }
+            SysMsg::Create(_)
+            | SysMsg::InsertRequest { .. }
+            | SysMsg::Insert { .. }
+            | SysMsg::HomeUpdate { .. }
+            | SysMsg::LocationHint { .. }
+            | SysMsg::Migrate { .. } => Service::Location,
+            SysMsg::Reduce(_) | SysMsg::Death { .. } => Service::Reduction,
+            SysMsg::QdStart { .. } | SysMsg::QdWave { .. } | SysMsg::QdReport { .. } => {
+                Service::Quiescence
+            }
+            SysMsg::LbCollect { .. }
+            | SysMsg::LbReport { .. }
+            | SysMsg::LbPlan { .. }
+            | SysMsg::LbDone { .. }
+            | SysMsg::LbResume { .. } => Service::Balance,
+            SysMsg::CheckpointBegin
+            | SysMsg::CheckpointWrite { .. }
+            | SysMsg::CheckpointWritten { .. }
+            | SysMsg::Restore { .. }
+            | SysMsg::RestoreSent
+            | SysMsg::RestoreAck => Service::Checkpoint,
+            SysMsg::OnRescale { .. }
+            | SysMsg::RescaleBegin
+            | SysMsg::RescaleStop(_)
+            | SysMsg::Adopt(_)
+            | SysMsg::Adopted => Service::Rescale,
+            SysMsg::Leaf(_) => Service::None,
+        }
+    }
+
     /// Runtime bookkeeping is invisible to quiescence detection; insertions and
     /// creations are application activity.
     pub(crate) fn counts_for_qd(&self) -> bool {

@@ -16,16 +16,18 @@
 //! model expects. A PE's speed is measured by timing a fixed kernel under the
 //! same conditions as entry methods (see [`calibrate`]).
 
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info};
 
-use super::{LbStep, Pe};
+use super::{misrouted, PeCtx, Scheduler};
 use crate::chare::IndexKey;
 use crate::lb::stats::{LbStats, ObjId, ObjStat, PeStat};
 use crate::lb::strategy::{Assignment, CostModel};
 use crate::msg::CollId;
+use crate::node::NodeShared;
 use crate::system::SysMsg;
 use crate::topo::Pe as PeId;
 
@@ -49,7 +51,135 @@ fn calibrate(charge: &mut dyn FnMut(Duration) -> Duration) -> f64 {
     1.0 / best.as_secs_f64().max(1e-9)
 }
 
-impl Pe {
+/// A PE's part in one load-balancing step of one array.
+#[derive(Default)]
+pub(super) struct LbStep {
+    pub(super) step: u64,
+    /// Elements the plan sends here (known once the plan arrived).
+    pub(super) expected: Option<usize>,
+    /// Elements received for this step (they can arrive before the plan).
+    pub(super) received: usize,
+    pub(super) bytes_sent: u64,
+    pub(super) done: bool,
+}
+
+/// PE 0's bookkeeping of one load-balancing step of one array.
+pub(super) struct LbRoot {
+    pub(super) step: u64,
+    pub(super) started: Instant,
+    pub(super) reports: Vec<(PeStat, Vec<ObjStat>)>,
+    pub(super) planned: Option<Instant>,
+    /// A step a rescale runs (evacuation, populating newcomers): the elements
+    /// are not at sync, so nothing resumes them.
+    pub(super) forced: bool,
+    /// PEs the plan must empty.
+    pub(super) leaving: Vec<PeId>,
+    pub(super) migrations: u64,
+    pub(super) summary: String,
+    pub(super) done: u32,
+    pub(super) bytes: u64,
+    /// Device staging time the PEs reported (GPU chares' buffers).
+    pub(super) staging_ns: u64,
+}
+
+/// A PE's load-balancing state: its measurements and the steps in progress.
+pub(super) struct Balancing {
+    /// 1 / emulated speed: how much longer entry methods take here.
+    pub(super) slowdown: f64,
+    /// Time in entry methods and idle since the last statistics report.
+    pub(super) busy: Duration,
+    pub(super) idle: Duration,
+    pub(super) measured_since: Instant,
+    /// This PE's part of each array's step in progress.
+    pub(super) here: HashMap<CollId, LbStep>,
+    /// Root: each array's step in progress.
+    pub(super) roots: HashMap<CollId, LbRoot>,
+    /// Root: each array's loads and speeds at earlier steps (smoothing).
+    pub(super) history: HashMap<CollId, crate::lb::steady::History>,
+    /// Root: each array's last step number.
+    pub(super) steps: HashMap<CollId, u64>,
+    /// Root, with `+lb-period`: when each collection was last balanced.
+    pub(super) last_balanced: HashMap<CollId, Instant>,
+}
+
+impl Balancing {
+    /// `+pe-speed` emulates a slower PE.
+    pub(super) fn new(node: &NodeShared, pe: PeId) -> Self {
+        Balancing {
+            slowdown: node
+                .options
+                .pe_speed
+                .get(&pe)
+                .map_or(1.0, |speed| 1.0 / speed),
+            busy: Duration::ZERO,
+            idle: Duration::ZERO,
+            measured_since: Instant::now(),
+            here: HashMap::new(),
+            roots: HashMap::new(),
+            history: HashMap::new(),
+            steps: HashMap::new(),
+            last_balanced: HashMap::new(),
+        }
+    }
+}
+
+impl PeCtx {
+    /// Root: starts a load-balancing step of `coll` by collecting statistics.
+    pub(super) fn lb_start(&mut self, coll: CollId, forced: bool, leaving: Vec<PeId>) {
+        let step = self.lb.steps.entry(coll).or_insert(0);
+        *step += 1;
+        let step = *step;
+        self.lb.roots.insert(
+            coll,
+            LbRoot {
+                step,
+                started: Instant::now(),
+                reports: Vec::new(),
+                planned: None,
+                forced,
+                leaving,
+                migrations: 0,
+                summary: String::new(),
+                done: 0,
+                bytes: 0,
+                staging_ns: 0,
+            },
+        );
+        self.send_sys(0, SysMsg::LbCollect { coll, step });
+    }
+
+    /// Root: every element of `coll` is at sync (its `at_sync` reduction
+    /// completed): a checkpoint or a rescale may take the step, `+lb-period`
+    /// may skip it, otherwise a step starts.
+    pub(super) fn lb_sync(&mut self, coll: CollId) {
+        if self.checkpoint_at_sync(coll) {
+            return;
+        }
+        if let Some(r) = &mut self.rescaling.root {
+            // The rescale runs its own steps; this one waits for it.
+            r.defer_sync(coll);
+            return;
+        }
+        if let Some(period) = self.node.options.lb_period {
+            let last = self
+                .lb
+                .last_balanced
+                .get(&coll)
+                .copied()
+                .unwrap_or(self.lb.measured_since);
+            if last.elapsed() < period {
+                // Periodic balancing: too soon, resume without a step.
+                let step = self.lb.steps.get(&coll).copied().unwrap_or(0);
+                self.send_sys(0, SysMsg::LbResume { coll, step });
+                return;
+            }
+            self.lb.last_balanced.insert(coll, Instant::now());
+        }
+        self.lb_start(coll, false, Vec::new());
+    }
+}
+
+impl Scheduler {
     /// The span of this PE's part `phase` of LB step `step`: in the logs,
     /// `lb_step{epoch step pe phase}`, timed when it closes.
     fn lb_span(&self, phase: &'static str, step: u64) -> tracing::span::EnteredSpan {
@@ -66,22 +196,22 @@ impl Pe {
     pub(super) fn lb_collect(&mut self, coll: CollId, step: u64) {
         let me = self.ctx.pe;
         let _span = self.lb_span("collect", step);
-        let busy_before = self.ctx.busy;
+        let busy_before = self.ctx.lb.busy;
         let speed = calibrate(&mut |d| self.ctx.charge(d));
         // The calibration is the runtime's work, not an element's.
-        self.ctx.busy = busy_before;
+        self.ctx.lb.busy = busy_before;
         let loads = self
             .stores
             .get_mut(&coll)
             .map(|s| s.loads(true))
             .unwrap_or_default();
-        let wall = self.ctx.measured_since.elapsed().as_secs_f64();
-        let idle = self.ctx.idle.as_secs_f64();
+        let wall = self.ctx.lb.measured_since.elapsed().as_secs_f64();
+        let idle = self.ctx.lb.idle.as_secs_f64();
         let object_time: f64 = loads.iter().map(|(_, l)| l).sum();
         let background = (wall - idle - object_time).max(0.0);
-        self.ctx.busy = Duration::ZERO;
-        self.ctx.idle = Duration::ZERO;
-        self.ctx.measured_since = Instant::now();
+        self.ctx.lb.busy = Duration::ZERO;
+        self.ctx.lb.idle = Duration::ZERO;
+        self.ctx.lb.measured_since = Instant::now();
         // Group and nodegroup members, and main, stay where they are.
         let migratable = self.ctx.is_migratable(coll);
         let objs = loads
@@ -101,7 +231,7 @@ impl Pe {
             idle,
             leaving: false,
         };
-        let s = self.ctx.lb.entry(coll).or_default();
+        let s = self.ctx.lb.here.entry(coll).or_default();
         if s.step != step {
             *s = LbStep {
                 step,
@@ -122,7 +252,7 @@ impl Pe {
     pub(super) fn lb_report(&mut self, coll: CollId, step: u64, pe: PeStat, objs: Vec<ObjStat>) {
         let _span = self.lb_span("report", step);
         let npes = self.ctx.num_pes() as usize;
-        let Some(root) = self.ctx.lb_root.get_mut(&coll).filter(|r| r.step == step) else {
+        let Some(root) = self.ctx.lb.roots.get_mut(&coll).filter(|r| r.step == step) else {
             error!("ignoring load statistics for an unknown step {step} of collection {coll:#x}");
             return;
         };
@@ -147,7 +277,7 @@ impl Pe {
         let options = self.ctx.node.options.clone();
         // Every step balances averaged measurements (lb::steady); after a
         // rescale's step the PEs are renumbered, so their speeds start over.
-        let history = self.ctx.lb_history.entry(coll).or_default();
+        let history = self.ctx.lb.history.entry(coll).or_default();
         history.smooth(&mut stats, options.lb_smoothing);
         if forced {
             history.forget_pes();
@@ -203,7 +333,7 @@ impl Pe {
             || !strategy.balances()
             || crate::lb::steady::worth_moving(before, after, options.lb_min_gain);
         let moves = if worth { moves } else { Vec::new() };
-        let root = self.ctx.lb_root.get_mut(&coll).expect("present");
+        let root = self.ctx.lb.roots.get_mut(&coll).expect("present");
         root.planned = Some(Instant::now());
         root.migrations = moves.len() as u64;
         root.summary = format!(
@@ -246,7 +376,7 @@ impl Pe {
             self.recheck_partials(coll);
         }
         let expected = moves.iter().filter(|(_, _, to)| *to == me).count();
-        let s = self.ctx.lb.entry(coll).or_default();
+        let s = self.ctx.lb.here.entry(coll).or_default();
         if s.step != step {
             *s = LbStep {
                 step,
@@ -259,7 +389,7 @@ impl Pe {
     }
 
     pub(super) fn lb_check_done(&mut self, coll: CollId) {
-        let Some(s) = self.ctx.lb.get_mut(&coll) else {
+        let Some(s) = self.ctx.lb.here.get_mut(&coll) else {
             return;
         };
         if s.done || s.expected != Some(s.received) {
@@ -285,7 +415,7 @@ impl Pe {
         let _span = self.lb_span("done", step);
         let npes = self.ctx.num_pes();
         let report = self.ctx.node.options.lb_report;
-        let Some(root) = self.ctx.lb_root.get_mut(&coll).filter(|r| r.step == step) else {
+        let Some(root) = self.ctx.lb.roots.get_mut(&coll).filter(|r| r.step == step) else {
             error!(
                 "ignoring a migration report for an unknown step {step} of collection {coll:#x}"
             );
@@ -310,19 +440,65 @@ impl Pe {
         if report {
             println!("{line}");
         }
-        let root = self.ctx.lb_root.remove(&coll).expect("present");
+        let root = self.ctx.lb.roots.remove(&coll).expect("present");
         if root.forced {
             // A rescale's step: the elements never stopped, nothing resumes.
             self.rescale_lb_done(coll, root.migrations, root.staging_ns);
         } else {
             self.ctx.send_sys(0, SysMsg::LbResume { coll, step });
-            if self.ctx.restoring.is_some() {
+            if self.ctx.ckpt.restoring.is_some() {
                 self.restore_balanced(coll);
             }
-            if self.ctx.rescale.is_some() {
+            if self.ctx.rescaling.root.is_some() {
                 // A rescale was waiting for this step to end.
                 self.rescale_advance();
             }
+        }
+    }
+
+    /// An element migrated here for LB step `step` of `coll`.
+    pub(super) fn lb_received(&mut self, coll: CollId, step: u64) {
+        let s = self.ctx.lb.here.entry(coll).or_default();
+        if s.step != step {
+            *s = LbStep {
+                step,
+                ..LbStep::default()
+            };
+        }
+        s.received += 1;
+        self.lb_check_done(coll);
+    }
+
+    /// The load-balancing service's runtime messages.
+    pub(super) fn on_balance(&mut self, msg: SysMsg) {
+        match msg {
+            SysMsg::LbCollect { coll, step } => self.lb_collect(coll, step),
+            SysMsg::LbReport {
+                coll,
+                step,
+                pe,
+                objs,
+            } => self.lb_report(coll, step, pe, objs),
+            SysMsg::LbPlan { coll, step, moves } => self.lb_apply(coll, step, moves),
+            SysMsg::LbDone {
+                coll,
+                step,
+                bytes,
+                staging_ns,
+            } => self.lb_done(coll, step, bytes, staging_ns),
+            SysMsg::LbResume { coll, step } => {
+                debug!(
+                    pe = self.ctx.pe,
+                    step,
+                    "resuming {} after load balancing",
+                    self.coll_name(coll)
+                );
+                self.ctx.lb.here.remove(&coll);
+                if let Some(store) = self.stores.get_mut(&coll) {
+                    store.resume_all(&mut self.ctx);
+                }
+            }
+            other => misrouted(self.ctx.pe, "load-balancing", &other),
         }
     }
 }

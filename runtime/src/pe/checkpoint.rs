@@ -23,7 +23,8 @@ use ductile_coordinator::contract::EXIT_CHECKPOINTED;
 use ductile_coordinator::control::CheckpointReport;
 use tracing::{error, info, warn};
 
-use super::{Pe, PeCtx, Population};
+use super::reduction::Population;
+use super::{misrouted, PeCtx, Scheduler};
 use crate::callback::{CallbackSpec, Target};
 use crate::chare::IndexKey;
 use crate::checkpoint::{
@@ -34,6 +35,15 @@ use crate::msg::{CollId, Dest, MAIN_COLL};
 use crate::node::EXIT_STARTUP;
 use crate::reduce::Value;
 use crate::system::{AdoptedColl, Adoption, Shape, SysMsg};
+
+/// The checkpoint service's state (PE 0's; other PEs only answer).
+#[derive(Default)]
+pub(super) struct Checkpointing {
+    /// Root: the checkpoint being taken.
+    pub(super) taking: Option<RootCheckpoint>,
+    /// Root: the restore in progress.
+    pub(super) restoring: Option<RootRestore>,
+}
 
 /// PE 0's bookkeeping of the checkpoint being taken.
 #[derive(Default)]
@@ -59,22 +69,22 @@ pub(crate) struct RootRestore {
 impl PeCtx {
     /// Root: the control endpoint queued a checkpoint.
     pub(super) fn checkpoint_begin(&mut self) {
-        if self.rescale.is_some() {
+        if self.rescaling.root.is_some() {
             self.checkpoint_answer(Err(CheckpointError::Rescaling));
             return;
         }
-        self.checkpoint = Some(RootCheckpoint::default());
+        self.ckpt.taking = Some(RootCheckpoint::default());
         info!("checkpoint requested: waiting for the next sync point");
     }
 
     /// Root: every element of `coll` is at sync. Returns whether a waiting
     /// checkpoint took the sync point (its step runs after the checkpoint).
     pub(super) fn checkpoint_at_sync(&mut self, coll: CollId) -> bool {
-        if self.checkpoint.is_some() && self.node.operation.with_checkpoint(|_| ()).is_none() {
+        if self.ckpt.taking.is_some() && self.node.operation.with_checkpoint(|_| ()).is_none() {
             info!("the checkpoint request was withdrawn before a sync point came");
-            self.checkpoint = None;
+            self.ckpt.taking = None;
         }
-        match &mut self.checkpoint {
+        match &mut self.ckpt.taking {
             Some(c) if c.synced.is_none() => c.synced = Some(coll),
             _ => return false,
         }
@@ -99,7 +109,7 @@ impl PeCtx {
         });
         let Some(dir) = dir else {
             info!("the checkpoint request was withdrawn; resuming {coll:#x}");
-            self.checkpoint = None;
+            self.ckpt.taking = None;
             self.lb_start(coll, false, Vec::new());
             return;
         };
@@ -118,19 +128,20 @@ impl PeCtx {
     /// messages waiting anywhere, reductions under way.
     fn unsettled(&self) -> Option<String> {
         let queued = self
+            .queue
             .fifo
             .iter()
-            .chain(self.heap.iter().map(|q| &q.env))
+            .chain(self.queue.heap.iter().map(|q| &q.env))
             .filter(|e| !matches!(e.dest, Dest::System))
             .count();
-        let held = self.unknown.values().map(Vec::len).sum::<usize>()
-            + self.waiting.values().map(Vec::len).sum::<usize>()
-            + self.held_in.len();
-        if queued + held > 0 || !self.gathered.is_empty() {
+        let held = self.loc.unknown.values().map(Vec::len).sum::<usize>()
+            + self.loc.waiting.values().map(Vec::len).sum::<usize>()
+            + self.startup.held_in.len();
+        if queued + held > 0 || !self.red.gathered.is_empty() {
             Some(format!(
                 "PE {} is not settled: {queued} queued and {held} held messages, {} partial reductions",
                 self.pe,
-                self.gathered.len()
+                self.red.gathered.len()
             ))
         } else {
             None
@@ -138,7 +149,25 @@ impl PeCtx {
     }
 }
 
-impl Pe {
+impl Scheduler {
+    /// The checkpoint service's runtime messages.
+    pub(super) fn on_checkpoint(&mut self, msg: SysMsg) {
+        match msg {
+            SysMsg::CheckpointBegin => self.ctx.checkpoint_begin(),
+            SysMsg::CheckpointWrite { dir } => self.checkpoint_write(&dir),
+            SysMsg::CheckpointWritten { pe, result } => self.checkpoint_written(pe, result),
+            SysMsg::Restore {
+                coll,
+                key,
+                state,
+                meta,
+            } => self.restore_chare(coll, key, &state, meta),
+            SysMsg::RestoreSent => self.ctx.send_sys(0, SysMsg::RestoreAck),
+            SysMsg::RestoreAck => self.restore_acked(),
+            other => misrouted(self.ctx.pe, "checkpoint", &other),
+        }
+    }
+
     /// Every PE: snapshot every chare here (main excepted: PE 0 writes it
     /// with the job's file) to `dir/pe-<N>.ckpt`.
     pub(super) fn checkpoint_write(&mut self, dir: &str) {
@@ -188,7 +217,7 @@ impl Pe {
     /// Root: one PE's files are written (or not).
     pub(super) fn checkpoint_written(&mut self, pe: u32, result: Result<(u64, u64), String>) {
         let npes = self.ctx.num_pes();
-        let Some(c) = self.ctx.checkpoint.as_mut() else {
+        let Some(c) = self.ctx.ckpt.taking.as_mut() else {
             warn!("a checkpoint report from PE {pe} with no checkpoint under way");
             return;
         };
@@ -203,7 +232,7 @@ impl Pe {
         if c.written < npes {
             return;
         }
-        let c = self.ctx.checkpoint.take().expect("checked");
+        let c = self.ctx.ckpt.taking.take().expect("checked");
         let synced = c.synced.expect("a checkpoint writes at a sync point");
         let outcome = if c.failures.is_empty() {
             self.write_job_file(synced)
@@ -264,13 +293,14 @@ impl Pe {
         let reg = self.ctx.node.registry.clone();
         let mut readonly: Vec<(u64, Vec<u8>)> = self
             .ctx
+            .startup
             .readonly
             .iter()
             .map(|(id, v)| (*id, (reg.readonlies[id].encode)(&**v)))
             .collect();
         readonly.sort_unstable_by_key(|(id, _)| *id);
         let mut populations = Vec::new();
-        for (&coll, p) in &self.ctx.populations {
+        for (&coll, p) in &self.ctx.red.populations {
             if !p.done.is_empty() {
                 return Err(CheckpointError::Unsettled(format!(
                     "collection {coll:#x} has reduction results waiting"
@@ -291,7 +321,7 @@ impl Pe {
             v.sort_unstable();
             v
         };
-        let mut broadcasts = sorted(&self.ctx.next_bcast);
+        let mut broadcasts = sorted(&self.ctx.loc.next_bcast);
         for (coll, store) in &self.stores {
             if let Some(b) = broadcasts.iter_mut().find(|(c, _)| c == coll) {
                 b.1 = b.1.max(store.last_broadcast());
@@ -301,10 +331,10 @@ impl Pe {
             pes: self.ctx.num_pes(),
             nodes: self.ctx.topo.num_nodes(),
             readonly,
-            specs: self.ctx.specs.clone(),
+            specs: self.ctx.loc.specs.clone(),
             populations,
             broadcasts,
-            lb_steps: sorted(&self.ctx.lb_steps),
+            lb_steps: sorted(&self.ctx.lb.steps),
             synced,
             main: SavedChare {
                 coll: MAIN_COLL,
@@ -312,7 +342,7 @@ impl Pe {
                 state,
                 meta,
             },
-            rescale_callbacks: self.ctx.rescale_callbacks.clone(),
+            rescale_callbacks: self.ctx.rescaling.callbacks.clone(),
         };
         write(&job_path(&dir), &job)
     }
@@ -344,10 +374,10 @@ impl Pe {
 
         let topo = self.ctx.topo.clone();
         let (pes, nodes) = (topo.num_pes(), topo.num_nodes());
-        self.ctx.specs = job.specs.clone();
-        self.ctx.rescale_callbacks = job.rescale_callbacks.clone();
-        self.ctx.next_bcast = job.broadcasts.iter().copied().collect();
-        self.ctx.lb_steps = job.lb_steps.iter().copied().collect();
+        self.ctx.loc.specs = job.specs.clone();
+        self.ctx.rescaling.callbacks = job.rescale_callbacks.clone();
+        self.ctx.loc.next_bcast = job.broadcasts.iter().copied().collect();
+        self.ctx.lb.steps = job.lb_steps.iter().copied().collect();
         let mut populations: BTreeMap<CollId, Population> = job
             .populations
             .into_iter()
@@ -421,7 +451,7 @@ impl Pe {
                 red_start.insert(spec.coll, start);
             }
         }
-        self.ctx.populations = populations.into_iter().collect();
+        self.ctx.red.populations = populations.into_iter().collect();
 
         let broadcasts: BTreeMap<CollId, u64> = job.broadcasts.iter().copied().collect();
         for pe in 0..pes {
@@ -467,7 +497,7 @@ impl Pe {
             "restoring the job from {}",
             dir.display()
         );
-        self.ctx.restoring = Some(RootRestore {
+        self.ctx.ckpt.restoring = Some(RootRestore {
             dir: dir.to_path_buf(),
             synced: job.synced,
             acks: 0,
@@ -508,7 +538,7 @@ impl Pe {
     /// Root: one more PE holds everything sent to it.
     pub(super) fn restore_acked(&mut self) {
         let pes = self.ctx.num_pes();
-        let Some(r) = self.ctx.restoring.as_mut() else {
+        let Some(r) = self.ctx.ckpt.restoring.as_mut() else {
             return;
         };
         r.acks += 1;
@@ -523,7 +553,7 @@ impl Pe {
 
     /// Root: the first step after a restore ended; the job runs again.
     pub(super) fn restore_balanced(&mut self, coll: CollId) {
-        let Some(r) = self.ctx.restoring.take_if(|r| r.synced == coll) else {
+        let Some(r) = self.ctx.ckpt.restoring.take_if(|r| r.synced == coll) else {
             return;
         };
         let total_ms = r.started.elapsed().as_secs_f64() * 1e3;
@@ -542,7 +572,7 @@ impl Pe {
         });
         // The job runs at its new size: tell the program, as a live rescale does.
         let pes = self.ctx.num_pes();
-        for cb in self.ctx.rescale_callbacks.clone() {
+        for cb in self.ctx.rescaling.callbacks.clone() {
             self.ctx.deliver_callback(&cb, &Value::U32(pes));
         }
         let path = r.dir.join("restored.json");

@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use tracing::{debug, error, info, warn};
 
-use super::{Envelope, Inbox, LoopExit, Pe, PeCtx};
+use super::{Inbox, LoopExit, PeCtx, Scheduler};
 use crate::callback::CallbackSpec;
-use crate::msg::{CollId, Dest, Payload, MAIN_COLL};
+use crate::msg::{CollId, Dest, Envelope, Payload, MAIN_COLL};
 use crate::reduce::Value;
 use crate::rescale::plan::Renumbering;
 use crate::rescale::{Desk, NodeEvent, Stage};
@@ -73,6 +73,17 @@ enum Phase {
     Balancing(Vec<CollId>),
 }
 
+/// The rescale's state on a PE (the PE side of `rescale/`).
+#[derive(Default)]
+pub(super) struct Rescaling {
+    /// Set by `RescaleStop`: the scheduler loop hands over to the node.
+    pub(super) stop_order: Option<StopOrder>,
+    /// Root: the rescale in progress.
+    pub(super) root: Option<RootRescale>,
+    /// Root: callbacks to call with the new PE count after every rescale.
+    pub(super) callbacks: Vec<CallbackSpec>,
+}
+
 /// PE 0's bookkeeping of the rescale in progress.
 pub(crate) struct RootRescale {
     /// The request, with its plan.
@@ -102,6 +113,7 @@ impl PeCtx {
     /// Root: the arrays a rescale's steps balance.
     fn balanced_arrays(&self) -> Vec<CollId> {
         let mut colls: Vec<CollId> = self
+            .loc
             .colls
             .keys()
             .copied()
@@ -122,14 +134,28 @@ impl PeCtx {
     }
 }
 
-impl Pe {
+impl Scheduler {
     // ---- PE 0: driving the rescale ----
+
+    /// The rescale service's runtime messages.
+    pub(super) fn on_rescale(&mut self, msg: SysMsg) {
+        match msg {
+            SysMsg::OnRescale { callback } => self.ctx.rescaling.callbacks.push(callback),
+            SysMsg::RescaleBegin => self.rescale_begin(),
+            SysMsg::RescaleStop(order) => self.ctx.rescaling.stop_order = Some(order),
+            SysMsg::Adopt(adoption) => self.adopt(adoption),
+            // A restore's newcomer-style adoption is the checkpoint service's.
+            SysMsg::Adopted if self.ctx.ckpt.restoring.is_some() => {}
+            SysMsg::Adopted => self.rescale_adopted(),
+            other => super::misrouted(self.ctx.pe, "rescale", &other),
+        }
+    }
 
     /// The control endpoint queued a request on the desk, or (while one
     /// is in progress) asks PE 0 to look at the desk again: its watchdog
     /// may have asked to abandon it.
     pub(super) fn rescale_begin(&mut self) {
-        if self.ctx.rescale.is_some() {
+        if self.ctx.rescaling.root.is_some() {
             self.rescale_check_abandon();
             return;
         }
@@ -144,7 +170,7 @@ impl Pe {
             epoch = order.epoch,
             "rescale requested"
         );
-        self.ctx.rescale = Some(RootRescale {
+        self.ctx.rescaling.root = Some(RootRescale {
             order,
             phase: Phase::Waiting,
             since: Instant::now(),
@@ -164,12 +190,12 @@ impl Pe {
             Finish,
         }
         loop {
-            let Some(r) = self.ctx.rescale.as_ref() else {
+            let Some(r) = self.ctx.rescaling.root.as_ref() else {
                 return;
             };
             let next = match &r.phase {
                 // `lb_done` calls again when the step in progress ends.
-                Phase::Waiting if !self.ctx.lb_root.is_empty() => return,
+                Phase::Waiting if !self.ctx.lb.roots.is_empty() => return,
                 Phase::Waiting => Next::Evacuate(r.order.plan.leaving_pes.clone()),
                 Phase::Evacuating(colls) if colls.is_empty() => Next::Stop(r.order.clone()),
                 Phase::Adopting(0) => Next::Populate(r.new_pes > 0),
@@ -227,17 +253,22 @@ impl Pe {
         let Some(why) = self.ctx.desk(|d| d.abandon.clone()).flatten() else {
             return;
         };
-        let r = self.ctx.rescale.as_ref().expect("checked by the caller");
+        let r = self
+            .ctx
+            .rescaling
+            .root
+            .as_ref()
+            .expect("checked by the caller");
         let stuck = match &r.phase {
             Phase::Waiting => self.unanswered_lb(None),
             Phase::Evacuating(colls) => self.unanswered_lb(Some(colls)),
             // Too late: the node drivers bound the rest.
             _ => return,
         };
-        let r = self.ctx.rescale.take().expect("in progress");
+        let r = self.ctx.rescaling.root.take().expect("in progress");
         if let Phase::Evacuating(colls) = &r.phase {
             for coll in colls {
-                self.ctx.lb_root.remove(coll);
+                self.ctx.lb.roots.remove(coll);
             }
         }
         warn!(
@@ -265,7 +296,7 @@ impl Pe {
     fn unanswered_lb(&self, colls: Option<&Vec<CollId>>) -> String {
         let topo = &self.ctx.topo;
         let mut nodes = std::collections::BTreeSet::new();
-        for (coll, root) in &self.ctx.lb_root {
+        for (coll, root) in &self.ctx.lb.roots {
             if colls.is_some_and(|c| !c.contains(coll)) {
                 continue;
             }
@@ -291,14 +322,19 @@ impl Pe {
     }
 
     fn set_phase(&mut self, phase: Phase) {
-        let r = self.ctx.rescale.as_mut().expect("a rescale is in progress");
+        let r = self
+            .ctx
+            .rescaling
+            .root
+            .as_mut()
+            .expect("a rescale is in progress");
         r.phase = phase;
         r.since = Instant::now();
     }
 
     /// Records the current phase's duration as `stage`.
     fn record(&mut self, stage: Stage) {
-        let since = self.ctx.rescale.as_ref().expect("in progress").since;
+        let since = self.ctx.rescaling.root.as_ref().expect("in progress").since;
         let ms = since.elapsed().as_secs_f64() * 1e3;
         self.ctx.desk(|d| d.record(stage, ms));
     }
@@ -309,7 +345,7 @@ impl Pe {
             d.migrations += migrations;
             d.gpu_staging_ms += staging_ns as f64 / 1e6;
         });
-        if let Some(r) = self.ctx.rescale.as_mut() {
+        if let Some(r) = self.ctx.rescaling.root.as_mut() {
             if let Phase::Evacuating(c) | Phase::Balancing(c) = &mut r.phase {
                 c.retain(|&x| x != coll);
             }
@@ -319,7 +355,7 @@ impl Pe {
 
     /// A newcomer PE adopted the job's state.
     pub(super) fn rescale_adopted(&mut self) {
-        if let Some(Phase::Adopting(n)) = self.ctx.rescale.as_mut().map(|r| &mut r.phase) {
+        if let Some(Phase::Adopting(n)) = self.ctx.rescaling.root.as_mut().map(|r| &mut r.phase) {
             *n = n.saturating_sub(1);
         }
         self.rescale_advance();
@@ -327,13 +363,13 @@ impl Pe {
 
     /// PE 0 re-entered: hand the job's state to every newcomer PE.
     fn rescale_resumed(&mut self, plan: &Renumbering) {
-        if self.ctx.rescale.is_none() {
+        if self.ctx.rescaling.root.is_none() {
             error!("PE 0 re-entered without a rescale in progress");
             return;
         }
         let topo = self.ctx.topo.clone();
         let new_pes = topo.num_pes() - plan.surviving_pes;
-        self.ctx.rescale.as_mut().expect("checked").new_pes = new_pes;
+        self.ctx.rescaling.root.as_mut().expect("checked").new_pes = new_pes;
         if let Some(t) = self.ctx.desk(|d| d.reentry_from).flatten() {
             let ms = t.elapsed().as_secs_f64() * 1e3;
             self.ctx.desk(|d| d.record(Stage::Reentry, ms));
@@ -355,12 +391,13 @@ impl Pe {
         let reg = self.ctx.node.registry.clone();
         let readonly = self
             .ctx
+            .startup
             .readonly
             .iter()
             .map(|(id, v)| (*id, (reg.readonlies[id].encode)(&**v)))
             .collect();
         let mut colls = Vec::new();
-        for spec in self.ctx.specs.clone() {
+        for spec in self.ctx.loc.specs.clone() {
             let joining = match spec.shape {
                 Shape::Group => new_pes as i64,
                 Shape::NodeGroup => new_nodes as i64,
@@ -374,7 +411,7 @@ impl Pe {
                 .stores
                 .get(&spec.coll)
                 .and_then(|s| s.next_reduction(0));
-            let red_start = match self.ctx.populations.get_mut(&spec.coll) {
+            let red_start = match self.ctx.red.populations.get_mut(&spec.coll) {
                 Some(pop) => {
                     let start = pe0_next.unwrap_or(pop.next_open).max(pop.next_open);
                     if joining > 0 {
@@ -388,7 +425,14 @@ impl Pe {
                 Some(s) => s.last_broadcast(),
                 None => 0,
             }
-            .max(self.ctx.next_bcast.get(&spec.coll).copied().unwrap_or(0));
+            .max(
+                self.ctx
+                    .loc
+                    .next_bcast
+                    .get(&spec.coll)
+                    .copied()
+                    .unwrap_or(0),
+            );
             colls.push(AdoptedColl {
                 spec,
                 last_bcast,
@@ -402,7 +446,7 @@ impl Pe {
     /// Answers the control endpoint, runs what waited, and calls the
     /// program's rescale callbacks.
     fn rescale_finish(&mut self) {
-        let r = self.ctx.rescale.take().expect("in progress");
+        let r = self.ctx.rescaling.root.take().expect("in progress");
         let pes = self.ctx.num_pes();
         info!(
             pes_before = r.pes_before,
@@ -418,7 +462,7 @@ impl Pe {
             };
             self.ctx.deliver_callback(&cb, &Value::Unit);
         }
-        for cb in self.ctx.rescale_callbacks.clone() {
+        for cb in self.ctx.rescaling.callbacks.clone() {
             self.ctx.deliver_callback(&cb, &Value::U32(pes));
         }
     }
@@ -433,7 +477,12 @@ impl Pe {
         commands: &Receiver<PeCommand>,
         events: &Sender<NodeEvent>,
     ) -> Option<LoopExit> {
-        let order = self.ctx.stop_order.take().expect("stopped by an order");
+        let order = self
+            .ctx
+            .rescaling
+            .stop_order
+            .take()
+            .expect("stopped by an order");
         let _ = events.send(NodeEvent::Stopped { order });
         loop {
             match commands.recv() {
@@ -483,7 +532,7 @@ impl Pe {
                 }
             }
         }
-        for ((coll, no), g) in std::mem::take(&mut self.ctx.gathered) {
+        for ((coll, no), g) in std::mem::take(&mut self.ctx.red.gathered) {
             self.ctx.send_sys(
                 0,
                 SysMsg::Reduce(Partial {
@@ -510,15 +559,15 @@ impl Pe {
     /// Everything queued or parked on this PE, in arrival order where there is one.
     fn take_held(&mut self) -> Vec<Envelope> {
         let c = &mut self.ctx;
-        let mut out: Vec<Envelope> = c.fifo.drain(..).collect();
-        let mut heap: Vec<_> = std::mem::take(&mut c.heap).into_vec();
+        let mut out: Vec<Envelope> = c.queue.fifo.drain(..).collect();
+        let mut heap: Vec<_> = std::mem::take(&mut c.queue.heap).into_vec();
         heap.sort_by_key(|q| q.seq);
         out.extend(heap.into_iter().map(|q| q.env));
-        out.append(&mut c.held_in);
-        let mut unknown: Vec<_> = c.unknown.drain().collect();
+        out.append(&mut c.startup.held_in);
+        let mut unknown: Vec<_> = c.loc.unknown.drain().collect();
         unknown.sort_by_key(|(coll, _)| *coll);
         out.extend(unknown.into_iter().flat_map(|(_, v)| v));
-        let mut waiting: Vec<_> = c.waiting.drain().collect();
+        let mut waiting: Vec<_> = c.loc.waiting.drain().collect();
         waiting.sort_by_key(|(k, _)| *k);
         out.extend(waiting.into_iter().flat_map(|(_, v)| v));
         out
@@ -579,17 +628,17 @@ impl Pe {
         let held = self.take_held();
         self.ctx.pe = new_me;
         self.ctx.topo = r.new.clone();
-        self.ctx.created = 0;
-        self.ctx.processed = 0;
+        self.ctx.qd.created = 0;
+        self.ctx.qd.processed = 0;
         for env in held {
             self.translate(env, &subtree, &map);
         }
-        let queued = self.ctx.fifo.iter().filter(|e| e.counted).count()
-            + self.ctx.heap.iter().filter(|q| q.env.counted).count();
-        self.ctx.created += queued as u64;
+        let queued = self.ctx.queue.fifo.iter().filter(|e| e.counted).count()
+            + self.ctx.queue.heap.iter().filter(|q| q.env.counted).count();
+        self.ctx.qd.created += queued as u64;
         // Locations: every element tells its (new) home where it is.
-        self.ctx.cache.clear();
-        self.ctx.homes.clear();
+        self.ctx.loc.cache.clear();
+        self.ctx.loc.homes.clear();
         let mut arrays: Vec<CollId> = self
             .stores
             .keys()
@@ -603,7 +652,7 @@ impl Pe {
             }
         }
         // Partial results go up the new tree (or complete, on PE 0).
-        let mut open: Vec<(CollId, u32)> = self.ctx.gathered.keys().copied().collect();
+        let mut open: Vec<(CollId, u32)> = self.ctx.red.gathered.keys().copied().collect();
         open.sort_unstable();
         for (coll, no) in open {
             if new_me == 0 {
@@ -618,13 +667,13 @@ impl Pe {
             self.ctx.qd.previous = None;
             self.ctx.qd.next_wave_at = Some(Instant::now());
         }
-        self.ctx.lb.clear();
+        self.ctx.lb.here.clear();
         // The time stopped was neither work nor idleness: the next load
         // statistics start now (else survivors look loaded and newcomers
         // empty to the balancing step that follows).
-        self.ctx.busy = Duration::ZERO;
-        self.ctx.idle = Duration::ZERO;
-        self.ctx.measured_since = Instant::now();
+        self.ctx.lb.busy = Duration::ZERO;
+        self.ctx.lb.idle = Duration::ZERO;
+        self.ctx.lb.measured_since = Instant::now();
         debug!(old = old_me, new = new_me, "PE re-entered");
         if new_me == 0 {
             self.rescale_resumed(&r.plan);
