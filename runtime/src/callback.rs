@@ -16,44 +16,14 @@ use std::marker::PhantomData;
 
 use serde::{Deserialize, Serialize};
 
-use crate::chare::{ArrayIndex, Chare, IndexKey};
-use crate::msg::{CollId, MAIN_COLL};
+use crate::chare::{ArrayIndex, Chare};
+use crate::msg::MAIN_COLL;
 use crate::proxy::{ArrayProxy, ElementProxy, GroupProxy};
 use crate::reduce::Reducible;
 use crate::topo::Pe;
 
-/// The serialisable form of a callback.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CallbackSpec {
-    pub(crate) target: Target,
-    /// Encoding of the target variant's tag.
-    pub(crate) prefix: Vec<u8>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Target {
-    Ignore,
-    Element {
-        coll: CollId,
-        key: IndexKey,
-    },
-    Broadcast {
-        coll: CollId,
-    },
-    Member {
-        coll: CollId,
-        pe: Pe,
-    },
-    /// The runtime: every element of `coll` reached `at_sync`.
-    LbSync {
-        coll: CollId,
-    },
-    /// The runtime: the job is quiescent at `coll`'s sync point; write the
-    /// checkpoint that is waiting.
-    Checkpoint {
-        coll: CollId,
-    },
-}
+pub use crate::msg::CallbackSpec;
+pub(crate) use crate::msg::Target;
 
 /// Where a value of type `T` is delivered.
 #[derive(Serialize, Deserialize)]

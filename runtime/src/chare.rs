@@ -15,14 +15,7 @@ use serde::Serialize;
 
 use crate::ctx::Ctx;
 
-/// A type that can travel as a message: serialisable for other nodes, cloneable
-/// for broadcasts, passed by value inside a node.
-pub trait Message: Serialize + DeserializeOwned + Clone + Send + 'static {}
-impl<T: Serialize + DeserializeOwned + Clone + Send + 'static> Message for T {}
-
-/// The 128-bit routing key of an element index. Every [`ArrayIndex`] maps to
-/// one key and back; routing, location tables and home maps see only keys.
-pub type IndexKey = u128;
+pub use crate::msg::{IndexKey, Message};
 
 /// An index into a chare array.
 ///

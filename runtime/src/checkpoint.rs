@@ -2,7 +2,7 @@
 //! baseline that no-restart rescaling is measured against (Charm++'s
 //! `CkStartCheckpoint` and `+restart`), not the product.
 //!
-//! A tool asks node 0's control endpoint ([`serve_request`]); PE 0 waits for
+//! A tool asks node 0's control endpoint ([`service::serve_request`]); PE 0 waits for
 //! the next load-balancing sync point and for quiescence, so no application
 //! message is queued or in flight, then every PE writes its chares
 //! (`pe-<N>.ckpt`) and PE 0 the job's own state (`job.ckpt`: readonly
@@ -18,20 +18,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crossbeam_channel::Sender;
-use ductile_coordinator::control::{CheckpointReport, CheckpointRequest, ControlReply};
 use serde::{Deserialize, Serialize};
-use tracing::warn;
 
-use crate::chare::IndexKey;
-use crate::collection::ElemMeta;
-use crate::msg::{CollId, Dest, Envelope, Payload};
-use crate::node::NodeShared;
-use crate::operation::{Busy, Operation, Refusal};
-use crate::system::{CreateSpec, SysMsg};
+use crate::msg::{CollId, IndexKey};
+use crate::system::{CreateSpec, ElemMeta};
+
+pub(crate) mod service;
 
 /// First bytes of every checkpoint file.
 pub const MAGIC: &[u8; 8] = b"DUCTCKPT";
@@ -89,7 +83,7 @@ pub(crate) struct JobFile {
     /// The main chare.
     pub main: SavedChare,
     /// The program's rescale callbacks (`ctx.on_rescale`).
-    pub rescale_callbacks: Vec<crate::callback::CallbackSpec>,
+    pub rescale_callbacks: Vec<crate::msg::CallbackSpec>,
 }
 
 /// A checkpoint file that cannot be used.
@@ -173,93 +167,6 @@ pub(crate) fn read<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, Check
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// Node 0's record of the checkpoint being taken.
-pub(crate) struct CheckpointDesk {
-    pub dir: PathBuf,
-    pub exit: bool,
-    pub started: Instant,
-    /// When every PE was told to write.
-    pub writing_from: Option<Instant>,
-    pub reply: Sender<Result<CheckpointReport, CheckpointError>>,
-}
-
-/// Serves a checkpoint request on node 0's control endpoint: queues it for
-/// PE 0 and waits until every file is written.
-pub(crate) fn serve_request(node: &Arc<NodeShared>, req: CheckpointRequest) -> ControlReply {
-    let refuse = |message: String| ControlReply::Error { message };
-    if req.dir.is_empty() {
-        return refuse("checkpoint refused: no directory given".into());
-    }
-    let dir = PathBuf::from(&req.dir);
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        return refuse(format!(
-            "checkpoint refused: cannot create {}: {e}",
-            dir.display()
-        ));
-    }
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    let desk = CheckpointDesk {
-        dir,
-        exit: req.exit,
-        started: Instant::now(),
-        writing_from: None,
-        reply: tx,
-    };
-    if let Err(Refusal::Busy(busy) | Refusal::Check(busy)) = node
-        .operation
-        .try_begin(Operation::Checkpoint(desk), || Ok::<(), Busy>(()))
-    {
-        let message = match busy {
-            Busy::Rescale => {
-                "checkpoint refused: a rescale is in progress; ask again once it ended"
-            }
-            Busy::Checkpoint => "a checkpoint is already in progress",
-        };
-        return ControlReply::Busy {
-            message: message.into(),
-        };
-    }
-    node.inboxes[0].push(Envelope {
-        prio: 0,
-        dest: Dest::System,
-        payload: Payload::local(SysMsg::CheckpointBegin),
-        counted: false,
-    });
-    let wait = match req.wait_ms {
-        0 => CHECKPOINT_TIMEOUT,
-        ms => Duration::from_millis(ms).min(CHECKPOINT_TIMEOUT),
-    };
-    let answer = |r: Result<CheckpointReport, CheckpointError>| match r {
-        Ok(report) => ControlReply::Checkpointed(report),
-        Err(e) => refuse(format!("the checkpoint failed: {e}")),
-    };
-    if let Ok(r) = rx.recv_timeout(wait) {
-        return answer(r);
-    }
-    // No answer in time. Before PE 0 began writing, the request is
-    // withdrawn (PE 0 finds no desk and goes on from its sync point), so
-    // it cannot end the job after the tool gave up; once it writes, it is
-    // finished and answered.
-    {
-        let withdrawn = node
-            .operation
-            .take_checkpoint_if(|d| d.writing_from.is_none());
-        if withdrawn.is_some() {
-            warn!("checkpoint withdrawn: no sync point within {wait:?}");
-            return refuse(format!(
-                "no sync point within {wait:?}: a checkpoint is taken when an array calls at_sync; \
-                 the request was withdrawn and the job goes on"
-            ));
-        }
-    }
-    match rx.recv_timeout(WRITE_TIMEOUT) {
-        Ok(r) => answer(r),
-        Err(_) => refuse(format!(
-            "the checkpoint began writing but did not finish within {WRITE_TIMEOUT:?}"
-        )),
-    }
 }
 
 #[cfg(test)]

@@ -12,61 +12,20 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
 use crate::chare::{ArrayIndex, Chare, IndexKey};
 use crate::ctx::Ctx;
 use crate::msg::{CollId, DecodeError, Payload};
 use crate::pe::PeCtx;
-use crate::topo::Pe;
+use crate::system::{Departure, ElemMeta};
 
 /// How many recent broadcasts a PE keeps per collection, to replay to
 /// elements that migrate in having missed them.
 const BROADCAST_LOG: usize = 256;
 
-/// Runtime bookkeeping that travels with an element.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub(crate) struct ElemMeta {
-    /// The reduction number of this element's next contribution.
-    pub next_red: u32,
-    /// The sequence number of the last broadcast this element ran.
-    pub bcast_seen: u64,
-    /// Seconds spent in this element's entry methods since the last LB step.
-    pub load: f64,
-    /// The element called `at_sync` and waits for `resume_from_sync`.
-    pub at_sync: bool,
-    /// How many times the element has moved: orders location information.
-    pub hops: u64,
-    /// Asked to move to this PE after the current entry method.
-    #[serde(skip)]
-    pub migrate_to: Option<Pe>,
-    /// Asked to be destroyed after the current entry method.
-    #[serde(skip)]
-    pub destroy: bool,
-}
-
 struct Slot<C: Chare> {
     chare: C,
     index: C::Index,
     meta: ElemMeta,
-}
-
-/// An element that left this PE during an entry method: moved or destroyed.
-pub(crate) enum Departure {
-    /// Packed for PE `to`.
-    Moved {
-        coll: CollId,
-        key: IndexKey,
-        to: Pe,
-        state: Vec<u8>,
-        meta: ElemMeta,
-    },
-    /// Destroyed; it owed reduction `next_red` and later ones.
-    Destroyed {
-        coll: CollId,
-        key: IndexKey,
-        next_red: u32,
-    },
 }
 
 /// Why a store refused an operation.

@@ -118,7 +118,7 @@ pub(crate) fn start(
                                     }
                                 }
                                 ControlRequest::Checkpoint(req) => {
-                                    crate::checkpoint::serve_request(&node, req.clone())
+                                    crate::checkpoint::service::serve_request(&node, req.clone())
                                 }
                                 ControlRequest::Hello { .. } => ControlReply::Error {
                                     message: "already authenticated".into(),

@@ -7,13 +7,13 @@
 
 use std::ops::{Deref, DerefMut};
 
-use crate::callback::{Callback, CallbackSpec, Target};
+use crate::callback::Callback;
 use crate::chare::Chare;
-use crate::collection::ElemMeta;
-use crate::msg::CollId;
+use crate::msg::{CallbackSpec, CollId, Target};
 use crate::pe::PeCtx;
 use crate::proxy::{ArrayProxy, ElementProxy, GroupProxy};
 use crate::reduce::{custom_value, Reducer, Reducible, Value};
+use crate::system::ElemMeta;
 use crate::topo::Pe;
 
 /// The context of one entry-method invocation on element `C`.
@@ -100,7 +100,7 @@ impl<'a, C: Chare> Ctx<'a, C> {
     /// the job's progress, which an HPA or an alert can follow. One relaxed
     /// atomic add; have one element (or main) report for the job.
     pub fn report_progress(&self, iterations: u64) {
-        crate::metrics::progress(iterations);
+        crate::activity::progress(iterations);
     }
 
     /// Moves this element to PE `pe` once this entry method returns. Messages

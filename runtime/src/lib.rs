@@ -17,6 +17,7 @@
 //! See the README's "Writing a chare" for a walk-through.
 
 pub mod affinity;
+mod activity;
 pub mod buffer;
 pub mod bulk;
 pub mod callback;
@@ -31,8 +32,6 @@ pub mod gpu;
 mod ids;
 pub mod lb;
 mod link;
-mod metrics;
-pub use metrics::exported_series;
 mod msg;
 mod operation;
 pub mod node;
@@ -43,8 +42,11 @@ pub mod readonly;
 pub mod reduce;
 pub mod registry;
 mod rescale;
+mod scrape;
+pub use scrape::exported_series;
 mod system;
 pub mod topo;
+mod traffic;
 pub mod transport;
 
 pub use buffer::Pending;

@@ -7,10 +7,20 @@
 
 use std::any::Any;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::chare::{IndexKey, Message};
 use crate::topo::Pe;
+
+/// A type that can travel as a message: serialisable for other nodes, cloneable
+/// for broadcasts, passed by value inside a node.
+pub trait Message: Serialize + DeserializeOwned + Clone + Send + 'static {}
+impl<T: Serialize + DeserializeOwned + Clone + Send + 'static> Message for T {}
+
+/// The 128-bit routing key of an element index. Every
+/// [`ArrayIndex`](crate::ArrayIndex) maps to one key and back; routing,
+/// location tables and home maps see only keys.
+pub type IndexKey = u128;
 
 /// Identifies a collection (array, group, nodegroup) job-wide. The upper 32
 /// bits are the creating node's stable uid, the lower its creation counter,
@@ -19,6 +29,42 @@ pub type CollId = u64;
 
 /// The main chare's collection id.
 pub const MAIN_COLL: CollId = 1;
+
+/// The serialisable form of a callback ([`Callback`](crate::Callback)):
+/// its target and the encoding prefix of the entry method that receives the value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallbackSpec {
+    pub(crate) target: Target,
+    /// Encoding of the target variant's tag.
+    pub(crate) prefix: Vec<u8>,
+}
+
+/// Where a callback delivers: an element, a whole array, a group member, or
+/// the runtime itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Target {
+    Ignore,
+    Element {
+        coll: CollId,
+        key: IndexKey,
+    },
+    Broadcast {
+        coll: CollId,
+    },
+    Member {
+        coll: CollId,
+        pe: Pe,
+    },
+    /// The runtime: every element of `coll` reached `at_sync`.
+    LbSync {
+        coll: CollId,
+    },
+    /// The runtime: the job is quiescent at `coll`'s sync point; write the
+    /// checkpoint that is waiting.
+    Checkpoint {
+        coll: CollId,
+    },
+}
 
 /// Where an envelope goes once it reaches its destination PE.
 #[derive(Clone, Debug, Serialize, Deserialize)]

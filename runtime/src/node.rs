@@ -449,7 +449,7 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
             .parse()
             .unwrap_or_else(|e| fail_startup(format!("{}={listen}: {e}", contract::ENV_METRICS)));
         let file = env_var(contract::ENV_METRICS_FILE).map(std::path::PathBuf::from);
-        match crate::metrics::start(listen, file, node.clone()) {
+        match crate::scrape::start(listen, file, node.clone()) {
             Ok(addr) => info!(%addr, "metrics on /metrics"),
             Err(e) => fail_startup(format!("cannot serve metrics on {listen}: {e}")),
         }
@@ -519,7 +519,7 @@ fn run_member(
         ));
     }
     // Frames counted both ways for the metrics (relaxed atomics, no lock).
-    let sink = Arc::new(crate::metrics::CountedSink::new(
+    let sink = Arc::new(crate::traffic::CountedSink::new(
         &chosen,
         NodeSink(Arc::downgrade(node)),
     ));
@@ -536,7 +536,7 @@ fn run_member(
             (t.clone(), Some(t))
         }
     };
-    let transport = crate::metrics::counted(&chosen, transport);
+    let transport = crate::traffic::counted(&chosen, transport);
     let _ = node.transport.set(transport.clone());
     let client = Client::connect(coordinator, &secret, CONNECT_TIMEOUT).unwrap_or_else(|e| {
         fail_startup(format!(

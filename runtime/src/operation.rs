@@ -11,7 +11,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use crate::checkpoint::CheckpointDesk;
+use crate::checkpoint::service::CheckpointDesk;
 use crate::rescale::Desk;
 
 /// The operation in flight.

@@ -44,10 +44,10 @@ mod startup;
 pub(crate) use queue::Inbox;
 pub(crate) use rescale::{PeCommand, Reentry};
 
-use crate::collection::{Departure, Store};
+use crate::collection::Store;
 use crate::msg::{CollId, Dest, Envelope};
 use crate::node::NodeShared;
-use crate::system::{Service, SysMsg};
+use crate::system::{Departure, Service, SysMsg};
 use crate::topo::{Pe as PeId, Topology};
 
 /// How a PE's scheduler loop ended.

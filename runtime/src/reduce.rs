@@ -15,7 +15,6 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::fnv1a;
-use crate::registry::Registry;
 
 /// A built-in or custom reduction operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -249,8 +248,20 @@ fn vector<T: Num>(
     Ok(a)
 }
 
+/// Where [`combine`] finds custom reducers: the [`Registry`](crate::Registry)
+/// (a trait, so that reductions sit below the registry in the layers).
+pub trait CustomReducers {
+    /// Combines two encoded values with the custom reducer `id`.
+    fn custom_reduce(&self, id: u64, a: &[u8], b: &[u8]) -> Result<Vec<u8>, ReduceError>;
+}
+
 /// Combines two partial results. `registry` resolves custom reducers.
-pub fn combine(a: Value, b: Value, op: Reducer, registry: &Registry) -> Result<Value, ReduceError> {
+pub fn combine(
+    a: Value,
+    b: Value,
+    op: Reducer,
+    registry: &dyn CustomReducers,
+) -> Result<Value, ReduceError> {
     use Value::*;
     let (ka, kb) = (a.kind(), b.kind());
     Ok(match (a, b) {
@@ -286,6 +297,7 @@ pub fn custom_value<T: Serialize>(v: &T) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registry::Registry;
     use proptest::prelude::*;
 
     fn fold(vals: &[Value], op: Reducer) -> Value {

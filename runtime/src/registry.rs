@@ -75,6 +75,12 @@ pub struct Registry {
     errors: Vec<RegistryError>,
 }
 
+impl crate::reduce::CustomReducers for Registry {
+    fn custom_reduce(&self, id: u64, a: &[u8], b: &[u8]) -> Result<Vec<u8>, ReduceError> {
+        Registry::custom_reduce(self, id, a, b)
+    }
+}
+
 impl Registry {
     /// An empty registry.
     pub fn new() -> Self {

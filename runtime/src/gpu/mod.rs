@@ -34,6 +34,8 @@ mod device;
 #[cfg(feature = "cuda")]
 pub use cudarc;
 #[cfg(feature = "cuda")]
+pub(crate) use device::current;
+#[cfg(feature = "cuda")]
 pub use device::{compile_ptx, probe_bandwidth, Bandwidth, DeviceBuffer, Kernel, KernelArg, PeGpu};
 pub use staged::{DeviceElem, ElemKind, StagedError};
 

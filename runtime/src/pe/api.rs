@@ -9,12 +9,9 @@ use std::time::{Duration, Instant};
 
 use super::location::CollInfo;
 use super::PeCtx;
-use crate::callback::CallbackSpec;
-use crate::chare::IndexKey;
-use crate::collection::Departure;
-use crate::msg::{CollId, Dest, Envelope, Payload, MAIN_COLL};
+use crate::msg::{CallbackSpec, CollId, Dest, Envelope, IndexKey, Payload, MAIN_COLL};
 use crate::reduce::{Reducer, Value};
-use crate::system::{CreateSpec, Partial, Shape, SysMsg};
+use crate::system::{CreateSpec, Departure, Partial, Shape, SysMsg};
 use crate::topo::{Pe as PeId, Topology};
 
 impl PeCtx {
@@ -69,6 +66,14 @@ impl PeCtx {
                 callback: callback.spec,
             },
         );
+    }
+
+    /// This PE's GPU: its device, the node's context for it (the same one
+    /// for the whole life of the process, whatever rescales happen) and the
+    /// PE's stream. An error when the program did not ask for GPUs.
+    #[cfg(feature = "cuda")]
+    pub fn gpu(&self) -> Result<&'static crate::gpu::PeGpu, crate::gpu::GpuError> {
+        crate::gpu::current()
     }
 
     // ---- internals used by proxies, contexts and stores ----

@@ -23,10 +23,9 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, info};
 
 use super::{misrouted, PeCtx, Scheduler};
-use crate::chare::IndexKey;
 use crate::lb::stats::{LbStats, ObjId, ObjStat, PeStat};
 use crate::lb::strategy::{Assignment, CostModel};
-use crate::msg::CollId;
+use crate::msg::{CollId, IndexKey};
 use crate::node::NodeShared;
 use crate::system::SysMsg;
 use crate::topo::Pe as PeId;
@@ -436,7 +435,7 @@ impl Scheduler {
             root.summary, root.bytes
         );
         info!("{line}");
-        crate::metrics::lb_step(root.forced, total_ms / 1e3, root.migrations, root.bytes);
+        crate::activity::lb_step(root.forced, total_ms / 1e3, root.migrations, root.bytes);
         if report {
             println!("{line}");
         }

@@ -25,16 +25,13 @@ use tracing::{error, info, warn};
 
 use super::reduction::Population;
 use super::{misrouted, PeCtx, Scheduler};
-use crate::callback::{CallbackSpec, Target};
-use crate::chare::IndexKey;
 use crate::checkpoint::{
     job_path, pe_path, read, write, CheckpointError, JobFile, PeFile, SavedChare, SavedPopulation,
 };
-use crate::collection::ElemMeta;
-use crate::msg::{CollId, Dest, MAIN_COLL};
+use crate::msg::{CallbackSpec, CollId, Dest, IndexKey, Target, MAIN_COLL};
 use crate::node::EXIT_STARTUP;
 use crate::reduce::Value;
-use crate::system::{AdoptedColl, Adoption, Shape, SysMsg};
+use crate::system::{AdoptedColl, Adoption, ElemMeta, Shape, SysMsg};
 
 /// The checkpoint service's state (PE 0's; other PEs only answer).
 #[derive(Default)]

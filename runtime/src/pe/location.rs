@@ -13,12 +13,10 @@ use std::collections::HashMap;
 use tracing::error;
 
 use super::{misrouted, PeCtx, Scheduler};
-use crate::chare::IndexKey;
-use crate::collection::{Departure, ElemMeta};
-use crate::msg::{CollId, Dest, Envelope, MAIN_COLL};
+use crate::msg::{CollId, Dest, Envelope, IndexKey, MAIN_COLL};
 use crate::node::NodeShared;
 use crate::registry::LinearFn;
-use crate::system::{CreateSpec, Shape, SysMsg};
+use crate::system::{CreateSpec, Departure, ElemMeta, Shape, SysMsg};
 use crate::topo::Pe as PeId;
 
 /// What every PE knows of a collection.

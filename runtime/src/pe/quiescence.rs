@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use super::{misrouted, Scheduler};
-use crate::callback::CallbackSpec;
+use crate::msg::CallbackSpec;
 use crate::reduce::Value;
 use crate::system::SysMsg;
 

@@ -14,8 +14,7 @@ use std::sync::Arc;
 use tracing::error;
 
 use super::{misrouted, PeCtx, Scheduler};
-use crate::callback::{CallbackSpec, Target};
-use crate::msg::{CollId, Payload, MAIN_COLL};
+use crate::msg::{CallbackSpec, CollId, Payload, Target, MAIN_COLL};
 use crate::reduce::{combine, Reducer, Value};
 use crate::system::{Partial, SysMsg};
 use crate::topo::Pe as PeId;
@@ -162,7 +161,7 @@ impl Scheduler {
         }
         g.value = match g.value.take() {
             None => Some(p.value),
-            Some(acc) => match combine(acc, p.value, g.reducer, &reg) {
+            Some(acc) => match combine(acc, p.value, g.reducer, &*reg) {
                 Ok(v) => Some(v),
                 Err(e) => {
                     error!("reduction {} of collection {:#x} failed: {e}", p.no, p.coll);

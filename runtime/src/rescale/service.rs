@@ -19,7 +19,7 @@ use tracing::warn;
 
 use super::plan::{plan, Renumbering, RescaleError, RescaleRequest};
 use super::{overdue, Desk, Overdue, RescaleFailed, Stage, StageBounds};
-use crate::metrics::{self, Outcome};
+use crate::activity::{self as metrics, Outcome};
 use crate::msg::{Dest, Envelope, Payload};
 use crate::node::NodeShared;
 use crate::operation::{Busy, Operation, Refusal};
