@@ -16,7 +16,40 @@ pub mod tcp;
 #[cfg(feature = "ucx")]
 pub mod ucx;
 
-use ductile_coordinator::proto::{Epoch, NodeId, View};
+use std::sync::Arc;
+
+use ductile_coordinator::proto::{Epoch, NodeId};
+/// The view and job-secret types a transport is driven with, for programs
+/// that drive a transport directly (`bench_transport`).
+pub use ductile_coordinator::{
+    proto::{Member, View},
+    secret::Secret,
+};
+
+/// Whether this build has the UCX transport (cargo feature `ucx`).
+pub const UCX_BUILT: bool = cfg!(feature = "ucx");
+
+/// Starts a UCX transport with UCX settings (names without the `UCX_`
+/// prefix) over the environment's; an error in a build without the `ucx`
+/// feature.
+pub fn start_ucx(
+    sink: Arc<dyn Sink>,
+    settings: &[(&str, &str)],
+) -> Result<Arc<dyn Transport>, TransportError> {
+    #[cfg(feature = "ucx")]
+    {
+        let t: Arc<dyn Transport> = ucx::UcxTransport::with_ucx_settings(sink, settings)?;
+        Ok(t)
+    }
+    #[cfg(not(feature = "ucx"))]
+    {
+        let _ = (sink, settings);
+        Err(TransportError::Io {
+            context: "starting UCX".into(),
+            source: std::io::Error::other("this build has no UCX transport (cargo feature `ucx`)"),
+        })
+    }
+}
 
 /// Bits of the tag holding the source node id.
 pub const SRC_BITS: u32 = 24;
@@ -130,6 +163,26 @@ pub trait Transport: Send + Sync + 'static {
     fn poll(&self) -> bool {
         false
     }
+}
+
+/// This thread's kernel id, from /proc/thread-self (0 if unreadable): lets
+/// tests find a transport's own threads among the test process's.
+pub(crate) fn current_tid() -> u64 {
+    std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|p| p.file_name()?.to_str()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU time (ns) thread `tid` of this process has used, from its schedstat.
+#[cfg(test)]
+pub(crate) fn thread_cpu_ns(tid: u64) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]

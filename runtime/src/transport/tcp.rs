@@ -1,25 +1,39 @@
 //! TCP transport: one outgoing connection per peer for the frames this node
-//! sends, one incoming connection per peer (with its reader thread) for the
-//! frames it receives. Unidirectional connections make per-pair ordering
-//! trivial and avoid simultaneous-open races.
+//! sends, one incoming connection per peer for the frames it receives.
+//! Unidirectional connections make per-pair ordering trivial and avoid
+//! simultaneous-open races.
 //!
 //! Every connection starts with a mutual challenge-response over the job
 //! secret (HMAC-SHA256), so only members of the job can inject frames.
 //! Frame layout: `[u32 LE length][u64 LE tag][length bytes]`.
+//!
+//! Sends write the header and the caller's parts with one `writev` (no
+//! gather copy). One receive thread per node (`ductile-tcp-rx`) accepts
+//! peers and reads every incoming connection from one epoll set (mio):
+//! small frames are parsed out of a per-connection staging buffer (one
+//! `read` for many frames), a large one is read straight into the buffer
+//! that is handed to the runtime (no zero-fill, no copy after receipt).
+//! When nothing arrives it blocks in epoll, after an optional bounded spin
+//! (`DUCTILE_TCP_SPIN_US`), so an idle node's transport uses no CPU.
+//! Handshakes run on short-lived threads of their own, so a slow or hostile
+//! peer cannot stall the others' frames.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ductile_coordinator::proto::{NodeId, View};
 use ductile_coordinator::secret::Secret;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
 use rand::RngCore;
 use tracing::{debug, error, warn};
 
-use super::{Reconciled, Sink, Tag, Transport, TransportError};
+use super::{current_tid, Reconciled, Sink, Tag, Transport, TransportError};
 
 /// Largest frame accepted from a peer (1 GiB): bigger claims are malformed input.
 pub const MAX_FRAME: usize = 1 << 30;
@@ -42,6 +56,7 @@ pub struct TcpTransport {
     /// Outgoing endpoints by the peer's node id in the current view.
     out: RwLock<HashMap<NodeId, Arc<Endpoint>>>,
     closing: Arc<AtomicBool>,
+    rx: Arc<RxShared>,
 }
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> TransportError {
@@ -69,18 +84,21 @@ impl TcpTransport {
             local.set_ip(ip);
         }
         let closing = Arc::new(AtomicBool::new(false));
-        let t = Arc::new(TcpTransport {
+        let rx = start_receiver(listener, secret.clone(), sink, closing.clone())?;
+        Ok(Arc::new(TcpTransport {
             local,
-            secret: secret.clone(),
+            secret,
             my_uid: RwLock::new(0),
             out: RwLock::new(HashMap::new()),
-            closing: closing.clone(),
-        });
-        std::thread::Builder::new()
-            .name("ductile-accept".into())
-            .spawn(move || accept_loop(listener, secret, sink, closing))
-            .map_err(io_err("starting the accept thread"))?;
-        Ok(t)
+            closing,
+            rx,
+        }))
+    }
+
+    /// The receive thread's kernel thread id (0 before it started).
+    #[cfg(test)]
+    pub(crate) fn receive_tid(&self) -> u64 {
+        self.rx.tid.load(Ordering::SeqCst)
     }
 
     /// Sets the uid this node announces when it dials (known once registered).
@@ -248,38 +266,343 @@ impl Transport for TcpTransport {
     }
 }
 
-fn accept_loop(
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.rx.stop.store(true, Ordering::SeqCst);
+        let _ = self.rx.waker.wake();
+    }
+}
+
+/// The receive side: one thread per node that accepts peers and reads
+/// every incoming connection, woken by epoll (mio).
+struct RxShared {
+    /// Set by `shutdown`: connections that end are no longer losses.
+    closing: Arc<AtomicBool>,
+    /// Set when the transport is dropped: the receive thread ends.
+    stop: AtomicBool,
+    /// Authenticated connections the handshake threads hand over.
+    handed: Mutex<Vec<(u64, TcpStream)>>,
+    waker: Waker,
+    /// The receive thread's kernel thread id, once it started (tests).
+    tid: AtomicU64,
+}
+
+/// Token of the listening socket and of the waker; connections count up from `FIRST_CONN`.
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_CONN: usize = 2;
+
+/// Bytes staged per connection: small frames are parsed out of it (one
+/// `read` for many frames); a frame that does not fit is read straight into
+/// its own buffer instead.
+const STAGE: usize = 64 << 10;
+/// Frames whose body is larger than this and not staged yet are read into
+/// their own allocation (no copy after receipt).
+const DIRECT: usize = STAGE / 2;
+
+/// How long the receive thread polls without blocking after it delivered
+/// something, before it blocks in epoll (`DUCTILE_TCP_SPIN_US`, default
+/// [`DEFAULT_SPIN_US`]; 0: block at once). Measured in docs/message-path.md.
+fn spin_from_env() -> Duration {
+    std::env::var("DUCTILE_TCP_SPIN_US")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(
+            Duration::from_micros(DEFAULT_SPIN_US),
+            Duration::from_micros,
+        )
+}
+
+/// The default receive spin, in µs (see [`spin_from_env`]).
+pub const DEFAULT_SPIN_US: u64 = 50;
+
+/// What reading a connection came to.
+enum ConnState {
+    /// Still open; nothing more to read now.
+    Open,
+    /// The peer said `BYE`: closed in order.
+    Bye,
+}
+
+/// One incoming, authenticated connection.
+struct Conn {
+    stream: TcpStream,
+    uid: u64,
+    stage: Box<[u8]>,
+    start: usize,
+    end: usize,
+    /// A large frame being read into its own buffer: (tag, buffer, length).
+    big: Option<(Tag, Vec<u8>, usize)>,
+}
+
+impl Conn {
+    fn new(stream: TcpStream, uid: u64) -> Conn {
+        Conn {
+            stream,
+            uid,
+            stage: vec![0u8; STAGE].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            big: None,
+        }
+    }
+
+    /// Delivers the complete frames that are staged; starts a direct read
+    /// for a large one. Err: the peer broke the protocol.
+    fn parse(&mut self, sink: &dyn Sink) -> Result<Option<ConnState>, String> {
+        while self.end - self.start >= 12 {
+            let head = &self.stage[self.start..self.start + 12];
+            let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
+            let tag = Tag(u64::from_le_bytes(head[4..].try_into().expect("8 bytes")));
+            if len > MAX_FRAME {
+                return Err(format!(
+                    "peer sent a frame of {len} bytes (limit {MAX_FRAME}); closing the connection"
+                ));
+            }
+            if tag.kind() == KIND_BYE {
+                debug!(uid = self.uid, "peer closed its endpoint");
+                return Ok(Some(ConnState::Bye));
+            }
+            let body = self.start + 12;
+            let staged = self.end - body;
+            if staged >= len {
+                let frame = self.stage[body..body + len].to_vec();
+                self.start = body + len;
+                sink.deliver(tag, frame);
+                continue;
+            }
+            if len > DIRECT {
+                // Into the frame's own allocation: what is staged, then the
+                // rest straight from the socket.
+                let mut frame = Vec::with_capacity(len);
+                frame.extend_from_slice(&self.stage[body..self.end]);
+                self.start = 0;
+                self.end = 0;
+                self.big = Some((tag, frame, len));
+            }
+            break;
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.start > 0 && STAGE - self.start < 12 + DIRECT {
+            // Make room for the rest of a staged frame.
+            self.stage.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        Ok(None)
+    }
+
+    /// Reads everything the socket holds (the registration is edge-triggered).
+    fn on_readable(&mut self, sink: &dyn Sink) -> Result<ConnState, String> {
+        loop {
+            if let Some((_, frame, len)) = &mut self.big {
+                let want = (*len - frame.len()) as u64;
+                // read_to_end fills the spare capacity without zeroing it and
+                // keeps what it read when the socket runs dry (WouldBlock).
+                match (&self.stream).take(want).read_to_end(frame) {
+                    Ok(_) if frame.len() == *len => {
+                        let (tag, frame, _) = self.big.take().expect("a frame in progress");
+                        sink.deliver(tag, frame);
+                    }
+                    Ok(_) => return Err("connection ended inside a frame".into()),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ConnState::Open),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(format!("connection ended inside a frame: {e}")),
+                }
+            }
+            if let Some(state) = self.parse(sink)? {
+                return Ok(state);
+            }
+            if self.big.is_some() {
+                continue;
+            }
+            match (&self.stream).read(&mut self.stage[self.end..]) {
+                Ok(0) if self.end > self.start => {
+                    return Err("connection ended inside a frame".into())
+                }
+                Ok(0) => return Err("connection ended: no BYE".into()),
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ConnState::Open),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("connection ended: {e}")),
+            }
+        }
+    }
+}
+
+/// Starts the receive thread: it accepts peers (their handshakes on
+/// short-lived threads of their own) and reads every authenticated
+/// connection from one epoll set.
+fn start_receiver(
     listener: TcpListener,
     secret: Secret,
     sink: Arc<dyn Sink>,
     closing: Arc<AtomicBool>,
+) -> Result<Arc<RxShared>, TransportError> {
+    listener
+        .set_nonblocking(true)
+        .map_err(io_err("making the listener non-blocking"))?;
+    let poll = Poll::new().map_err(io_err("creating the epoll set"))?;
+    let waker = Waker::new(poll.registry(), WAKER).map_err(io_err("creating a waker"))?;
+    poll.registry()
+        .register(
+            &mut SourceFd(&listener.as_raw_fd()),
+            LISTENER,
+            Interest::READABLE,
+        )
+        .map_err(io_err("watching the listener"))?;
+    let rx = Arc::new(RxShared {
+        closing,
+        stop: AtomicBool::new(false),
+        handed: Mutex::new(Vec::new()),
+        waker,
+        tid: AtomicU64::new(0),
+    });
+    let shared = rx.clone();
+    std::thread::Builder::new()
+        .name("ductile-tcp-rx".into())
+        .spawn(move || receive_loop(poll, listener, secret, sink, shared))
+        .map_err(io_err("starting the receive thread"))?;
+    Ok(rx)
+}
+
+fn receive_loop(
+    mut poll: Poll,
+    listener: TcpListener,
+    secret: Secret,
+    sink: Arc<dyn Sink>,
+    rx: Arc<RxShared>,
 ) {
-    for conn in listener.incoming() {
-        if closing.load(Ordering::SeqCst) {
+    rx.tid.store(current_tid(), Ordering::SeqCst);
+    let spin = spin_from_env();
+    let mut events = Events::with_capacity(64);
+    let mut conns: HashMap<Token, Conn> = HashMap::new();
+    let mut next_token = FIRST_CONN;
+    let mut active_at = Instant::now();
+    loop {
+        if rx.stop.load(Ordering::SeqCst) {
             return;
         }
-        let stream = match conn {
-            Ok(s) => s,
+        let timeout = (active_at.elapsed() < spin).then_some(Duration::ZERO);
+        if let Err(e) = poll.poll(&mut events, timeout) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                error!("the TCP receive thread's epoll failed: {e}; no more frames are received");
+                return;
+            }
+            continue;
+        }
+        if events.is_empty() {
+            continue;
+        }
+        active_at = Instant::now();
+        let mut ended: Vec<(Token, Option<String>)> = Vec::new();
+        for ev in events.iter() {
+            match ev.token() {
+                LISTENER => accept_all(&listener, &secret, &rx),
+                WAKER => {
+                    let handed = std::mem::take(&mut *rx.handed.lock().expect("handover poisoned"));
+                    for (uid, stream) in handed {
+                        let token = Token(next_token);
+                        next_token += 1;
+                        let registered = stream.set_nonblocking(true).and_then(|()| {
+                            poll.registry().register(
+                                &mut SourceFd(&stream.as_raw_fd()),
+                                token,
+                                Interest::READABLE,
+                            )
+                        });
+                        match registered {
+                            Ok(()) => {
+                                let mut conn = Conn::new(stream, uid);
+                                // Frames may have arrived before registration:
+                                // epoll reports a socket that is already readable,
+                                // but read now anyway so none waits for the next.
+                                match conn.on_readable(&*sink) {
+                                    Ok(ConnState::Open) => {
+                                        conns.insert(token, conn);
+                                    }
+                                    Ok(ConnState::Bye) => {}
+                                    Err(reason) => {
+                                        if !rx.closing.load(Ordering::SeqCst) {
+                                            sink.lost(uid, reason);
+                                        }
+                                    }
+                                }
+                            }
+                            Err(e) => error!("cannot watch the connection of peer {uid}: {e}"),
+                        }
+                    }
+                }
+                token => {
+                    if let Some(conn) = conns.get_mut(&token) {
+                        match conn.on_readable(&*sink) {
+                            Ok(ConnState::Open) => {}
+                            Ok(ConnState::Bye) => ended.push((token, None)),
+                            Err(reason) => ended.push((token, Some(reason))),
+                        }
+                    }
+                }
+            }
+        }
+        for (token, reason) in ended {
+            if let Some(conn) = conns.remove(&token) {
+                let _ = poll
+                    .registry()
+                    .deregister(&mut SourceFd(&conn.stream.as_raw_fd()));
+                if let Some(reason) = reason {
+                    if !rx.closing.load(Ordering::SeqCst) {
+                        sink.lost(conn.uid, reason);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Accepts every pending peer; each handshake runs on a short-lived thread
+/// (a slow or hostile peer cannot stall the frames of the others), which
+/// hands the authenticated stream to the receive thread.
+fn accept_all(listener: &TcpListener, secret: &Secret, rx: &Arc<RxShared>) {
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 warn!("accepting a peer connection failed: {e}");
-                continue;
+                return;
             }
         };
-        let (secret, sink, closing) = (secret.clone(), sink.clone(), closing.clone());
+        let (secret, rx) = (secret.clone(), rx.clone());
         let spawned = std::thread::Builder::new()
-            .name("ductile-recv".into())
+            .name("ductile-tcp-hs".into())
             .spawn(move || {
                 let peer = stream
                     .peer_addr()
                     .map(|a| a.to_string())
                     .unwrap_or_else(|_| "?".into());
+                // The listener is non-blocking; the handshake blocks (with a timeout).
+                if let Err(e) = stream.set_nonblocking(false) {
+                    warn!("refused a connection from {peer}: {e}");
+                    return;
+                }
                 match accept_handshake(&stream, &secret) {
-                    Ok(uid) => read_loop(stream, uid, &*sink, &closing),
+                    Ok(uid) => {
+                        rx.handed
+                            .lock()
+                            .expect("handover poisoned")
+                            .push((uid, stream));
+                        if let Err(e) = rx.waker.wake() {
+                            error!("cannot wake the TCP receive thread: {e}");
+                        }
+                    }
                     Err(e) => warn!("refused a connection from {peer}: {e}"),
                 }
             });
         if let Err(e) = spawned {
-            error!("cannot start a reader thread: {e}");
+            error!("cannot start a handshake thread: {e}");
         }
     }
 }
@@ -307,35 +630,6 @@ fn accept_handshake(mut s: &TcpStream, secret: &Secret) -> Result<u64, Transport
     s.set_read_timeout(None)
         .map_err(io_err("clearing a timeout"))?;
     Ok(uid)
-}
-
-fn read_loop(stream: TcpStream, uid: u64, sink: &dyn Sink, closing: &AtomicBool) {
-    let mut r = BufReader::with_capacity(1 << 16, stream);
-    let mut head = [0u8; 12];
-    let reason = loop {
-        if let Err(e) = r.read_exact(&mut head) {
-            break format!("connection ended: {e}");
-        }
-        let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes")) as usize;
-        let tag = Tag(u64::from_le_bytes(head[4..].try_into().expect("8 bytes")));
-        if len > MAX_FRAME {
-            break format!(
-                "peer sent a frame of {len} bytes (limit {MAX_FRAME}); closing the connection"
-            );
-        }
-        if tag.kind() == KIND_BYE {
-            debug!(uid, "peer closed its endpoint");
-            return;
-        }
-        let mut frame = vec![0u8; len];
-        if let Err(e) = r.read_exact(&mut frame) {
-            break format!("connection ended inside a frame: {e}");
-        }
-        sink.deliver(tag, frame);
-    };
-    if !closing.load(Ordering::SeqCst) {
-        sink.lost(uid, reason);
-    }
 }
 
 #[cfg(test)]
@@ -453,15 +747,7 @@ mod tests {
             "the connection is closed"
         );
         // An authenticated peer that claims a frame above the limit.
-        let mut raw = TcpStream::connect(addr).unwrap();
-        raw.read_exact(&mut nonce).unwrap();
-        let mut hello = Vec::new();
-        hello.extend_from_slice(&7u64.to_le_bytes());
-        hello.extend_from_slice(&[1u8; 32]);
-        hello.extend_from_slice(&s.proof(&dial_context(7), &nonce));
-        raw.write_all(&hello).unwrap();
-        let mut answer = [0u8; 32];
-        raw.read_exact(&mut answer).unwrap();
+        let mut raw = raw_peer(addr, &s, 7);
         let mut head = [0u8; 12];
         head[..4].copy_from_slice(&(u32::MAX).to_le_bytes());
         head[4..].copy_from_slice(&Tag::new(3, 1, 1).0.to_le_bytes());
@@ -509,5 +795,134 @@ mod tests {
             a.t.send(3, Tag::new(0, 2, 1), &[b"x"]),
             Err(TransportError::NoEndpoint(3))
         ));
+    }
+
+    /// A hand-driven peer that passed the handshake as `uid`.
+    fn raw_peer(addr: SocketAddr, secret: &Secret, uid: u64) -> TcpStream {
+        let mut raw = TcpStream::connect(addr).unwrap();
+        let mut nonce = [0u8; 32];
+        raw.read_exact(&mut nonce).unwrap();
+        let mut hello = Vec::new();
+        hello.extend_from_slice(&uid.to_le_bytes());
+        hello.extend_from_slice(&[1u8; 32]);
+        hello.extend_from_slice(&secret.proof(&dial_context(uid), &nonce));
+        raw.write_all(&hello).unwrap();
+        let mut answer = [0u8; 32];
+        raw.read_exact(&mut answer).unwrap();
+        raw
+    }
+
+    /// Frame `i` of the interleaving tests: small and large in turn.
+    fn mixed_frame(i: u32) -> Vec<u8> {
+        let len = match i % 4 {
+            0 => 8,
+            1 => 3 << 20,
+            2 => 0,
+            _ => 70_000,
+        }
+        .max(4);
+        let mut f = vec![(i % 251) as u8; len];
+        f[..4].copy_from_slice(&i.to_le_bytes());
+        f
+    }
+
+    fn check_mixed(frames: &Receiver<(Tag, Vec<u8>)>, n: u32, src: NodeId) {
+        for i in 0..n {
+            let (tag, f) = frames.recv_timeout(WAIT).unwrap();
+            assert_eq!(tag.src(), src);
+            let want = mixed_frame(i);
+            assert_eq!(f.len(), want.len(), "frame {i}: length");
+            assert_eq!(&f[..4], &i.to_le_bytes(), "frame {i} arrived out of order");
+            assert!(f == want, "frame {i}: content");
+        }
+    }
+
+    #[test]
+    fn small_frames_interleaved_with_large_ones_keep_per_pair_order() {
+        let s = Secret::generate();
+        let (a, b) = (node(&s, 1), node(&s, 2));
+        let v = view(1, &[&a, &b]);
+        a.t.reconcile(&v, 0).unwrap();
+        b.t.reconcile(&v, 1).unwrap();
+        const N: u32 = 40;
+        // Both directions at once, through send (parts) and send_frame.
+        let bt = b.t.clone();
+        let back = std::thread::spawn(move || {
+            for i in 0..N {
+                bt.send_frame(0, Tag::new(1, 1, 1), mixed_frame(i)).unwrap();
+            }
+        });
+        for i in 0..N {
+            let f = mixed_frame(i);
+            let (x, y) = f.split_at(f.len() / 2);
+            a.t.send(1, Tag::new(0, 1, 1), &[x, y]).unwrap();
+        }
+        check_mixed(&b.frames, N, 0);
+        check_mixed(&a.frames, N, 1);
+        back.join().unwrap();
+        assert!(a.lost.try_recv().is_err() && b.lost.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_peer_lost_inside_a_large_frame_is_reported_and_nothing_hangs() {
+        let s = Secret::generate();
+        let a = node(&s, 1);
+        let addr: SocketAddr = String::from_utf8(a.t.address()).unwrap().parse().unwrap();
+        let mut raw = raw_peer(addr, &s, 9);
+        // One whole small frame, then 1 MiB of a 4 MiB one, then the peer dies.
+        let mut head = [0u8; 12];
+        head[..4].copy_from_slice(&3u32.to_le_bytes());
+        head[4..].copy_from_slice(&Tag::new(5, 1, 1).0.to_le_bytes());
+        raw.write_all(&head).unwrap();
+        raw.write_all(b"abc").unwrap();
+        head[..4].copy_from_slice(&(4u32 << 20).to_le_bytes());
+        raw.write_all(&head).unwrap();
+        raw.write_all(&vec![1u8; 1 << 20]).unwrap();
+        drop(raw);
+        assert_eq!(a.frames.recv_timeout(WAIT).unwrap().1, b"abc");
+        let reason = a.lost.recv_timeout(WAIT).unwrap();
+        assert!(reason.contains("inside a frame"), "{reason}");
+        assert!(
+            a.frames.try_recv().is_err(),
+            "no partial frame is delivered"
+        );
+        // The transport keeps serving the others.
+        let b = node(&s, 2);
+        b.t.reconcile(&view(1, &[&a, &b]), 1).unwrap();
+        b.t.send(0, Tag::new(1, 1, 1), &[b"still here"]).unwrap();
+        assert_eq!(a.frames.recv_timeout(WAIT).unwrap().1, b"still here");
+    }
+
+    #[test]
+    fn an_idle_transport_sleeps() {
+        let s = Secret::generate();
+        let (a, b) = (node(&s, 1), node(&s, 2));
+        let v = view(1, &[&a, &b]);
+        a.t.reconcile(&v, 0).unwrap();
+        b.t.reconcile(&v, 1).unwrap();
+        for i in 0..100u32 {
+            a.t.send(1, Tag::new(0, 1, 1), &[&i.to_le_bytes()]).unwrap();
+            b.t.send(0, Tag::new(1, 1, 1), &[&i.to_le_bytes()]).unwrap();
+        }
+        for _ in 0..100 {
+            a.frames.recv_timeout(WAIT).unwrap();
+            b.frames.recv_timeout(WAIT).unwrap();
+        }
+        // Connected, nothing in flight: the receive threads block in epoll.
+        std::thread::sleep(Duration::from_millis(100));
+        let tids = [a.t.receive_tid(), b.t.receive_tid()];
+        let before: Vec<u64> = tids
+            .iter()
+            .map(|&t| super::super::thread_cpu_ns(t).expect("the receive thread runs"))
+            .collect();
+        std::thread::sleep(Duration::from_secs(1));
+        for (i, &t) in tids.iter().enumerate() {
+            let used = super::super::thread_cpu_ns(t).unwrap() - before[i];
+            assert!(
+                used < 50_000_000,
+                "an idle receive thread used {} ms of CPU in 1 s",
+                used / 1_000_000
+            );
+        }
     }
 }
