@@ -19,6 +19,7 @@ use super::error::*;
 use super::metrics::Metrics;
 use super::notices::NoticeKind;
 use super::objects::{self, ObjectSettings};
+use super::pods::PodCache;
 use super::MANAGER;
 use crate::crd::{ElasticJob, RescaleRecord};
 use crate::policy::{Policy, PolicyConfig};
@@ -159,6 +160,8 @@ pub struct Context {
     pub rescale_timeout: Duration,
     /// Nodes, as a reflector keeps them (taints carry the notices).
     pub nodes: Store<Node>,
+    /// The jobs' pods, as the controllers' reflectors keep them.
+    pub pods: PodCache,
     /// Publishes Kubernetes Events.
     pub recorder: Recorder,
     /// The operator's metrics.
@@ -173,7 +176,12 @@ pub struct Context {
 
 impl Context {
     /// A context with the real control endpoint, the system clock and fresh metrics.
-    pub fn new(client: Client, settings: ObjectSettings, nodes: Store<Node>) -> Self {
+    pub fn new(
+        client: Client,
+        settings: ObjectSettings,
+        nodes: Store<Node>,
+        pods: PodCache,
+    ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -188,6 +196,7 @@ impl Context {
             control_port: objects::CONTROL_PORT as u16,
             rescale_timeout: Duration::from_secs(600),
             nodes,
+            pods,
             recorder,
             metrics: Arc::new(Metrics::default()),
             requeue: Requeue::default(),

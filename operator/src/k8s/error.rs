@@ -29,6 +29,10 @@ pub enum Error {
         /// The API server's message.
         message: String,
     },
+    /// The controllers' pod cache cannot answer (not listed yet, or its
+    /// watch ended).
+    #[error("pod cache: {0}")]
+    PodCache(String),
     /// A blocking call to the control endpoint could not run.
     #[error("control endpoint task: {0}")]
     Task(String),
@@ -42,6 +46,7 @@ impl Error {
             Error::NoNamespace(_) => "no-namespace",
             Error::Secret { .. } => "secret",
             Error::Task(_) => "task",
+            Error::PodCache(_) => "pod-cache",
             Error::NotOwned { .. } => "not-owned",
             Error::Finalizer(inner) => match inner.as_ref() {
                 kube::runtime::finalizer::Error::ApplyFailed(e)

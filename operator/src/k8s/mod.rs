@@ -65,6 +65,7 @@ pub const MANAGER: &str = "ductile-operator";
 
 pub use context::{Clock, Context, Requeue};
 pub use error::{Error, Result};
+pub use pods::PodCache;
 pub use reconcile::{backoff, cleanup, error_policy, reconcile};
 pub use run::run;
 

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret as K8sSecret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
@@ -215,13 +215,13 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
         .await?;
     }
 
+    // The job's pods from the controllers' cache: no LIST per reconcile.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let listed = pods
-        .list(&ListParams::default().labels(&objects::selector(job)))
-        .await?;
     let mut view = PodView {
-        by_name: listed
-            .items
+        by_name: ctx
+            .pods
+            .pods_of(job)
+            .await?
             .into_iter()
             .map(|p| (p.name_any(), p))
             .collect(),
@@ -282,12 +282,8 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
             if let std::collections::btree_map::Entry::Vacant(slot) =
                 view.by_name.entry(objects::pod_name(job, index))
             {
-                let pod = pods
-                    .create(
-                        &PostParams::default(),
-                        &objects::launch_pod(job, index, &ctx.settings),
-                    )
-                    .await?;
+                let pod =
+                    apply_pod(&pods, &objects::launch_pod(job, index, &ctx.settings)).await?;
                 slot.insert(pod);
             }
         }

@@ -15,7 +15,7 @@ use crate::policy::{Capacity, Decision, Event};
 use ductile_coordinator::control::{JobStatus, RescaleReport, RescaleRequest};
 use ductile_coordinator::Secret;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
@@ -81,10 +81,13 @@ struct Harness {
 fn context() -> (Harness, ApiServerHandle) {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let (store, writer) = reflector::store::<Node>();
+    let (pod_store, pod_writer) = reflector::store::<Pod>();
+    POD_FEED.with(|feed| *feed.borrow_mut() = Some(pod_writer));
     let mut ctx = Context::new(
         Client::new(service, "default"),
         ObjectSettings::default(),
         store,
+        PodCache::new(vec![(None, pod_store)]).with_ready_timeout(Duration::from_secs(5)),
     );
     // A fixed clock: virtual time stands still within a scenario.
     ctx.clock = Arc::new(|| "2025-06-01T12:00:00Z".parse().unwrap());
@@ -139,6 +142,7 @@ async fn expect_query(
     assert_eq!(request.method(), method, "request for {}", request.uri());
     assert_eq!(request.uri().path(), path);
     check_query(request.uri().query().unwrap_or(""));
+    let uri = request.uri().clone();
     let body = request.into_body().collect_bytes().await.unwrap();
     let body = if body.is_empty() {
         Value::Null
@@ -146,6 +150,7 @@ async fn expect_query(
         serde_json::from_slice(&body).unwrap()
     };
     let (status, reply) = reply(&body);
+    rbac::record_answer(&method, &uri, status);
     send.send_response(
         Response::builder()
             .status(status)
@@ -201,8 +206,10 @@ where
 
 /// The requests every reconcile of a valid, managed job starts with: the
 /// job secret (only while the operator does not know it yet), the headless
-/// Service, and the pod list, answered with `pods`.
+/// Service and node 0's PodDisruptionBudget; the pod cache holds `pods`
+/// (no request: a reconcile never lists pods).
 async fn expect_objects(handle: &mut ApiServerHandle, secret: Option<&Secret>, pods: &[Value]) {
+    feed_pods(pods);
     if let Some(secret) = secret {
         expect(
             handle,
@@ -221,18 +228,72 @@ async fn expect_objects(handle: &mut ApiServerHandle, secret: Option<&Secret>, p
     )
     .await;
     expect_pdb(handle).await;
-    expect(
-        handle,
-        Method::GET,
-        &format!("{NS}/pods"),
-        reply_with(pod_list(pods)),
-    )
-    .await;
+}
+
+thread_local! {
+    /// The pod cache's writer of the scenario running on this thread (a
+    /// `#[tokio::test]` runs its tasks, the script too, on its own thread).
+    static POD_FEED: std::cell::RefCell<Option<Writer<Pod>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Puts `pods` in the pod cache, as the reflector's list would: exactly
+/// these, and the cache is ready. A scenario feeds it before the request
+/// the reconcile reads the cache after is answered; the mock API server
+/// never sees a pod LIST.
+fn feed_pods(pods: &[Value]) {
+    POD_FEED.with(|feed| {
+        let mut feed = feed.borrow_mut();
+        let writer = feed.as_mut().expect("context() made the pod cache");
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for pod in pods {
+            let pod: Pod = serde_json::from_value(pod.clone()).unwrap();
+            writer.apply_watcher_event(&watcher::Event::InitApply(pod));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+    });
+}
+
+/// Expects a pod created by server-side apply (PATCH of the pod's own path
+/// with the operator's field manager, not forced) and answers with the pod.
+async fn expect_pod_apply(handle: &mut ApiServerHandle) -> Value {
+    let (request, send) = handle
+        .next_request()
+        .await
+        .unwrap_or_else(|| panic!("expected a pod apply, the reconciler stopped"));
+    rbac::record(request.method(), request.uri());
+    assert_eq!(request.method(), Method::PATCH, "request for {}", request.uri());
+    let path = request.uri().path().to_owned();
+    let query = request.uri().query().unwrap_or("").to_owned();
+    assert!(query.contains("fieldManager=ductile-operator"), "{query}");
+    assert!(!query.contains("force"), "a pod is never force-applied: {query}");
+    assert_eq!(
+        request.headers()["content-type"],
+        "application/apply-patch+yaml",
+        "server-side apply"
+    );
+    let body = request.into_body().collect_bytes().await.unwrap();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    let name = body["metadata"]["name"].as_str().expect("the pod is named");
+    assert_eq!(path, format!("{NS}/pods/{name}"));
+    assert_eq!((body["apiVersion"].as_str(), body["kind"].as_str()), (Some("v1"), Some("Pod")));
+    rbac::record_answer(&Method::PATCH, &path.parse().unwrap(), StatusCode::CREATED);
+    send.send_response(
+        Response::builder()
+            .status(StatusCode::CREATED)
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap(),
+    );
+    body
 }
 
 /// Expects node 0's PodDisruptionBudget (server-side apply, not forced) and
 /// checks what it protects.
 async fn expect_pdb(handle: &mut ApiServerHandle) {
+    expect_pdb_answered(handle, StatusCode::OK).await;
+}
+
+/// [`expect_pdb`] answered with `status` (201: the apply created it).
+async fn expect_pdb_answered(handle: &mut ApiServerHandle, status: StatusCode) {
     let pdb = expect_query(
         handle,
         Method::PATCH,
@@ -241,7 +302,7 @@ async fn expect_pdb(handle: &mut ApiServerHandle) {
             assert!(query.contains("fieldManager=ductile-operator"), "{query}");
             assert!(!query.contains("force"), "{query}");
         },
-        echo(StatusCode::OK),
+        echo(status),
     )
     .await;
     assert_eq!(pdb["spec"]["maxUnavailable"], 0);
@@ -376,6 +437,8 @@ async fn first_apply_creates_the_on_demand_and_spot_objects() {
     let job_value = managed_job_json(valid_spec());
     let (action, _, (pods, status)) =
         reconcile_against(&ctx, &job_value.clone(), handle, |mut handle| async move {
+            // No pod yet; the cache has its first list (no pod LIST follows).
+            feed_pods(&[]);
             expect(
                 &mut handle,
                 Method::GET,
@@ -395,32 +458,20 @@ async fn first_apply_creates_the_on_demand_and_spot_objects() {
             let hex = secret["data"]["secret"].as_str().unwrap();
             assert!(!hex.is_empty());
 
+            // The first apply creates the Service and the budget (201).
             let service = expect(
                 &mut handle,
                 Method::PATCH,
                 &format!("{NS}/services/jacobi"),
-                echo(StatusCode::OK),
+                echo(StatusCode::CREATED),
             )
             .await;
             assert_eq!(service["spec"]["clusterIP"], "None");
             assert_eq!(service["spec"]["publishNotReadyAddresses"], true);
-            expect_pdb(&mut handle).await;
-
-            expect(
-                &mut handle,
-                Method::GET,
-                &format!("{NS}/pods"),
-                reply_with(pod_list(&[])),
-            )
-            .await;
+            expect_pdb_answered(&mut handle, StatusCode::CREATED).await;
             let mut pods = Vec::new();
             for _ in 0..3 {
-                let pod = expect(
-                    &mut handle,
-                    Method::POST,
-                    &format!("{NS}/pods"),
-                    echo(StatusCode::CREATED),
-                )
+                let pod = expect_pod_apply(&mut handle)
                 .await;
                 pods.push(pod);
             }
@@ -875,12 +926,7 @@ async fn reconcile_tainted(
         reconcile_against(ctx, &running_job_json(), handle, |mut handle| async move {
             expect_objects(&mut handle, Some(&secret), &launch_pods()).await;
             let mut events = vec![expect_event(&mut handle).await];
-            let newcomer = expect(
-                &mut handle,
-                Method::POST,
-                &format!("{NS}/pods"),
-                echo(StatusCode::CREATED),
-            )
+            let newcomer = expect_pod_apply(&mut handle)
             .await;
             events.push(expect_event(&mut handle).await);
             let status = expect_status(&mut handle, &running_job_json()).await;
@@ -1151,12 +1197,7 @@ async fn an_interruption_notice_with_no_replacement_shrinks_at_once_and_a_refusa
             expect_objects(&mut handle, Some(&secret), &launch_pods()).await;
             let mut reasons = vec![expect_event(&mut handle).await.0];
             // Emergency: the replacement is launched and the shrink requested together.
-            let newcomer = expect(
-                &mut handle,
-                Method::POST,
-                &format!("{NS}/pods"),
-                echo(StatusCode::CREATED),
-            )
+            let newcomer = expect_pod_apply(&mut handle)
             .await;
             reasons.push(expect_event(&mut handle).await.0);
             reasons.push(expect_event(&mut handle).await.0);
@@ -1237,12 +1278,7 @@ async fn a_lowered_replicas_cancels_a_newcomer_not_yet_admitted() {
     let (action, handle, launched) =
         reconcile_against(&ctx, &grown.clone(), handle, |mut handle| async move {
             expect_objects(&mut handle, Some(&secret), &launch_pods()).await;
-            let pod = expect(
-                &mut handle,
-                Method::POST,
-                &format!("{NS}/pods"),
-                echo(StatusCode::CREATED),
-            )
+            let pod = expect_pod_apply(&mut handle)
             .await;
             let event = expect_event(&mut handle).await;
             expect_status(&mut handle, &grown).await;
@@ -1383,12 +1419,7 @@ async fn suspending_a_running_job_deletes_its_pods_and_resuming_relaunches_it() 
             expect_objects(&mut handle, None, &[]).await;
             let mut created = Vec::new();
             for _ in 0..3 {
-                let pod = expect(
-                    &mut handle,
-                    Method::POST,
-                    &format!("{NS}/pods"),
-                    echo(StatusCode::CREATED),
-                )
+                let pod = expect_pod_apply(&mut handle)
                 .await;
                 created.push(pod["metadata"]["name"].as_str().unwrap().to_owned());
             }
@@ -1572,12 +1603,7 @@ async fn a_failed_job_is_relaunched_until_the_backoff_limit_then_failed() {
         reconcile_against(&ctx, &pending.clone(), handle, |mut handle| async move {
             expect_objects(&mut handle, None, &[]).await;
             for _ in 0..3 {
-                expect(
-                    &mut handle,
-                    Method::POST,
-                    &format!("{NS}/pods"),
-                    echo(StatusCode::CREATED),
-                )
+                expect_pod_apply(&mut handle)
                 .await;
             }
             let status = expect_status(&mut handle, &pending).await;
@@ -1844,7 +1870,7 @@ async fn a_partial_launch_starts_with_min_replicas_and_grows_as_newcomers_arrive
             let mut created = Vec::new();
             for _ in 0..2 {
                 created.push(
-                    expect(&mut handle, Method::POST, &format!("{NS}/pods"), echo(StatusCode::CREATED))
+                    expect_pod_apply(&mut handle)
                         .await,
                 );
             }
@@ -1872,7 +1898,7 @@ async fn a_partial_launch_starts_with_min_replicas_and_grows_as_newcomers_arrive
     let (action, handle, (newcomer, event, status)) =
         reconcile_against(&ctx, &running.clone(), handle, |mut handle| async move {
             expect_objects(&mut handle, Some(&secret), &listed).await;
-            let pod = expect(&mut handle, Method::POST, &format!("{NS}/pods"), echo(StatusCode::CREATED)).await;
+            let pod = expect_pod_apply(&mut handle).await;
             let event = expect_event(&mut handle).await;
             let status = expect_status(&mut handle, &job_value).await;
             (handle, (pod, event, status))
@@ -1928,6 +1954,7 @@ async fn with_network_policies_every_job_gets_one() {
     let job_value = managed_job_json(spec);
     let status_job = job_value.clone();
     let (_, _, policy) = reconcile_against(&ctx, &job_value, handle, |mut handle| async move {
+        feed_pods(&launch_pods());
         expect(&mut handle, Method::GET, &format!("{NS}/secrets/jacobi-secret"), reply_with(secret_object(&secret))).await;
         expect(&mut handle, Method::PATCH, &format!("{NS}/services/jacobi"), echo(StatusCode::OK)).await;
         expect_pdb(&mut handle).await;
@@ -1936,10 +1963,9 @@ async fn with_network_policies_every_job_gets_one() {
             Method::PATCH,
             "/apis/networking.k8s.io/v1/namespaces/hpc/networkpolicies/jacobi-nodes",
             |query| assert!(!query.contains("force"), "{query}"),
-            echo(StatusCode::OK),
+            echo(StatusCode::CREATED),
         )
         .await;
-        expect(&mut handle, Method::GET, &format!("{NS}/pods"), reply_with(pod_list(&launch_pods()))).await;
         expect_status(&mut handle, &status_job).await;
         (handle, policy)
     })

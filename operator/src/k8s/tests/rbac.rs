@@ -40,6 +40,23 @@ pub(crate) fn record(method: &Method, uri: &Uri) {
     }
 }
 
+/// Records what an answer adds to a request's verb: a server-side apply
+/// (PATCH) answered 201 Created made the object, which the API server
+/// authorizes as `create` as well as `patch`.
+pub(crate) fn record_answer(method: &Method, uri: &Uri, status: StatusCode) {
+    if method == Method::PATCH && status == StatusCode::CREATED {
+        if let Some(call) = call_of(method, uri) {
+            CALLS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(Call {
+                    verb: "create".to_owned(),
+                    ..call
+                });
+        }
+    }
+}
+
 /// The RBAC verb of a request, as the API server's authorizer names it.
 pub(crate) fn call_of(method: &Method, uri: &Uri) -> Option<Call> {
     let parts: Vec<&str> = uri.path().trim_start_matches('/').split('/').collect();
@@ -178,8 +195,9 @@ const GRANTED_WITHOUT_A_CALL: &[(&str, &str, &str, &str)] = &[(
 
 /// The controllers' list and watch requests: `run` against a mock API
 /// server that answers every list with nothing and holds every watch open,
-/// until no request has come for two seconds.
-async fn watch_requests(namespaces: Vec<String>) -> (BTreeSet<Call>, usize) {
+/// until no request has come for two seconds. Returns the calls, the node
+/// watches and the pod lists.
+async fn watch_requests(namespaces: Vec<String>) -> (BTreeSet<Call>, usize, usize) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -195,6 +213,7 @@ async fn watch_requests(namespaces: Vec<String>) -> (BTreeSet<Call>, usize) {
     let mut seen = BTreeSet::new();
     let mut held = Vec::new();
     let mut node_watches = 0;
+    let mut pod_lists = 0;
     let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
     while tokio::time::Instant::now() < give_up {
         let next = tokio::time::timeout(Duration::from_secs(2), handle.next_request()).await;
@@ -206,6 +225,9 @@ async fn watch_requests(namespaces: Vec<String>) -> (BTreeSet<Call>, usize) {
         let call = call_of(&method, &uri).unwrap_or_else(|| panic!("unexpected {method} {uri}"));
         if call.verb == "watch" && call.resource == "nodes" {
             node_watches += 1;
+        }
+        if call.verb == "list" && call.resource == "pods" {
+            pod_lists += 1;
         }
         if call.verb == "watch" {
             // Held open: a watch that ends is restarted at once.
@@ -226,7 +248,7 @@ async fn watch_requests(namespaces: Vec<String>) -> (BTreeSet<Call>, usize) {
     drop(held);
     drop(handle);
     let _ = tokio::time::timeout(Duration::from_secs(5), controllers).await;
-    (seen, node_watches)
+    (seen, node_watches, pod_lists)
 }
 
 #[test]
@@ -265,11 +287,15 @@ fn the_rbac_grants_exactly_the_verbs_the_scenarios_use() {
         .enable_all()
         .build()
         .unwrap();
-    let (all, node_watches) = runtime.block_on(watch_requests(Vec::new()));
-    let (scoped, scoped_node_watches) =
+    let (all, node_watches, pod_lists) = runtime.block_on(watch_requests(Vec::new()));
+    let (scoped, scoped_node_watches, scoped_pod_lists) =
         runtime.block_on(watch_requests(vec!["hpc".to_owned(), "ml".to_owned()]));
     // One node watch feeds the taint store and every controller's trigger.
     assert_eq!((node_watches, scoped_node_watches), (1, 1));
+    // Pods are listed once per scope, at the start, by the reflector that
+    // keeps the pod cache (a reconcile reads the cache: the scenarios see
+    // no pod LIST at all).
+    assert_eq!((pod_lists, scoped_pod_lists), (1, 2));
     drop(runtime);
 
     // With watchNamespaces, nothing but nodes is asked for cluster-wide:
