@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::chare::{ArrayIndex, Chare};
 use crate::msg::MAIN_COLL;
+use crate::port::PeCtx;
 use crate::proxy::{ArrayProxy, ElementProxy, GroupProxy};
 use crate::reduce::Reducible;
 use crate::topo::Pe;
@@ -120,6 +121,20 @@ impl<T: Reducible> Callback<T> {
             spec: CallbackSpec { target, prefix },
             _t: PhantomData,
         }
+    }
+}
+
+impl<'a> PeCtx<'a> {
+    /// Calls `callback` with the job's new PE count after every rescale, once
+    /// the job runs at its new size (Charm++'s resume-after-shrink/expand).
+    pub fn on_rescale(&mut self, callback: Callback<u32>) {
+        self.on_rescale_spec(callback.spec);
+    }
+
+    /// Calls `callback` once no application message is queued or in flight
+    /// anywhere in the job (Charm++'s quiescence detection).
+    pub fn start_quiescence(&mut self, callback: Callback<()>) {
+        self.start_quiescence_spec(callback.spec);
     }
 }
 

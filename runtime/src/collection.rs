@@ -15,7 +15,7 @@ use std::time::Instant;
 use crate::chare::{ArrayIndex, Chare, IndexKey};
 use crate::ctx::Ctx;
 use crate::msg::{CollId, DecodeError, Payload};
-use crate::pe::PeCtx;
+use crate::port::PeCtx;
 use crate::system::{Departure, ElemMeta};
 
 /// How many recent broadcasts a PE keeps per collection, to replay to
@@ -53,18 +53,22 @@ pub(crate) trait Store: Send {
         &mut self,
         key: IndexKey,
         payload: Payload,
-        pe: &mut PeCtx,
+        pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError>;
     /// Delivers broadcast number `seq` to every local element that has not run it, in index order.
-    fn deliver_all(&mut self, seq: u64, payload: Payload, pe: &mut PeCtx)
-        -> Result<(), StoreError>;
+    fn deliver_all(
+        &mut self,
+        seq: u64,
+        payload: Payload,
+        pe: &mut PeCtx<'_>,
+    ) -> Result<(), StoreError>;
     /// Constructs element `key` from an encoded constructor argument.
     fn construct(
         &mut self,
         key: IndexKey,
         init: &[u8],
         red_start: u32,
-        pe: &mut PeCtx,
+        pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError>;
     /// Constructs this PE's share of a bulk range of `count` elements, block-mapped.
     fn construct_bulk(
@@ -72,7 +76,7 @@ pub(crate) trait Store: Send {
         dims: IndexKey,
         count: u64,
         init: &[u8],
-        pe: &mut PeCtx,
+        pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError>;
     /// Whether every local element has contributed to reduction `no` (true when empty).
     fn all_contributed(&self, no: u32) -> bool;
@@ -87,12 +91,12 @@ pub(crate) trait Store: Send {
         key: IndexKey,
         state: &[u8],
         meta: ElemMeta,
-        pe: &mut PeCtx,
+        pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError>;
     /// `(key, load seconds)` of every local element; resets the loads when `reset`.
     fn loads(&mut self, reset: bool) -> Vec<(IndexKey, f64)>;
     /// Calls `resume_from_sync` on every local element waiting in `at_sync`.
-    fn resume_all(&mut self, pe: &mut PeCtx);
+    fn resume_all(&mut self, pe: &mut PeCtx<'_>);
     /// The local elements' keys and move counts (for rebuilding home tables).
     fn locals(&self) -> Vec<(IndexKey, u64)>;
     /// The next reduction number of the local element `key`.
@@ -147,7 +151,7 @@ impl<C: Chare> ArrayStore<C> {
 
     /// Runs `f` as an entry method of element `key`: measures it, applies the
     /// PE's emulated slowdown, and carries out a move or destruction it asked for.
-    fn run(&mut self, key: IndexKey, pe: &mut PeCtx, f: impl FnOnce(&mut C, &mut Ctx<'_, C>)) {
+    fn run(&mut self, key: IndexKey, pe: &mut PeCtx<'_>, f: impl FnOnce(&mut C, &mut Ctx<'_, C>)) {
         let slot = self
             .elems
             .get_mut(&key)
@@ -199,7 +203,7 @@ impl<C: Chare> Store for ArrayStore<C> {
         &mut self,
         key: IndexKey,
         payload: Payload,
-        pe: &mut PeCtx,
+        pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError> {
         let msg = payload.take::<C::Msg>()?;
         self.run(key, pe, |c, ctx| c.handle(msg, ctx));
@@ -210,7 +214,7 @@ impl<C: Chare> Store for ArrayStore<C> {
         &mut self,
         seq: u64,
         payload: Payload,
-        pe: &mut PeCtx,
+        pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError> {
         let msg = payload.duplicate().take::<C::Msg>()?;
         self.last_bcast = self.last_bcast.max(seq);
@@ -237,7 +241,7 @@ impl<C: Chare> Store for ArrayStore<C> {
         key: IndexKey,
         init: &[u8],
         red_start: u32,
-        pe: &mut PeCtx,
+        pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError> {
         let index = Self::index_of(key)?;
         if self.elems.contains_key(&key) {
@@ -268,7 +272,7 @@ impl<C: Chare> Store for ArrayStore<C> {
         dims: IndexKey,
         count: u64,
         init: &[u8],
-        pe: &mut PeCtx,
+        pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError> {
         let dims_ix = Self::index_of(dims)?;
         let (me, npes) = (pe.my_pe() as u128, pe.num_pes() as u128);
@@ -306,7 +310,7 @@ impl<C: Chare> Store for ArrayStore<C> {
         key: IndexKey,
         state: &[u8],
         meta: ElemMeta,
-        pe: &mut PeCtx,
+        pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError> {
         let index = Self::index_of(key)?;
         if self.elems.contains_key(&key) {
@@ -373,7 +377,7 @@ impl<C: Chare> Store for ArrayStore<C> {
         self.last_bcast = seq;
     }
 
-    fn resume_all(&mut self, pe: &mut PeCtx) {
+    fn resume_all(&mut self, pe: &mut PeCtx<'_>) {
         let keys: Vec<IndexKey> = self
             .elems
             .iter()

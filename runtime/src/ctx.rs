@@ -5,20 +5,23 @@
 //! proxies send through, so `proxy.elem(i).send(ctx, msg)` works from any
 //! entry method.
 
+use std::any::Any;
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::callback::Callback;
 use crate::chare::Chare;
-use crate::msg::{CallbackSpec, CollId, Target};
-use crate::pe::PeCtx;
+use crate::msg::{CallbackSpec, CollId, IndexKey, Payload, Target};
+use crate::port::{PeCtx, PePort, Sealed};
 use crate::proxy::{ArrayProxy, ElementProxy, GroupProxy};
 use crate::reduce::{custom_value, Reducer, Reducible, Value};
-use crate::system::ElemMeta;
-use crate::topo::Pe;
+use crate::system::{Departure, ElemMeta, Shape};
+use crate::topo::{Pe, Topology};
 
 /// The context of one entry-method invocation on element `C`.
 pub struct Ctx<'a, C: Chare> {
-    pe: &'a mut PeCtx,
+    pe: &'a mut PeCtx<'a>,
     coll: CollId,
     index: C::Index,
     meta: &'a mut ElemMeta,
@@ -26,7 +29,7 @@ pub struct Ctx<'a, C: Chare> {
 
 impl<'a, C: Chare> Ctx<'a, C> {
     pub(crate) fn new(
-        pe: &'a mut PeCtx,
+        pe: &'a mut PeCtx<'a>,
         coll: CollId,
         index: C::Index,
         meta: &'a mut ElemMeta,
@@ -137,15 +140,89 @@ impl<'a, C: Chare> Ctx<'a, C> {
     }
 }
 
-impl<C: Chare> Deref for Ctx<'_, C> {
-    type Target = PeCtx;
-    fn deref(&self) -> &PeCtx {
+impl<'a, C: Chare> Deref for Ctx<'a, C> {
+    type Target = PeCtx<'a>;
+    fn deref(&self) -> &PeCtx<'a> {
         self.pe
     }
 }
 
-impl<C: Chare> DerefMut for Ctx<'_, C> {
-    fn deref_mut(&mut self) -> &mut PeCtx {
+impl<'a, C: Chare> DerefMut for Ctx<'a, C> {
+    fn deref_mut(&mut self) -> &mut PeCtx<'a> {
         self.pe
+    }
+}
+
+impl<C: Chare> Sealed for Ctx<'_, C> {}
+
+/// A `Ctx` is a [`PeCtx`] too, so `&mut Ctx` goes wherever `&mut PeCtx`
+/// does (a proxy's `send`, a program's own helpers): each call goes to the
+/// PE the entry method runs on.
+// The trait's methods name crate-private types; programs cannot call them.
+#[allow(private_interfaces)]
+impl<C: Chare> PePort for Ctx<'_, C> {
+    fn port_pe(&self) -> Pe {
+        self.pe.port_pe()
+    }
+    fn port_topology(&self) -> &Topology {
+        self.pe.port_topology()
+    }
+    fn port_args(&self) -> &[String] {
+        self.pe.port_args()
+    }
+    fn port_exit(&mut self, code: i32) {
+        self.pe.port_exit(code);
+    }
+    fn on_rescale_spec(&mut self, callback: CallbackSpec) {
+        self.pe.on_rescale_spec(callback);
+    }
+    fn start_quiescence_spec(&mut self, callback: CallbackSpec) {
+        self.pe.start_quiescence_spec(callback);
+    }
+    fn set_readonly(&mut self, id: u64, name: &str, value: Arc<dyn Any + Send + Sync>) {
+        self.pe.set_readonly(id, name, value);
+    }
+    fn readonly_value(&self, id: u64) -> Option<&(dyn Any + Send + Sync)> {
+        self.pe.readonly_value(id)
+    }
+    fn create_collection(&mut self, type_id: u64, shape: Shape, init: Vec<u8>) -> CollId {
+        self.pe.create_collection(type_id, shape, init)
+    }
+    fn insert(&mut self, coll: CollId, key: IndexKey, init: Vec<u8>, on: Option<Pe>) {
+        self.pe.insert(coll, key, init, on);
+    }
+    #[inline]
+    fn send_element(&mut self, coll: CollId, key: IndexKey, prio: i32, payload: Payload) {
+        self.pe.send_element(coll, key, prio, payload);
+    }
+    #[inline]
+    fn send_member(&mut self, coll: CollId, pe: Pe, prio: i32, payload: Payload) {
+        self.pe.send_member(coll, pe, prio, payload);
+    }
+    #[inline]
+    fn broadcast(&mut self, coll: CollId, prio: i32, payload: Payload) {
+        self.pe.broadcast(coll, prio, payload);
+    }
+    fn charge(&mut self, spent: Duration) -> Duration {
+        self.pe.charge(spent)
+    }
+    fn is_migratable(&self, coll: CollId) -> bool {
+        self.pe.is_migratable(coll)
+    }
+    fn depart(&mut self, d: Departure) {
+        self.pe.depart(d);
+    }
+    fn contribute(
+        &mut self,
+        coll: CollId,
+        no: u32,
+        value: Value,
+        reducer: Reducer,
+        callback: CallbackSpec,
+    ) {
+        self.pe.contribute(coll, no, value, reducer, callback);
+    }
+    fn note_local_element(&mut self, coll: CollId, key: IndexKey, hops: u64) {
+        self.pe.note_local_element(coll, key, hops);
     }
 }

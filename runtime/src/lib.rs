@@ -16,8 +16,8 @@
 //! ```
 //! See the README's "Writing a chare" for a walk-through.
 
-pub mod affinity;
 mod activity;
+pub mod affinity;
 pub mod buffer;
 pub mod bulk;
 pub mod callback;
@@ -33,10 +33,11 @@ mod ids;
 pub mod lb;
 mod link;
 mod msg;
-mod operation;
 pub mod node;
+mod operation;
 pub mod options;
 mod pe;
+mod port;
 pub mod proxy;
 pub mod readonly;
 pub mod reduce;
@@ -54,10 +55,10 @@ pub use bulk::Bulk;
 pub use callback::Callback;
 pub use chare::{ArrayIndex, BulkIndex, Chare, IndexKey, Message};
 pub use ctx::Ctx;
-pub use msg::CollId;
 pub use msg::decode_frame_rank;
+pub use msg::CollId;
 pub use node::launch;
-pub use pe::PeCtx;
+pub use port::PeCtx;
 pub use proxy::{main_chare, ArrayProxy, ElementProxy, GroupProxy, NodeGroupProxy};
 pub use readonly::Readonly;
 pub use reduce::{Reducer, Reducible, Value};

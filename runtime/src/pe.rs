@@ -18,10 +18,10 @@
 //! | checkpoint and restore | [`checkpoint::Checkpointing`] | `pe/checkpoint.rs` |
 //! | the rescale's PE side | [`rescale::Rescaling`] | `pe/rescale.rs` |
 //!
-//! [`PeCtx`] is the composition of those states plus the PE's identity and
-//! run queue; what entry methods, proxies and stores may do with it is the
-//! narrow interface of `pe/api.rs`, and the only way out of the PE is
-//! `pe/send.rs`. [`Scheduler`] adds the collection stores, dispatch, and
+//! [`PeState`] is the composition of those states plus the PE's identity and
+//! run queue. Entry methods, proxies and stores see it only as
+//! [`PeCtx`](crate::PeCtx), the narrow interface of `port.rs` (implemented in
+//! `pe/api.rs`); the only way out of the PE is `pe/send.rs`. [`Scheduler`] adds the collection stores, dispatch, and
 //! [`Scheduler::system`], which hands each runtime message to its service.
 
 use std::collections::HashMap;
@@ -63,9 +63,9 @@ pub(crate) enum LoopExit {
     Departed,
 }
 
-/// The per-PE runtime handle that entry methods send through: the PE's
-/// identity and run queue, and the state of each per-PE service.
-pub struct PeCtx {
+/// A PE's runtime state: its identity and run queue, and the state of each
+/// per-PE service. Entry methods reach it as [`PeCtx`](crate::PeCtx).
+pub(crate) struct PeState {
     pe: PeId,
     node: Arc<NodeShared>,
     topo: Arc<Topology>,
@@ -85,7 +85,7 @@ pub struct PeCtx {
 
 /// A PE: its runtime handle plus the local members of every collection.
 pub(crate) struct Scheduler {
-    ctx: PeCtx,
+    ctx: PeState,
     stores: HashMap<CollId, Box<dyn Store>>,
 }
 
@@ -93,7 +93,7 @@ impl Scheduler {
     pub(crate) fn new(node: Arc<NodeShared>, topo: Arc<Topology>, pe: PeId) -> Self {
         let loc = location::Locations::new(&node, pe);
         let lb = balance::Balancing::new(&node, pe);
-        let ctx = PeCtx {
+        let ctx = PeState {
             pe,
             node,
             topo,

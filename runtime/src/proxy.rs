@@ -9,9 +9,9 @@ use std::marker::PhantomData;
 use serde::{Deserialize, Serialize};
 
 use crate::chare::{ArrayIndex, BulkIndex, Chare};
-use crate::msg::{CollId, Payload};
-use crate::pe::PeCtx;
 use crate::ids::fnv1a;
+use crate::msg::{CollId, Payload};
+use crate::port::PeCtx;
 use crate::system::Shape;
 use crate::topo::Pe;
 
@@ -66,7 +66,7 @@ proxy_common!(ArrayProxy);
 impl<C: Chare> ArrayProxy<C> {
     /// Creates an array with every index of the range `dims`, block-mapped over
     /// the PEs, each element constructed with a copy of `init`.
-    pub fn create(ctx: &mut PeCtx, dims: C::Index, init: C::Init) -> Self
+    pub fn create(ctx: &mut PeCtx<'_>, dims: C::Index, init: C::Init) -> Self
     where
         C::Index: BulkIndex,
     {
@@ -78,7 +78,7 @@ impl<C: Chare> ArrayProxy<C> {
     }
 
     /// Creates an empty array that grows with [`ArrayProxy::insert`].
-    pub fn create_empty(ctx: &mut PeCtx) -> Self {
+    pub fn create_empty(ctx: &mut PeCtx<'_>) -> Self {
         let shape = Shape::Array {
             dims: None,
             count: 0,
@@ -88,12 +88,12 @@ impl<C: Chare> ArrayProxy<C> {
 
     /// Inserts element `index` on its home PE. Messages sent to it before it
     /// exists wait at the home PE.
-    pub fn insert(&self, ctx: &mut PeCtx, index: C::Index, init: C::Init) {
+    pub fn insert(&self, ctx: &mut PeCtx<'_>, index: C::Index, init: C::Init) {
         ctx.insert(self.coll, index.to_key(), encode(&init), None);
     }
 
     /// Inserts element `index` on PE `pe`.
-    pub fn insert_on(&self, ctx: &mut PeCtx, index: C::Index, pe: Pe, init: C::Init) {
+    pub fn insert_on(&self, ctx: &mut PeCtx<'_>, index: C::Index, pe: Pe, init: C::Init) {
         ctx.insert(self.coll, index.to_key(), encode(&init), Some(pe));
     }
 
@@ -106,7 +106,7 @@ impl<C: Chare> ArrayProxy<C> {
     }
 
     /// Sends `msg` to every element.
-    pub fn broadcast(&self, ctx: &mut PeCtx, msg: C::Msg) {
+    pub fn broadcast(&self, ctx: &mut PeCtx<'_>, msg: C::Msg) {
         ctx.broadcast(self.coll, 0, Payload::local(msg));
     }
 }
@@ -133,12 +133,12 @@ impl<C: Chare> std::fmt::Debug for ElementProxy<C> {
 
 impl<C: Chare> ElementProxy<C> {
     /// Sends `msg` (priority 0).
-    pub fn send(&self, ctx: &mut PeCtx, msg: C::Msg) {
+    pub fn send(&self, ctx: &mut PeCtx<'_>, msg: C::Msg) {
         self.send_prio(ctx, msg, 0);
     }
 
     /// Sends `msg` with priority `prio`: among queued messages, lower runs first.
-    pub fn send_prio(&self, ctx: &mut PeCtx, msg: C::Msg, prio: i32) {
+    pub fn send_prio(&self, ctx: &mut PeCtx<'_>, msg: C::Msg, prio: i32) {
         ctx.send_element(self.coll, self.index.to_key(), prio, Payload::local(msg));
     }
 
@@ -160,17 +160,17 @@ proxy_common!(GroupProxy);
 
 impl<C: Chare<Index = ()>> GroupProxy<C> {
     /// Creates the group; every PE constructs its member from a copy of `init`.
-    pub fn create(ctx: &mut PeCtx, init: C::Init) -> Self {
+    pub fn create(ctx: &mut PeCtx<'_>, init: C::Init) -> Self {
         Self::from_id(ctx.create_collection(fnv1a(C::NAME.as_bytes()), Shape::Group, encode(&init)))
     }
 
     /// Sends `msg` to the member on `pe`.
-    pub fn send(&self, ctx: &mut PeCtx, pe: Pe, msg: C::Msg) {
+    pub fn send(&self, ctx: &mut PeCtx<'_>, pe: Pe, msg: C::Msg) {
         ctx.send_member(self.coll, pe, 0, Payload::local(msg));
     }
 
     /// Sends `msg` to every member.
-    pub fn broadcast(&self, ctx: &mut PeCtx, msg: C::Msg) {
+    pub fn broadcast(&self, ctx: &mut PeCtx<'_>, msg: C::Msg) {
         ctx.broadcast(self.coll, 0, Payload::local(msg));
     }
 }
@@ -187,7 +187,7 @@ proxy_common!(NodeGroupProxy);
 
 impl<C: Chare<Index = ()>> NodeGroupProxy<C> {
     /// Creates the nodegroup; every node constructs its member from a copy of `init`.
-    pub fn create(ctx: &mut PeCtx, init: C::Init) -> Self {
+    pub fn create(ctx: &mut PeCtx<'_>, init: C::Init) -> Self {
         Self::from_id(ctx.create_collection(
             fnv1a(C::NAME.as_bytes()),
             Shape::NodeGroup,
@@ -196,13 +196,13 @@ impl<C: Chare<Index = ()>> NodeGroupProxy<C> {
     }
 
     /// Sends `msg` to the member of node `node`.
-    pub fn send(&self, ctx: &mut PeCtx, node: u32, msg: C::Msg) {
+    pub fn send(&self, ctx: &mut PeCtx<'_>, node: u32, msg: C::Msg) {
         let pe = ctx.topology().first_pe(node);
         ctx.send_member(self.coll, pe, 0, Payload::local(msg));
     }
 
     /// Sends `msg` to every member.
-    pub fn broadcast(&self, ctx: &mut PeCtx, msg: C::Msg) {
+    pub fn broadcast(&self, ctx: &mut PeCtx<'_>, msg: C::Msg) {
         ctx.broadcast(self.coll, 0, Payload::local(msg));
     }
 }

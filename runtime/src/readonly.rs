@@ -17,8 +17,8 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::pe::PeCtx;
 use crate::ids::fnv1a;
+use crate::port::PeCtx;
 
 /// A handle to a readonly global of type `T`, named stably.
 pub struct Readonly<T> {
@@ -51,7 +51,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Readonly<T> {
     /// # Panics
     /// Anywhere else: readonly data must reach every PE before any other
     /// message, which only holds for values set before main returns.
-    pub fn set(&self, ctx: &mut PeCtx, value: T) {
+    pub fn set(&self, ctx: &mut PeCtx<'_>, value: T) {
         ctx.set_readonly(self.id, self.name, Arc::new(value));
     }
 
@@ -59,7 +59,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Readonly<T> {
     ///
     /// # Panics
     /// If the value was never set by main or the readonly was not registered.
-    pub fn get<'a>(&self, ctx: &'a PeCtx) -> &'a T {
+    pub fn get<'a>(&self, ctx: &'a PeCtx<'_>) -> &'a T {
         ctx.readonly_value(self.id)
             .and_then(|v| v.downcast_ref::<T>())
             .unwrap_or_else(|| {

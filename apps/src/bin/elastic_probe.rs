@@ -124,7 +124,7 @@ impl Main {
         }
     }
 
-    fn start_round(&mut self, ctx: &mut PeCtx) {
+    fn start_round(&mut self, ctx: &mut PeCtx<'_>) {
         self.got = 0;
         self.began_in = (ctx.num_pes(), ctx.num_nodes());
         self.group.broadcast(ctx, MemberMsg::Round);

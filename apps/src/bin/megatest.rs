@@ -680,7 +680,7 @@ struct Main {
 }
 
 impl Main {
-    fn record(&mut self, name: &str, value: String, ctx: &mut PeCtx) {
+    fn record(&mut self, name: &str, value: String, ctx: &mut PeCtx<'_>) {
         self.results.push((name.to_string(), value));
         if self.results.len() == self.wanted {
             for (k, v) in &self.results {
@@ -874,7 +874,7 @@ impl Chare for Main {
 impl Main {
     /// The four probe arrays each answer `Sum(5)` with sum(5 + draw(kind, key));
     /// check each against the keys main saw in the hellos.
-    fn expected_sum_check(&mut self, got: u64, ctx: &mut PeCtx) {
+    fn expected_sum_check(&mut self, got: u64, ctx: &mut PeCtx<'_>) {
         let candidates: Vec<u64> = (1..=4u64)
             .map(|kind| {
                 self.seen

@@ -103,7 +103,7 @@ struct Main {
 }
 
 impl Main {
-    fn run_next(&mut self, ctx: &mut PeCtx) {
+    fn run_next(&mut self, ctx: &mut PeCtx<'_>) {
         let Some(&size) = self.sizes.get(self.next) else {
             println!(
                 "pingpong done pes={} nodes={}",

@@ -1,79 +1,46 @@
 //! What entry methods, proxies, readonly handles and collection stores may
-//! do with their PE: the chare-facing API's one way into the runtime. It
-//! sends, creates, inserts, contributes and reads readonly data; everything
-//! else about the PE stays behind it.
+//! do with their PE, and the [`PePort`] that hands it to them as
+//! [`PeCtx`](crate::PeCtx): sending, creating, inserting, contributing and
+//! readonly data; everything else about the PE stays behind it.
 
 use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::location::CollInfo;
-use super::PeCtx;
+use super::PeState;
 use crate::msg::{CallbackSpec, CollId, Dest, Envelope, IndexKey, Payload, MAIN_COLL};
+use crate::port::{PePort, Sealed};
 use crate::reduce::{Reducer, Value};
 use crate::system::{CreateSpec, Departure, Partial, Shape, SysMsg};
 use crate::topo::{Pe as PeId, Topology};
 
-impl PeCtx {
-    /// This PE's global number.
-    pub fn my_pe(&self) -> PeId {
-        self.pe
-    }
+impl PeState {
     /// Number of PEs in the job.
-    pub fn num_pes(&self) -> u32 {
+    pub(crate) fn num_pes(&self) -> u32 {
         self.topo.num_pes()
     }
-    /// This node's id.
-    pub fn my_node(&self) -> u32 {
-        self.topo.my_node()
-    }
-    /// Number of nodes in the job.
-    pub fn num_nodes(&self) -> u32 {
-        self.topo.num_nodes()
-    }
-    /// The current topology.
-    pub fn topology(&self) -> &Topology {
-        &self.topo
-    }
     /// The program's command-line arguments (without the program name).
-    pub fn args(&self) -> &[String] {
+    pub(crate) fn args(&self) -> &[String] {
         &self.node.args
     }
 
     /// Ends the job: every PE stops, every node passes the shutdown barrier,
     /// and every process exits with `code`.
-    pub fn exit(&mut self, code: i32) {
+    pub(crate) fn exit(&mut self, code: i32) {
         self.send_sys(0, SysMsg::ExitRequest { code });
     }
 
     /// Calls `callback` with the job's new PE count after every rescale, once
     /// the job runs at its new size (Charm++'s resume-after-shrink/expand).
-    pub fn on_rescale(&mut self, callback: crate::Callback<u32>) {
-        self.send_sys(
-            0,
-            SysMsg::OnRescale {
-                callback: callback.spec,
-            },
-        );
+    pub(crate) fn on_rescale(&mut self, callback: CallbackSpec) {
+        self.send_sys(0, SysMsg::OnRescale { callback });
     }
 
     /// Calls `callback` once no application message is queued or in flight
     /// anywhere in the job (Charm++'s quiescence detection).
-    pub fn start_quiescence(&mut self, callback: crate::Callback<()>) {
-        self.send_sys(
-            0,
-            SysMsg::QdStart {
-                callback: callback.spec,
-            },
-        );
-    }
-
-    /// This PE's GPU: its device, the node's context for it (the same one
-    /// for the whole life of the process, whatever rescales happen) and the
-    /// PE's stream. An error when the program did not ask for GPUs.
-    #[cfg(feature = "cuda")]
-    pub fn gpu(&self) -> Result<&'static crate::gpu::PeGpu, crate::gpu::GpuError> {
-        crate::gpu::current()
+    pub(crate) fn start_quiescence(&mut self, callback: CallbackSpec) {
+        self.send_sys(0, SysMsg::QdStart { callback });
     }
 
     // ---- internals used by proxies, contexts and stores ----
@@ -287,5 +254,78 @@ impl PeCtx {
                 self.release(self.pe, env);
             }
         }
+    }
+}
+
+impl Sealed for PeState {}
+
+impl PePort for PeState {
+    #[inline]
+    fn port_pe(&self) -> PeId {
+        self.pe
+    }
+    #[inline]
+    fn port_topology(&self) -> &Topology {
+        &self.topo
+    }
+    fn port_args(&self) -> &[String] {
+        self.args()
+    }
+    fn port_exit(&mut self, code: i32) {
+        self.exit(code);
+    }
+    fn on_rescale_spec(&mut self, callback: CallbackSpec) {
+        self.on_rescale(callback);
+    }
+    fn start_quiescence_spec(&mut self, callback: CallbackSpec) {
+        self.start_quiescence(callback);
+    }
+    fn set_readonly(&mut self, id: u64, name: &str, value: Arc<dyn Any + Send + Sync>) {
+        PeState::set_readonly(self, id, name, value);
+    }
+    fn readonly_value(&self, id: u64) -> Option<&(dyn Any + Send + Sync)> {
+        PeState::readonly_value(self, id)
+    }
+    fn create_collection(&mut self, type_id: u64, shape: Shape, init: Vec<u8>) -> CollId {
+        PeState::create_collection(self, type_id, shape, init)
+    }
+    fn insert(&mut self, coll: CollId, key: IndexKey, init: Vec<u8>, on: Option<PeId>) {
+        PeState::insert(self, coll, key, init, on);
+    }
+    #[inline]
+    fn send_element(&mut self, coll: CollId, key: IndexKey, prio: i32, payload: Payload) {
+        PeState::send_element(self, coll, key, prio, payload);
+    }
+    #[inline]
+    fn send_member(&mut self, coll: CollId, pe: PeId, prio: i32, payload: Payload) {
+        PeState::send_member(self, coll, pe, prio, payload);
+    }
+    #[inline]
+    fn broadcast(&mut self, coll: CollId, prio: i32, payload: Payload) {
+        PeState::broadcast(self, coll, prio, payload);
+    }
+    #[inline]
+    fn charge(&mut self, spent: Duration) -> Duration {
+        PeState::charge(self, spent)
+    }
+    fn is_migratable(&self, coll: CollId) -> bool {
+        PeState::is_migratable(self, coll)
+    }
+    fn depart(&mut self, d: Departure) {
+        PeState::depart(self, d);
+    }
+    #[inline]
+    fn contribute(
+        &mut self,
+        coll: CollId,
+        no: u32,
+        value: Value,
+        reducer: Reducer,
+        callback: CallbackSpec,
+    ) {
+        PeState::contribute(self, coll, no, value, reducer, callback);
+    }
+    fn note_local_element(&mut self, coll: CollId, key: IndexKey, hops: u64) {
+        PeState::note_local_element(self, coll, key, hops);
     }
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info};
 
-use super::{misrouted, PeCtx, Scheduler};
+use super::{misrouted, PeState, Scheduler};
 use crate::lb::stats::{LbStats, ObjId, ObjStat, PeStat};
 use crate::lb::strategy::{Assignment, CostModel};
 use crate::msg::{CollId, IndexKey};
@@ -122,7 +122,7 @@ impl Balancing {
     }
 }
 
-impl PeCtx {
+impl PeState {
     /// Root: starts a load-balancing step of `coll` by collecting statistics.
     pub(super) fn lb_start(&mut self, coll: CollId, forced: bool, leaving: Vec<PeId>) {
         let step = self.lb.steps.entry(coll).or_insert(0);

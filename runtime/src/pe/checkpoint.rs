@@ -1,7 +1,7 @@
 //! A PE's part in a checkpoint and in a restore (see [`crate::checkpoint`]).
 //!
 //! Checkpoint, driven by PE 0: the control endpoint's request waits for the
-//! next `at_sync` of any array ([`PeCtx::checkpoint_at_sync`]), then for
+//! next `at_sync` of any array ([`PeState::checkpoint_at_sync`]), then for
 //! quiescence; every PE checks that it holds no application message and
 //! writes a snapshot of its chares (they stay where they are); PE 0 writes
 //! the job's file and answers. The job then ends with
@@ -24,7 +24,7 @@ use ductile_coordinator::control::CheckpointReport;
 use tracing::{error, info, warn};
 
 use super::reduction::Population;
-use super::{misrouted, PeCtx, Scheduler};
+use super::{misrouted, PeState, Scheduler};
 use crate::checkpoint::{
     job_path, pe_path, read, write, CheckpointError, JobFile, PeFile, SavedChare, SavedPopulation,
 };
@@ -63,7 +63,7 @@ pub(crate) struct RootRestore {
     placed_ms: f64,
 }
 
-impl PeCtx {
+impl PeState {
     /// Root: the control endpoint queued a checkpoint.
     pub(super) fn checkpoint_begin(&mut self) {
         if self.rescaling.root.is_some() {

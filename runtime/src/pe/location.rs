@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use tracing::error;
 
-use super::{misrouted, PeCtx, Scheduler};
+use super::{misrouted, PeState, Scheduler};
 use crate::msg::{CollId, Dest, Envelope, IndexKey, MAIN_COLL};
 use crate::node::NodeShared;
 use crate::registry::LinearFn;
@@ -33,7 +33,7 @@ pub(super) struct Locations {
     pub(super) unknown: HashMap<CollId, Vec<Envelope>>,
     /// Where an element is (or was last sent): `(PE, its move count there)`.
     /// Entries only ever move to a higher move count, so following them
-    /// always ends at the element (see [`PeCtx::learn`]).
+    /// always ends at the element (see [`PeState::learn`]).
     pub(super) cache: HashMap<(CollId, IndexKey), (PeId, u64)>,
     /// For elements whose home is this PE: where they live, by move count.
     pub(super) homes: HashMap<(CollId, IndexKey), (PeId, u64)>,
@@ -80,7 +80,7 @@ impl Locations {
     }
 }
 
-impl PeCtx {
+impl PeState {
     /// Records that element `key` is on `pe` after `hops` moves, unless a
     /// newer location is known. Forwarding follows these entries, and since
     /// a PE's entry only changes to a later location, a message can never

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use tracing::error;
 
-use super::{misrouted, PeCtx, Scheduler};
+use super::{misrouted, PeState, Scheduler};
 use crate::msg::{CallbackSpec, CollId, Payload, Target, MAIN_COLL};
 use crate::reduce::{combine, Reducer, Value};
 use crate::system::{Partial, SysMsg};
@@ -92,7 +92,7 @@ impl Reductions {
     }
 }
 
-impl PeCtx {
+impl PeState {
     /// Delivers a completed reduction's (or quiescence's) value to its callback.
     pub(super) fn deliver_callback(&mut self, cb: &CallbackSpec, value: &Value) {
         let mut bytes = cb.prefix.clone();

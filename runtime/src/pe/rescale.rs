@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use tracing::{debug, error, info, warn};
 
-use super::{Inbox, LoopExit, PeCtx, Scheduler};
+use super::{Inbox, LoopExit, PeState, Scheduler};
 use crate::callback::CallbackSpec;
 use crate::msg::{CollId, Dest, Envelope, Payload, MAIN_COLL};
 use crate::reduce::Value;
@@ -105,7 +105,7 @@ impl RootRescale {
     }
 }
 
-impl PeCtx {
+impl PeState {
     fn desk<R>(&self, f: impl FnOnce(&mut Desk) -> R) -> Option<R> {
         self.node.with_desk(f)
     }

@@ -4,12 +4,12 @@
 
 use tracing::debug;
 
-use super::PeCtx;
+use super::PeState;
 use crate::msg::{encode_frame, CollId, Dest, Envelope, Payload};
 use crate::system::SysMsg;
 use crate::topo::Pe as PeId;
 
-impl PeCtx {
+impl PeState {
     /// Keeps an envelope until collection `coll` is created on this PE.
     ///
     /// Held envelopes leave quiescence detection's books balanced (their
