@@ -5,10 +5,6 @@
 //! descriptors and threads stay within bounds that do not depend on the
 //! flood's size.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Duration;
 
@@ -16,93 +12,9 @@ use ductile_coordinator::client::{Admission, Client};
 use ductile_coordinator::proto::{Registration, Role, ServerMsg};
 use ductile_coordinator::secret::Secret;
 use ductile_coordinator::server::MAX_UNAUTHENTICATED;
+use ductile_e2e::flood::{fds_and_threads, Flood, Peak};
 
 const T: Duration = Duration::from_secs(30);
-
-/// Strangers hammering one address until dropped.
-struct Flood {
-    stop: Arc<AtomicBool>,
-    dialled: Arc<AtomicU64>,
-    threads: Vec<thread::JoinHandle<()>>,
-}
-
-impl Flood {
-    /// `idle` threads each holding `held` idle connections (the oldest
-    /// dropped and a new one dialled, over and over), `garbage` threads
-    /// sending bytes that are not frames.
-    fn start(addr: &str, idle: usize, held: usize, garbage: usize) -> Flood {
-        let stop = Arc::new(AtomicBool::new(false));
-        let dialled = Arc::new(AtomicU64::new(0));
-        let mut threads = Vec::new();
-        for _ in 0..idle {
-            let (addr, stop, dialled) = (addr.to_owned(), stop.clone(), dialled.clone());
-            threads.push(thread::spawn(move || {
-                let mut open = std::collections::VecDeque::new();
-                while !stop.load(Ordering::Relaxed) {
-                    if let Ok(s) = TcpStream::connect(&addr) {
-                        dialled.fetch_add(1, Ordering::Relaxed);
-                        open.push_back(s);
-                    }
-                    if open.len() > held {
-                        open.pop_front();
-                    }
-                    thread::sleep(Duration::from_millis(1));
-                }
-            }));
-        }
-        for i in 0..garbage {
-            let (addr, stop, dialled) = (addr.to_owned(), stop.clone(), dialled.clone());
-            threads.push(thread::spawn(move || {
-                let junk: &[u8] = if i % 2 == 0 {
-                    b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
-                } else {
-                    // A valid header announcing a 1 MiB frame, then a trickle.
-                    b"DUCT\x02\x00\x00\x00\x00\x00\x10\x00xxxxxxxxxxxxxxxxxxxxxxxx"
-                };
-                while !stop.load(Ordering::Relaxed) {
-                    let Ok(mut s) = TcpStream::connect(&addr) else {
-                        continue;
-                    };
-                    dialled.fetch_add(1, Ordering::Relaxed);
-                    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-                    let _ = s.write_all(junk);
-                    let mut sink = [0u8; 256];
-                    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
-                }
-            }));
-        }
-        Flood {
-            stop,
-            dialled,
-            threads,
-        }
-    }
-
-    fn dialled(&self) -> u64 {
-        self.dialled.load(Ordering::Relaxed)
-    }
-
-    fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Open descriptors and threads of process `pid`.
-fn fds_and_threads(pid: u32) -> (usize, usize) {
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let threads = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0);
-    (fds, threads)
-}
 
 fn reg(role: Role, tag: u8) -> Registration {
     Registration {
@@ -149,22 +61,7 @@ fn a_flood_of_idle_and_garbage_connections_does_not_stop_an_expand() {
     let (base_fds, base_threads) = fds_and_threads(pid);
 
     let flood = Flood::start(&addr, 3, 150, 2);
-    // Sample the coordinator while the flood runs.
-    let (sample_stop, samples) = {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = mpsc::channel();
-        let s = stop.clone();
-        thread::spawn(move || {
-            let mut worst = (0, 0);
-            while !s.load(Ordering::Relaxed) {
-                let (f, t) = fds_and_threads(pid);
-                worst = (worst.0.max(f), worst.1.max(t));
-                thread::sleep(Duration::from_millis(20));
-            }
-            let _ = tx.send(worst);
-        });
-        (stop, rx)
-    };
+    let peak = Peak::watch(pid);
     // Let the flood fill the strangers' budget many times over.
     let ok = (0..200).any(|_| {
         thread::sleep(Duration::from_millis(25));
@@ -189,8 +86,7 @@ fn a_flood_of_idle_and_garbage_connections_does_not_stop_an_expand() {
     }
     let dialled = flood.dialled();
     flood.stop();
-    sample_stop.store(true, Ordering::Relaxed);
-    let (worst_fds, worst_threads) = samples.recv_timeout(T).expect("samples");
+    let (worst_fds, worst_threads) = peak.stop();
     assert!(
         dialled > 4 * MAX_UNAUTHENTICATED as u64,
         "the flood was too small to mean anything ({dialled} connections)"

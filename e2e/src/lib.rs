@@ -4,6 +4,8 @@
 //! The binaries must be built first (`cargo build --release --workspace
 //! --bins`); `scripts/test` does that before it runs the tests.
 
+pub mod flood;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;

@@ -320,20 +320,6 @@ fn a_stopped_node_gets_the_evacuate_stage_abandoned_not_stalled() {
     completes_with(job, &want);
 }
 
-/// Open descriptors and threads of process `pid`.
-fn fds_and_threads(pid: u32) -> (usize, usize) {
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let threads = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0);
-    (fds, threads)
-}
-
 /// Issue 15, item 4: strangers flood the job's coordinator — idle
 /// connections re-dialled as the coordinator sheds them, and peers sending
 /// garbage — while `ductile expand` starts a newcomer that must register
@@ -342,8 +328,7 @@ fn fds_and_threads(pid: u32) -> (usize, usize) {
 /// the reference's.
 #[test]
 fn a_flood_of_strangers_at_the_coordinator_does_not_stop_an_expand() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
+    use ductile_e2e::flood::{fds_and_threads, Flood, Peak};
     let spec = ductile_e2e::jacobi_args(30_000);
     let want = reference(&spec);
     let job = Job::start(2, &spec, false);
@@ -356,58 +341,20 @@ fn a_flood_of_strangers_at_the_coordinator_does_not_stop_an_expand() {
         .to_owned();
     let (base_fds, base_threads) = fds_and_threads(pid);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let dialled = Arc::new(AtomicU64::new(0));
-    let mut flood = Vec::new();
-    for i in 0..4 {
-        let (addr, stop, dialled) = (addr.clone(), stop.clone(), dialled.clone());
-        flood.push(std::thread::spawn(move || {
-            let mut held = std::collections::VecDeque::new();
-            while !stop.load(Ordering::Relaxed) {
-                let Ok(mut s) = std::net::TcpStream::connect(&addr) else {
-                    continue;
-                };
-                dialled.fetch_add(1, Ordering::Relaxed);
-                if i == 3 {
-                    // Garbage: not a frame at all.
-                    let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n");
-                } else {
-                    held.push_back(s);
-                    if held.len() > 150 {
-                        held.pop_front();
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }));
-    }
-    let worst = Arc::new(std::sync::Mutex::new((0usize, 0usize)));
-    let sampler = {
-        let (stop, worst) = (stop.clone(), worst.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let (f, t) = fds_and_threads(pid);
-                let mut w = worst.lock().expect("worst");
-                *w = (w.0.max(f), w.1.max(t));
-                drop(w);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    };
+    // Three threads holding up to 150 idle connections each, one sending
+    // garbage.
+    let flood = Flood::start(&addr, 3, 150, 1);
+    let peak = Peak::watch(pid);
     assert!(
-        eventually(WAIT, || dialled.load(Ordering::Relaxed) > 300),
+        eventually(WAIT, || flood.dialled() > 300),
         "the flood did not get going"
     );
     let r = job.ductile(&["expand", "--nodes", "1"]);
-    let during = dialled.load(Ordering::Relaxed);
-    stop.store(true, Ordering::Relaxed);
-    for t in flood {
-        t.join().expect("flood thread");
-    }
-    sampler.join().expect("sampler");
+    let during = flood.dialled();
+    flood.stop();
+    let (worst_fds, worst_threads) = peak.stop();
     assert_eq!(r["admitted"], serde_json::json!([2]), "{r}");
     assert_eq!(job.members().len(), 3);
-    let (worst_fds, worst_threads) = *worst.lock().expect("worst");
     let budget = ductile_coordinator::server::MAX_UNAUTHENTICATED;
     assert!(during > 300, "the flood was too small to mean anything");
     // The newcomer's connection and a tool's are the only new authenticated ones.
