@@ -67,10 +67,19 @@ impl Rehearsal {
 }
 
 fn rehearse(iters: u32, events: &str) -> Rehearsal {
-    rehearse_texts(&JOB.replace("ITERS", &iters.to_string()), &format!("{TYPES}events:\n{events}"))
+    rehearse_with(iters, events, &[])
+}
+
+fn rehearse_with(iters: u32, events: &str, args: &[&str]) -> Rehearsal {
+    let job = JOB.replace("ITERS", &iters.to_string());
+    rehearse_texts_with(&job, &format!("{TYPES}events:\n{events}"), args)
 }
 
 fn rehearse_texts(job_text: &str, scenario_text: &str) -> Rehearsal {
+    rehearse_texts_with(job_text, scenario_text, &[])
+}
+
+fn rehearse_texts_with(job_text: &str, scenario_text: &str, args: &[&str]) -> Rehearsal {
     let dir = tempfile::tempdir().expect("temp dir");
     let job = dir.path().join("job.yaml");
     let scenario = dir.path().join("scenario.yaml");
@@ -88,6 +97,7 @@ fn rehearse_texts(job_text: &str, scenario_text: &str) -> Rehearsal {
         .arg("--out")
         .arg(dir.path().join("out"))
         .args(["--timeout", "120"])
+        .args(args)
         .env("PATH", path)
         .stdin(Stdio::null())
         .output()
@@ -123,6 +133,48 @@ fn marks<'a>(record: &'a serde_json::Value, kind: &str) -> Vec<&'a serde_json::V
         .iter()
         .filter(|m| m["kind"] == kind)
         .collect()
+}
+
+#[test]
+fn a_notice_handled_by_checkpoint_and_relaunch_keeps_the_checksum() {
+    // The baseline: the same policy, its rescales carried out by
+    // `--mode restart` (every process ends, the job is relaunched at the
+    // new size from a checkpoint).
+    let r = rehearse_with(
+        2500,
+        "  - { at: 30, rebalanceRecommendation: rehearsal-2 }\n  - { at: 120, interruption: rehearsal-3, deadline: 120 }\n",
+        &["--mode", "restart"],
+    );
+    let record = r.record();
+    let stdout = r.stdout();
+    assert_eq!(r.out.status.code(), Some(0), "ductile cloud failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.out.stderr));
+    let (summary, rec) = (&record["summary"], &record["record"]);
+    assert_eq!(rec["mode"], "restart", "{stdout}");
+    assert_eq!(summary["committedByReason"]["CompleteReplacement"], 1, "{stdout}");
+    assert!(summary["committedByReason"]["Emergency"].as_u64() >= Some(1), "{stdout}");
+    assert_eq!(summary["failed"], 0, "{stdout}");
+    assert_eq!(summary["noticesHandled"], serde_json::json!([1, 1]), "{stdout}");
+    assert_eq!(summary["lost"], 0, "{stdout}");
+    // Every rescale was a relaunch, and the replacements ran in it.
+    let committed = marks(&record, "committed");
+    assert!(!committed.is_empty(), "{stdout}");
+    assert!(committed.iter().all(|m| m["detail"].as_str().is_some_and(|d| d.starts_with("relaunched from a checkpoint"))), "{stdout}");
+    let last = rec["samples"].as_array().and_then(|s| s.last()).expect("samples").clone();
+    assert_eq!(last["onDemand"].as_u64().unwrap() + last["spot"].as_u64().unwrap(), 4, "{stdout}");
+    assert!(rec["checksum"].is_string(), "{stdout}");
+    assert_eq!(rec["checksum"], rec["referenceChecksum"], "{stdout}");
+    nothing_left(&r.state(), &record);
+}
+
+#[test]
+fn restart_mode_refuses_network_namespaces_before_starting_anything() {
+    let job = JOB.replace("ITERS", "100");
+    let scenario = format!("{TYPES}network: namespaces\nevents: []\n");
+    let r = rehearse_texts_with(&job, &scenario, &["--mode", "restart"]);
+    let stderr = String::from_utf8_lossy(&r.out.stderr);
+    assert_eq!(r.out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--mode restart needs `network: loopback`"), "{stderr}");
+    assert!(!r.state().join("job.json").exists(), "a job was started: {stderr}");
 }
 
 #[test]

@@ -48,6 +48,7 @@ mod status;
 mod stop;
 mod wait_left;
 
+pub use crate::local::restart::Mode;
 pub use rescale::{plan_rescale, render_report, rescale, Removal};
 pub use run::run;
 pub use status::{render_status, status};
@@ -205,16 +206,6 @@ pub struct RescaleOptions {
     /// baseline to measure live rescaling against).
     #[arg(long, value_enum, default_value = "live")]
     pub mode: Mode,
-}
-
-/// How a rescale is carried out.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Mode {
-    /// Reconfigure the running processes.
-    #[default]
-    Live,
-    /// Checkpoint, end every process, relaunch at the new size, restore.
-    Restart,
 }
 
 /// Arguments of `ductile expand`.

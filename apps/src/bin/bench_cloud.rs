@@ -7,6 +7,9 @@
 //! made in one sitting against an uninterrupted run of the same job on the
 //! same fleet, and checks that every run printed the same checksum.
 //!
+//! * `modes`: one interruption notice at 4, 8 and 16 instances, handled by
+//!   live rescales and by checkpoint + relaunch (`ductile cloud --mode
+//!   restart`), against an uninterrupted run;
 //! * `simultaneous`: 16 instances, 1/2/4/8 interruption notices at once,
 //!   with proactive replacement (a rebalance recommendation early enough
 //!   for the replacements to boot before the notice) and without;
@@ -38,7 +41,10 @@ struct Run {
     block: u32,
     iters: u32,
     lb: &'static str,
+    /// The rebalance policy's mode.
     mode: &'static str,
+    /// How rescales are carried out: `live` or `restart`.
+    rescale: &'static str,
     emergency: bool,
     /// `instanceTypes` and `fleet` of the scenario.
     fleet: String,
@@ -109,6 +115,8 @@ struct Outcome {
     checksum: String,
     summary: Value,
     rescales: u64,
+    /// Each committed rescale's stage times summed, ms.
+    mechanisms: Vec<f64>,
 }
 
 const HOMOGENEOUS: &str = "instanceTypes:
@@ -131,7 +139,7 @@ impl Bench {
         std::fs::write(dir.join("job.yaml"), run.job_yaml())?;
         std::fs::write(dir.join("scenario.yaml"), run.scenario_yaml())?;
         let out = Command::new(&self.ductile)
-            .args(["cloud", "--no-verify", "--timeout", "600", "-f"])
+            .args(["cloud", "--no-verify", "--timeout", "600", "--mode", run.rescale, "-f"])
             .arg(dir.join("job.yaml"))
             .arg("-s")
             .arg(dir.join("scenario.yaml"))
@@ -168,6 +176,10 @@ impl Bench {
             checksum: record["record"]["checksum"].as_str().unwrap_or("-").to_owned(),
             summary: record["summary"].clone(),
             rescales,
+            mechanisms: record["record"]["rescales"]
+                .as_array()
+                .map(|r| r.iter().filter_map(|r| r["mechanismMs"].as_f64()).collect())
+                .unwrap_or_default(),
         })
     }
 
@@ -183,6 +195,7 @@ impl Bench {
             // evacuates and populates with +lb-rescale's strategy).
             lb: "Null",
             mode: "CompleteReplacement",
+            rescale: "live",
             emergency: true,
             fleet: HOMOGENEOUS.to_owned(),
             time_factor: 20.0,
@@ -216,6 +229,34 @@ fn outcome_json(o: &Outcome, base: &Outcome) -> Value {
         "rescales": o.rescales, "checksum": o.checksum, "checksumEqual": o.checksum == base.checksum,
         "summary": o.summary,
     })
+}
+
+/// One interruption notice at 4, 8 and 16 instances, live against restart.
+fn modes(b: &Bench) -> Result<Value> {
+    let mut rows = Vec::new();
+    let mut out = Vec::new();
+    for n in [4u32, 8, 16] {
+        let base = b.run(&b.base(&format!("{n} instances, no interruption"), n, 2000))?;
+        rows.push(row(&base, &base, " | -"));
+        out.push(outcome_json(&base, &base));
+        for rescale in ["live", "restart"] {
+            let mut r = b.base(&format!("{n} instances, 1 notice, {rescale}"), n, 2000);
+            r.rescale = rescale;
+            r.events.push(format!("{{ at: 120, interruption: j-{}, deadline: 120 }}", n - 1));
+            let o = b.run(&r)?;
+            let ms: Vec<String> = o.mechanisms.iter().map(|m| format!("{m:.0}")).collect();
+            rows.push(row(&o, &base, &format!(" | {}", ms.join(", "))));
+            let mut j = outcome_json(&o, &base);
+            j["mechanismsMs"] = json!(o.mechanisms);
+            out.push(j);
+        }
+    }
+    println!("\n## one interruption, live against restart (instances of 1 PE on this machine's cores)\n");
+    println!("| run | seconds | overhead | rescales | notices handled | checksum | ms per rescale |\n|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(json!(out))
 }
 
 /// 16 instances, k notices at once, with and without proactive replacement.
@@ -393,7 +434,7 @@ fn period_svg(curve: &[(f64, f64)]) -> String {
 #[command(name = "bench_cloud", about = "Runs the local-cloud experiments; writes target/bench/cloud.json and cloud-period.svg")]
 struct Args {
     /// Experiments to run, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "simultaneous,period,staggered,hetero")]
+    #[arg(long, value_delimiter = ',', default_value = "modes,simultaneous,period,staggered,hetero")]
     experiments: Vec<Experiment>,
     /// Shorter jobs (a quarter of the iterations, a smaller grid): checks the harness, not the figures.
     #[arg(long)]
@@ -402,6 +443,7 @@ struct Args {
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Experiment {
+    Modes,
     Simultaneous,
     Period,
     Staggered,
@@ -424,6 +466,9 @@ fn main() -> Result<()> {
     let load_before = bench::loadavg();
     let mut results = serde_json::Map::new();
     let has = |w: Experiment| args.experiments.contains(&w);
+    if has(Experiment::Modes) {
+        results.insert("modes".into(), modes(&b)?);
+    }
     if has(Experiment::Simultaneous) {
         results.insert("simultaneous".into(), simultaneous(&b)?);
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{parse_secs, say, EXIT_USAGE};
+use super::{parse_secs, say, Mode, EXIT_USAGE};
 use crate::cloud::driver::RunOptions;
 use crate::cloud::{rehearse, CloudError, Loaded};
 use crate::state::resolve_state_dir;
@@ -37,6 +37,12 @@ pub struct CloudArgs {
     /// Check the job and the scenario, print the plan, and run nothing.
     #[arg(long)]
     pub check: bool,
+    /// How the policy's rescales are carried out. `live`: the running
+    /// processes are reconfigured (the product). `restart`: checkpoint at
+    /// the next sync point, end every process, relaunch at the new size
+    /// (the baseline; needs `network: loopback`).
+    #[arg(long, value_enum, default_value = "live")]
+    pub mode: Mode,
 }
 
 /// Runs the job of `args.file` on the cloud of `args.scenario`; prints the
@@ -68,6 +74,7 @@ pub fn cloud(args: CloudArgs) -> i32 {
     let out = args.out.clone().unwrap_or_else(|| state_dir.join("cloud"));
     let mut opts = RunOptions::new(state_dir, out);
     opts.timeout = args.timeout;
+    opts.mode = args.mode;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [
         signal_hook::consts::SIGINT,

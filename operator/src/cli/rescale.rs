@@ -8,9 +8,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ductile_coordinator::control::{
-    CheckpointRequest, ControlError, JobStatus, RescaleReport, RescaleRequest, StageTime,
-};
+use ductile_coordinator::control::{ControlError, JobStatus, RescaleReport, RescaleRequest};
 use ductile_coordinator::proto::{Epoch, NodeId};
 use serde::Serialize;
 
@@ -18,6 +16,7 @@ use super::job::{connect_job, JobConnection};
 use super::{say, Mode, RescaleOptions, EXIT_FAILED, EXIT_USAGE};
 use crate::local::channel::{self, ChannelError, Reply, Request, MAX_SPAWN};
 use crate::local::process::{pid_alive, POLL_INTERVAL};
+use crate::local::restart::{self, RestartError};
 use crate::state::{read_job_state, LAUNCHER_SOCKET_FILE};
 
 /// Which nodes a rescale removes, as the user named them.
@@ -395,25 +394,13 @@ fn ask_fenced(
 /// Sends `request` to the job's launcher (`STATE/launcher.sock`); its
 /// answer's pids, or the exit code after saying what went wrong.
 fn ask_launcher(dir: &Path, request: &Request, timeout: Duration) -> Result<Vec<u32>, i32> {
-    let socket = dir.join(LAUNCHER_SOCKET_FILE);
-    match channel::request(&socket, request, timeout) {
-        Ok(Reply::Ok(pids)) => Ok(pids),
-        Ok(Reply::Error(message)) => {
-            say(&format!(
-                "the launcher refused `{}`: {message}",
-                request.to_line().trim_end()
-            ));
-            Err(EXIT_FAILED)
+    channel::ask(&dir.join(LAUNCHER_SOCKET_FILE), request, timeout).map_err(|err| {
+        say(&err.to_string());
+        match err {
+            ChannelError::NoLauncher { .. } => EXIT_USAGE,
+            _ => EXIT_FAILED,
         }
-        Err(err @ ChannelError::NoLauncher { .. }) => {
-            say(&err.to_string());
-            Err(EXIT_USAGE)
-        }
-        Err(err) => {
-            say(&err.to_string());
-            Err(EXIT_FAILED)
-        }
-    }
+    })
 }
 
 /// Prints a rescale's report as a table or JSON; returns the exit code.
@@ -441,14 +428,8 @@ fn emit_report(report: &RescaleReport, spawned: &[u32], json: bool, relaunched: 
     0
 }
 
-/// `--mode restart`: the kill-and-restart baseline. Arranges with the
-/// launcher to relaunch the job at its new size, asks node 0 for a
-/// checkpoint that ends the job, and waits until the relaunched job has
-/// restored it and run its first load-balancing step (`restored.json` in
-/// the checkpoint directory). Stages: `sync` (until the next sync point and
-/// quiescence), `checkpoint` (writing), `relaunch` (processes ending and
-/// starting, launch barrier), `restore` (reading and placing every chare),
-/// `balance`; the mechanism is checkpoint + relaunch + restore.
+/// `--mode restart`: the kill-and-restart baseline
+/// ([`crate::local::restart`]), reported like a live rescale.
 fn rescale_by_restart(
     mut job: JobConnection,
     status: &JobStatus,
@@ -456,110 +437,16 @@ fn rescale_by_restart(
     options: &RescaleOptions,
     deadline: Instant,
 ) -> i32 {
-    let t0 = Instant::now();
-    let nodes = status.members.len() as u32 - request.remove.len() as u32 + request.admit;
-    let ckpt = job.dir.join("ckpt");
-    let _ = std::fs::remove_dir_all(&ckpt);
-    if let Err(e) = std::fs::create_dir_all(&ckpt) {
-        say(&format!("cannot create {}: {e}", ckpt.display()));
-        return EXIT_FAILED;
-    }
-    let left = || {
-        deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1))
-    };
-    let arranged = Request::Restart {
-        nodes,
-        dir: ckpt.clone(),
-    };
-    if let Err(code) = ask_launcher(&job.dir, &arranged, left()) {
-        let _ = std::fs::remove_dir_all(&ckpt);
-        return code;
-    }
-    let checkpoint = CheckpointRequest {
-        dir: ckpt.to_string_lossy().into_owned(),
-        exit: true,
-        wait_ms: 0, // the client sets it from its timeout
-    };
-    let written = match job.client.checkpoint(checkpoint, left()) {
-        Ok(written) => written,
-        Err(e @ ControlError::Refused(_)) => {
-            // Nothing was checkpointed and the job goes on: the relaunch
-            // arranged above must not fire later.
-            say(&format!("the checkpoint failed: {e}"));
-            let cancel = ask_launcher(&job.dir, &Request::CancelRestart, Duration::from_secs(5));
-            if cancel.is_ok() {
-                // Nothing will read the checkpoint directory: it goes too.
-                let _ = std::fs::remove_dir_all(&ckpt);
-                say("the job goes on at its size; the arranged relaunch was cancelled");
-            }
-            return EXIT_FAILED;
-        }
+    match restart::restart(&job.dir, &mut job.client, status, request, deadline) {
+        Ok(restarted) => emit_report(&restarted.report, &[], options.json, true),
         Err(e) => {
-            say(&format!(
-                "no answer to the checkpoint: {e}; the job may still checkpoint at its next sync point \
-                 and be relaunched with {nodes} node(s) (see `ductile status`)"
-            ));
-            return EXIT_FAILED;
-        }
-    };
-    let checkpointed = Instant::now();
-    let marker = ckpt.join("restored.json");
-    let restored: serde_json::Value = loop {
-        if let Ok(text) = std::fs::read_to_string(&marker) {
-            match serde_json::from_str(&text) {
-                Ok(v) => break v,
-                Err(e) => {
-                    say(&format!("{} is unreadable: {e}", marker.display()));
-                    return EXIT_FAILED;
-                }
+            say(&e.to_string());
+            match e {
+                RestartError::Launcher(ChannelError::NoLauncher { .. }) => EXIT_USAGE,
+                _ => EXIT_FAILED,
             }
         }
-        if Instant::now() >= deadline {
-            say(&format!(
-                "the relaunched job did not restore within --timeout ({:.1}s); see the launcher's output and `ductile status`",
-                options.timeout.as_secs_f64()
-            ));
-            return EXIT_FAILED;
-        }
-        std::thread::sleep(POLL_INTERVAL);
-    };
-    let restored_at = Instant::now();
-    let field = |k: &str| restored[k].as_f64().unwrap_or(0.0);
-    let (place_ms, balance_ms, restore_total) =
-        (field("place_ms"), field("balance_ms"), field("total_ms"));
-    let relaunch_ms = ((restored_at - checkpointed).as_secs_f64() * 1e3 - restore_total).max(0.0);
-    let epoch = connect_job(&options.target, Duration::from_secs(10))
-        .ok()
-        .and_then(|mut j| j.client.status().ok())
-        .map_or(0, |s| s.epoch);
-    let stage = |stage: &str, ms: f64| StageTime {
-        stage: stage.to_owned(),
-        ms,
-    };
-    let report = RescaleReport {
-        epoch_before: status.epoch,
-        epoch,
-        removed: request.remove.clone(),
-        // The relaunched job numbers its nodes 0..nodes: the survivors
-        // first, then the added ones.
-        admitted: (nodes - request.admit..nodes).collect(),
-        pes_before: status.pes,
-        pes: restored["pes"].as_u64().unwrap_or(0) as u32,
-        migrations: 0,
-        stages: vec![
-            stage("sync", written.wait_ms),
-            stage("checkpoint", written.write_ms),
-            stage("relaunch", relaunch_ms),
-            stage("restore", place_ms),
-            stage("balance", balance_ms),
-        ],
-        mechanism_ms: written.write_ms + relaunch_ms + place_ms,
-        total_ms: t0.elapsed().as_secs_f64() * 1e3,
-        gpu: Vec::new(),
-    };
-    emit_report(&report, &[], options.json, true)
+    }
 }
 
 /// Polls the job's status until at least `count` newcomers wait for

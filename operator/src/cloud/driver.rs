@@ -34,6 +34,7 @@ use super::sim::{Cloud, CloudEvent, InstanceState};
 use super::{CloudError, Loaded};
 use crate::local::channel::{self, Reply, Request};
 use crate::local::process::{pid_alive, signal_group};
+use crate::local::restart::{self, Mode};
 use crate::policy::{Capacity, Decision, Event, MemberId, Policy, Time};
 use crate::state::{CONTROL_ADDR_FILE, LAUNCHER_SOCKET_FILE, SECRET_FILE};
 
@@ -59,6 +60,10 @@ pub struct RunOptions {
     pub timeout: Option<Duration>,
     /// Where the cgroup v1 `cpu` controller is (tests may point elsewhere).
     pub cpu_controller: PathBuf,
+    /// How the policy's rescales are carried out: live (the product), or by
+    /// checkpoint and relaunch (the baseline; replacement instances then
+    /// run no process until the relaunch starts one there).
+    pub mode: Mode,
 }
 
 impl RunOptions {
@@ -70,6 +75,7 @@ impl RunOptions {
             out_dir,
             timeout: None,
             cpu_controller: PathBuf::from(CPU_CONTROLLER),
+            mode: Mode::Live,
         }
     }
 }
@@ -93,6 +99,17 @@ struct Signalled {
 /// The result of a rescale request, from its thread.
 type RescaleOutcome = Result<(RescaleReport, JobStatus), String>;
 
+/// A rescale request on its way.
+struct InFlight {
+    /// Its entry in the record's rescales.
+    index: usize,
+    answer: mpsc::Receiver<RescaleOutcome>,
+    /// With `--mode restart`: the instances in the relaunched job's node
+    /// order (the survivors in their old order, then the admitted ones),
+    /// which every process of it will be new on.
+    relaunch: Option<Vec<String>>,
+}
+
 struct Driver<'a> {
     loaded: &'a Loaded,
     opts: &'a RunOptions,
@@ -111,7 +128,7 @@ struct Driver<'a> {
     ready: BTreeSet<String>,
     removed: BTreeSet<String>,
     signalled: BTreeMap<String, Signalled>,
-    in_flight: Option<(usize, mpsc::Receiver<RescaleOutcome>)>,
+    in_flight: Option<InFlight>,
     /// Members that exited while the rescale removing them was in flight.
     deferred_gone: Vec<String>,
     record: Record,
@@ -182,6 +199,11 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     let log_path = opts.out_dir.join("job.log");
     let log = File::create(&log_path).map_err(|e| CloudError::Io(log_path.clone(), e))?;
     let scenario = &loaded.scenario;
+    if opts.mode == Mode::Restart && matches!(scenario.network, NetworkMode::Namespaces) {
+        return Err(CloudError::Launch(
+            "--mode restart needs `network: loopback`: a relaunch starts every node anew, outside the instances' namespaces".into(),
+        ));
+    }
 
     // Real speed: a CPU quota per instance, or the runtime's emulation.
     let launch = loaded.launch_instances();
@@ -286,6 +308,11 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     };
     driver.record.cgroup = driver.quotas.as_ref().map(|q| q.root().display().to_string());
     driver.record.speed = if driver.quotas.is_some() { "cgroup" } else { "emulated" }.into();
+    driver.record.mode = match opts.mode {
+        Mode::Live => "live",
+        Mode::Restart => "restart",
+    }
+    .into();
     if let Some(n) = driver.net.as_deref() {
         let detail = format!(
             "bridge {} at {}/{}; node 0 and the coordinator there, every other instance in its own namespace",
@@ -389,6 +416,13 @@ fn wait_for_job(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The control address and secret that node 0 published in `dir`.
+fn endpoint(dir: &Path) -> Option<(String, Secret)> {
+    let read = |n: &str| std::fs::read_to_string(dir.join(n)).ok().map(|s| s.trim().to_owned());
+    let addr = read(CONTROL_ADDR_FILE).filter(|a| !a.is_empty())?;
+    Some((addr, Secret::from_hex(&read(SECRET_FILE)?).ok()?))
 }
 
 impl Driver<'_> {
@@ -554,6 +588,11 @@ impl Driver<'_> {
             }
         }
         // Processes gone: vacated members, lost members, dead newcomers.
+        // During a relaunch every process of the job ends: the survivors
+        // are judged again once their instances know their new processes.
+        if self.in_flight.as_ref().is_some_and(|f| f.relaunch.is_some()) {
+            return;
+        }
         let gone: Vec<String> = self
             .nodes
             .iter()
@@ -570,7 +609,7 @@ impl Driver<'_> {
             let leaving = self
                 .in_flight
                 .as_ref()
-                .is_some_and(|(i, _)| self.record.rescales[*i].remove.contains(&name));
+                .is_some_and(|f| self.record.rescales[f.index].remove.contains(&name));
             if leaving {
                 self.deferred_gone.push(name);
             } else {
@@ -590,6 +629,7 @@ impl Driver<'_> {
         self.mark(kind, Some(&name), detail.into(), say);
         self.policy.observe(self.now().0, Event::MemberGone { member: MemberId(name.clone()) });
         self.cloud.release(self.now().0, &name);
+        self.ready.remove(&name);
     }
 
     fn in_view(&self, name: &str) -> bool {
@@ -704,7 +744,9 @@ impl Driver<'_> {
                 let kind = if announced { "terminated" } else { "unannounced" };
                 self.mark(kind, Some(&instance), format!("{cut}{what}"), say);
                 if !self.nodes.contains_key(&instance) {
-                    // A newcomer interrupted while booting: never started.
+                    // A newcomer interrupted while booting, or (restart
+                    // mode) before a relaunch put a process there.
+                    self.ready.remove(&instance);
                     self.policy.observe(now, Event::MemberGone { member: MemberId(instance) });
                 }
             }
@@ -733,6 +775,14 @@ impl Driver<'_> {
     }
 
     fn start_newcomer(&mut self, instance: &str, say: &mut dyn FnMut(&str)) {
+        if self.opts.mode == Mode::Restart {
+            // Nothing to start: a relaunch puts a new process there.
+            let itype = self.cloud.instance(instance).map(|i| i.instance_type.clone()).unwrap_or_default();
+            self.ready.insert(instance.to_owned());
+            self.policy.observe(self.now().0, Event::NewcomerReady { newcomer: MemberId(instance.to_owned()) });
+            self.mark("booted", Some(instance), format!("{itype}: ready for the next relaunch"), say);
+            return;
+        }
         // Its namespace exists before its process does.
         let mut where_ = String::new();
         if let Some(net) = self.net.as_deref_mut() {
@@ -796,6 +846,7 @@ impl Driver<'_> {
                         signal_group(node.pid, Signal::SIGTERM);
                     }
                     self.cloud.release(now, &n.0);
+                    self.ready.remove(&n.0);
                     self.mark("cancelled", Some(&n.0), reason.to_string(), say);
                 }
             }
@@ -830,31 +881,62 @@ impl Driver<'_> {
         });
         let names: Vec<&str> = remove.iter().map(|m| m.0.as_str()).collect();
         self.mark("rescale", None, format!("{reason}: remove [{}], admit {admit}", names.join(", ")), say);
-        let (tx, rx) = mpsc::channel();
+        let (tx, answer) = mpsc::channel();
         let (addr, secret) = (self.addr.clone(), self.secret.clone());
         let epoch = view.as_ref().map_or(0, |v| v.epoch);
+        let relaunch = (self.opts.mode == Mode::Restart).then(|| self.relaunch_order(&remove, admit));
+        let admit = relaunch.as_ref().map_or(admit, |order| (order.len() - self.survivors(&remove).len()) as u32);
+        let dir = self.opts.state_dir.clone();
+        let by_restart = relaunch.is_some();
         std::thread::spawn(move || {
             let outcome = (|| {
                 let mut client = ControlClient::connect(&addr, &secret, Duration::from_secs(5)).map_err(|e| e.to_string())?;
                 let request = RescaleRequest { epoch, remove: ids, admit };
+                if by_restart {
+                    let status = client.status().map_err(|e| e.to_string())?;
+                    let deadline = Instant::now() + RESCALE_TIMEOUT;
+                    let done = restart::restart(&dir, &mut client, &status, &request, deadline).map_err(|e| e.to_string())?;
+                    let after = done.status.ok_or("the relaunched job's control endpoint did not answer")?;
+                    return Ok((done.report, after));
+                }
                 let report = client.rescale(request, RESCALE_TIMEOUT).map_err(|e| e.to_string())?;
                 let status = client.status().map_err(|e| e.to_string())?;
                 Ok((report, status))
             })();
             let _ = tx.send(outcome);
         });
-        self.in_flight = Some((index, rx));
+        self.in_flight = Some(InFlight { index, answer, relaunch });
+    }
+
+    /// The members that a rescale removing `remove` keeps, in node order.
+    fn survivors(&self, remove: &[MemberId]) -> Vec<String> {
+        let Some(view) = self.view.as_ref() else { return Vec::new() };
+        view.members
+            .iter()
+            .filter_map(|m| self.name_of(m.pid))
+            .filter(|name| !remove.iter().any(|r| r.0 == *name))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The instances of the job a relaunch makes: the survivors in node
+    /// order, then up to `admit` ready instances.
+    fn relaunch_order(&self, remove: &[MemberId], admit: u32) -> Vec<String> {
+        let mut order = self.survivors(remove);
+        let running = |name: &&String| self.cloud.instance(name).is_some_and(|i| i.state == InstanceState::Running);
+        order.extend(self.ready.iter().filter(running).take(admit as usize).cloned());
+        order
     }
 
     fn poll_rescale(&mut self, say: &mut dyn FnMut(&str)) {
-        let Some((index, rx)) = self.in_flight.as_ref() else { return };
-        let index = *index;
-        let outcome = match rx.try_recv() {
+        let Some(flight) = self.in_flight.as_ref() else { return };
+        let index = flight.index;
+        let outcome = match flight.answer.try_recv() {
             Ok(o) => o,
             Err(mpsc::TryRecvError::Empty) => return,
             Err(mpsc::TryRecvError::Disconnected) => Err("the rescale request's thread ended without an answer".into()),
         };
-        self.in_flight = None;
+        let relaunch = self.in_flight.take().and_then(|f| f.relaunch);
         let (sim, real) = self.now();
         let sim_s = sim.as_secs_f64();
         {
@@ -864,6 +946,9 @@ impl Driver<'_> {
         }
         match outcome {
             Ok((report, status)) => {
+                if let Some(order) = &relaunch {
+                    self.relaunched(order, &status, say);
+                }
                 let admitted: Vec<String> = report
                     .admitted
                     .iter()
@@ -898,9 +983,11 @@ impl Driver<'_> {
                     "committed",
                     None,
                     format!(
-                        "epoch {} -> {}: removed [{}], admitted [{}], mechanism {mechanism:.1} ms",
-                        report.epoch_before,
-                        report.epoch,
+                        "{}: removed [{}], admitted [{}], mechanism {mechanism:.1} ms",
+                        match relaunch {
+                            Some(_) => format!("relaunched from a checkpoint, epoch {} of a new job", report.epoch),
+                            None => format!("epoch {} -> {}", report.epoch_before, report.epoch),
+                        },
                         removed.join(", "),
                         admitted.join(", ")
                     ),
@@ -923,6 +1010,26 @@ impl Driver<'_> {
         for name in std::mem::take(&mut self.deferred_gone) {
             self.node_gone(name, say);
         }
+    }
+
+    /// After a relaunch: every instance of `order` runs the new process
+    /// that `status` lists at its index; each goes into its quota, and the
+    /// status line and the probes talk to the new node 0.
+    fn relaunched(&mut self, order: &[String], status: &JobStatus, say: &mut dyn FnMut(&str)) {
+        for (name, member) in order.iter().zip(&status.members) {
+            let itype = self.cloud.instance(name).map(|i| i.instance_type.clone()).unwrap_or_default();
+            self.nodes.insert(name.clone(), Node { pid: member.pid, gone: false });
+            self.place(name, &itype, member.pid, say);
+        }
+        if order.len() != status.members.len() {
+            let msg = format!("the relaunched job has {} members, {} expected", status.members.len(), order.len());
+            self.mark("report", None, msg, say);
+        }
+        match endpoint(&self.opts.state_dir) {
+            Some((addr, secret)) => (self.addr, self.secret) = (addr, secret),
+            None => self.mark("report", None, "the relaunched job's control endpoint is unreadable".into(), say),
+        }
+        self.status_client = None;
     }
 
     fn finish(mut self, exit: Option<i32>) -> Result<Record, CloudError> {

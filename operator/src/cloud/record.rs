@@ -104,6 +104,9 @@ pub struct Record {
     pub time_factor: f64,
     /// How instance speed was made real: `cgroup` or `emulated`.
     pub speed: String,
+    /// How rescales were carried out: `live` or `restart` (checkpoint and
+    /// relaunch).
+    pub mode: String,
     /// The job's cgroup directory (removed at the end), with quotas.
     pub cgroup: Option<String>,
     /// Cores that speed 1.0 gives a PE.
@@ -210,7 +213,10 @@ impl Record {
         };
         row(
             "job",
-            format!("{} on {} (time factor {}, speed by {})", self.job, self.scenario, self.time_factor, self.speed),
+            format!(
+                "{} on {} (time factor {}, speed by {}, rescales {})",
+                self.job, self.scenario, self.time_factor, self.speed, self.mode
+            ),
         );
         row(
             "iterations",

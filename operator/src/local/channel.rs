@@ -304,6 +304,25 @@ pub enum ChannelError {
         /// What happened.
         reason: String,
     },
+    /// The launcher answered with an error ([`ask`] only).
+    #[error("the launcher refused `{request}`: {reason}")]
+    Refused {
+        /// The request, as sent.
+        request: String,
+        /// The launcher's message.
+        reason: String,
+    },
+}
+
+/// [`request`], with an error reply as an error: the pids of an `ok`.
+pub fn ask(socket: &Path, req: &Request, timeout: Duration) -> Result<Vec<u32>, ChannelError> {
+    match request(socket, req, timeout)? {
+        Reply::Ok(pids) => Ok(pids),
+        Reply::Error(reason) => Err(ChannelError::Refused {
+            request: req.to_line().trim_end().to_owned(),
+            reason,
+        }),
+    }
 }
 
 /// Sends `request` to the launcher listening at `socket` and returns its

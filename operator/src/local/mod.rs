@@ -15,6 +15,7 @@
 
 pub mod channel;
 pub mod process;
+pub mod restart;
 pub mod supervise;
 
 use std::ffi::{OsStr, OsString};
