@@ -50,9 +50,11 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(60);
     about = "Two-process pingpong over the transports alone (TCP, UCX shm, UCX tcp), their idle CPU, and ucx_perftest beside them; writes target/bench/transport.json"
 )]
 struct Cli {
-    /// Wires to measure, comma-separated (tcp, ucx-shm, ucx-tcp); UCX ones
+    /// Wires to measure, comma-separated: tcp, ucx-shm (UCX's default
+    /// transports, peer error handling), ucx-sm (`UCX_TLS=sm,self`,
+    /// `DUCTILE_UCX_ERR_MODE=none`), ucx-tcp (`UCX_TLS=tcp` on lo). UCX ones
     /// are skipped in a build without the `ucx` feature.
-    #[arg(long, value_delimiter = ',', default_value = "tcp,ucx-shm,ucx-tcp")]
+    #[arg(long, value_delimiter = ',', default_value = "tcp,ucx-shm,ucx-sm,ucx-tcp")]
     wires: Vec<String>,
     /// Message sizes in bytes, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "8,65536,1048576,4194304")]
@@ -216,6 +218,9 @@ fn peer_main(role: u32, cli: &Cli) -> Result<()> {
         }
         "ucx-shm" => start_ucx(sink.clone(), &[])?,
         "ucx-tcp" => start_ucx(sink.clone(), &[("TLS", "tcp"), ("NET_DEVICES", "lo")])?,
+        // Shared memory only (the parent sets DUCTILE_UCX_ERR_MODE=none:
+        // UCX 1.13's shm transports refuse peer error handling).
+        "ucx-sm" => start_ucx(sink.clone(), &[("TLS", "sm,self")])?,
         other => bail!("unknown wire `{other}`"),
     };
     let _ = sink.transport.set(t.clone());
@@ -373,6 +378,10 @@ fn spawn_peer(exe: &Path, cli: &Cli, role: u32, wire: &str, secret: &str) -> Res
     cmd.args(["--peer", &role.to_string(), "--wire", wire, "--sizes", &sizes])
         .args(["--budget-ms", &cli.budget_ms.to_string()])
         .env("BENCH_TRANSPORT_SECRET", secret)
+        .env(
+            "DUCTILE_UCX_ERR_MODE",
+            if wire == "ucx-sm" { "none" } else { "peer" },
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -457,6 +466,7 @@ fn find_perftest() -> Option<PathBuf> {
 fn run_perftest(exe: &Path, pin: bool, wire: &str, test: &str, size: usize) -> Result<(f64, f64)> {
     let vars: &[(&str, &str)] = match wire {
         "ucx-tcp" => &[("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")],
+        "ucx-sm" => &[("UCX_TLS", "sm,self")],
         _ => &[],
     };
     let (iters, warmup) = match (test, size) {
