@@ -245,23 +245,9 @@ impl NodeShared {
     /// node is one line on the job's terminal, not one per node and PE.
     pub(crate) fn lose_peer(&self, peer_uid: u64, reason: &str) {
         let view = self.view();
-        let peer = view
-            .as_ref()
-            .and_then(|v| v.by_uid(peer_uid))
-            .map(|m| m.node);
         let me = self.topology_now().map(|t| t.my_uid());
-        let speaker = view.as_ref().and_then(|v| {
-            v.members
-                .iter()
-                .filter(|m| m.uid != peer_uid)
-                .min_by_key(|m| m.node)
-                .map(|m| m.uid)
-        });
-        let reason = match peer {
-            Some(node) => format!("lost node {node} (uid {peer_uid}): {reason}; ending the job"),
-            None => format!("lost the node with uid {peer_uid}: {reason}; ending the job"),
-        };
-        if speaker.is_some() && speaker == me {
+        let (reason, speaks) = loss_report(view.as_ref(), peer_uid, me, reason);
+        if speaks {
             self.abort(reason);
         } else {
             if !self.finished.load(Ordering::SeqCst) {
@@ -278,6 +264,30 @@ impl NodeShared {
     pub(crate) fn aborting(&self) -> bool {
         self.aborting.load(Ordering::Relaxed)
     }
+}
+
+/// The line that says member `peer_uid` was lost (`reason`: how it was
+/// noticed), and whether this node (uid `me`) is the one to say it as an
+/// error: the lowest-numbered member of `view` other than the lost one.
+fn loss_report(
+    view: Option<&View>,
+    peer_uid: u64,
+    me: Option<u64>,
+    reason: &str,
+) -> (String, bool) {
+    let peer = view.and_then(|v| v.by_uid(peer_uid)).map(|m| m.node);
+    let speaker = view.and_then(|v| {
+        v.members
+            .iter()
+            .filter(|m| m.uid != peer_uid)
+            .min_by_key(|m| m.node)
+            .map(|m| m.uid)
+    });
+    let line = match peer {
+        Some(node) => format!("lost node {node} (uid {peer_uid}): {reason}; ending the job"),
+        None => format!("lost the node with uid {peer_uid}: {reason}; ending the job"),
+    };
+    (line, speaker.is_some() && speaker == me)
 }
 
 /// Delivers frames from the transport to the right PE's inbox.
@@ -872,4 +882,53 @@ fn start_pes(
         })
         .collect();
     (handles, commands)
+}
+
+#[cfg(test)]
+mod tests {
+    use ductile_coordinator::proto::Member;
+
+    use super::*;
+
+    #[test]
+    fn a_lost_member_is_said_as_an_error_by_one_survivor_only() {
+        let view = View {
+            epoch: 3,
+            members: (0..4)
+                .map(|i| Member {
+                    node: i,
+                    uid: 50 + u64::from(i),
+                    address: vec![],
+                    pes: 1,
+                    host: "t".into(),
+                    pid: i,
+                })
+                .collect(),
+        };
+        let speakers: Vec<u64> = (50..54)
+            .filter(|&me| me != 52)
+            .filter(|&me| loss_report(Some(&view), 52, Some(me), "gone").1)
+            .collect();
+        assert_eq!(speakers, vec![50], "node 0 speaks for the job");
+        let (line, _) = loss_report(
+            Some(&view),
+            52,
+            Some(51),
+            "the coordinator reported it gone",
+        );
+        assert_eq!(
+            line,
+            "lost node 2 (uid 52): the coordinator reported it gone; ending the job"
+        );
+        // Node 0 lost: node 1 speaks.
+        assert!(loss_report(Some(&view), 50, Some(51), "x").1);
+        assert!(!loss_report(Some(&view), 50, Some(52), "x").1);
+        // Not in the view (a newcomer admitted later): named by uid.
+        let (line, _) = loss_report(Some(&view), 99, Some(50), "x");
+        assert!(line.starts_with("lost the node with uid 99: x"), "{line}");
+        assert!(
+            !loss_report(None, 52, Some(50), "x").1,
+            "no view, no speaker"
+        );
+    }
 }

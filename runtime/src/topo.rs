@@ -12,8 +12,8 @@ use ductile_coordinator::proto::{Epoch, NodeId, View};
 /// A global PE number: prefix sums of the PE counts over the view's ordered members.
 pub type Pe = u32;
 
-/// Fan-out of the node-level spanning tree.
-const TREE_ARITY: u32 = 4;
+/// Fan-out of the node-level spanning tree (the rescale's drain tree too).
+pub(crate) const TREE_ARITY: u32 = 4;
 
 /// PE numbering and the spanning tree of one view, as seen from one node.
 #[derive(Clone, Debug)]

@@ -8,8 +8,9 @@
 //! carrying the request with its plan), a node
 //!
 //! 1. drains the network: the envelope frames every node sent to every
-//!    other in this epoch are summed up the node tree and the totals come
-//!    back down ([`DrainMode::Tree`]; or every node tells every peer,
+//!    other in this epoch are summed up a node tree and the totals come
+//!    back down ([`DrainMode::Tree`]; the tree keeps leaving nodes at its
+//!    leaves, see `drain.rs`; or every node tells every peer,
 //!    [`DrainMode::AllToAll`]), and the node waits until it received its
 //!    total (counts come as [`Event::Counts`]);
 //! 2. has its PEs hand over ([`Action::HandOver`]) and drains again, then
@@ -49,7 +50,9 @@ use super::{ControlFrame, Stage};
 use crate::system::StopOrder;
 use crate::topo::Topology;
 
+mod drain;
 mod events;
+use drain::DrainTree;
 pub(crate) use events::{
     Action, Cause, CommitRefusal, Config, Counts, DrainMode, Event, Failure, Step,
 };
@@ -60,6 +63,8 @@ struct Rescale {
     order: StopOrder,
     old: Arc<Topology>,
     leaving: bool,
+    /// This node's place in the drain's tree.
+    tree: DrainTree,
 }
 
 #[derive(Debug)]
@@ -96,7 +101,9 @@ enum State {
         handed: usize,
     },
     /// A departing node: the rescale is over for it at the Die.
-    Die,
+    Die {
+        r: Box<Rescale>,
+    },
     Pending {
         r: Box<Rescale>,
         tries: u32,
@@ -125,6 +132,15 @@ enum State {
     Failed,
     /// Only while a transition is in progress.
     Moving,
+}
+
+impl Rescale {
+    /// Whether the member `uid` of the old view leaves in this rescale.
+    fn leaves(&self, uid: u64) -> bool {
+        (0..self.old.num_nodes())
+            .find(|&n| self.old.uid_of(n) == uid)
+            .is_some_and(|n| self.order.plan.node_map[n as usize].is_none())
+    }
 }
 
 /// One node's rescale driver.
@@ -231,18 +247,26 @@ impl Driver {
                 return;
             }
             Event::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => {
-                if self.busy() {
-                    self.fail_busy(
-                        Cause::MemberLost {
-                            node: *node,
-                            uid: *uid,
-                        },
-                        out,
-                    );
+                let (node, uid) = (*node, *uid);
+                if self.rescale().is_some_and(|r| r.leaving && r.leaves(uid)) {
+                    // A leaving node waits on no other leaving node (they
+                    // are leaves of the drain tree): a loss that matters
+                    // fails a survivor, and that loss reaches this node.
+                    debug!(node, uid, "another leaving node was lost");
+                } else if self.busy() {
+                    self.fail_busy(Cause::MemberLost { node, uid }, out);
                 } else if matches!(self.state, State::Running { .. }) {
-                    out.push(Action::Abort(format!(
-                        "node {node} (uid {uid}) left the job unexpectedly; ending the job"
-                    )));
+                    // Named by its id in this node's view; one that is not
+                    // in it (removed by a commit this node has installed
+                    // since) is no loss of the job.
+                    let here = self
+                        .topo
+                        .as_ref()
+                        .and_then(|t| (0..t.num_nodes()).find(|&n| t.uid_of(n) == uid));
+                    match here {
+                        Some(node) => out.push(Action::PeerLost { node, uid }),
+                        None => debug!(node, uid, "a node no longer a member was reported lost"),
+                    }
                 }
                 return;
             }
@@ -284,11 +308,30 @@ impl Driver {
 
     fn fail(&mut self, step: Step, cause: Cause, out: &mut Vec<Action>) {
         let failure = Failure { step, cause };
-        warn!("rescale failed on this node: {failure}");
+        if matches!(failure.cause, Cause::MemberLost { .. }) {
+            // Said once for the job, by the shell (`NodeShared::lose_peer`).
+            debug!("rescale failed on this node: {failure}");
+        } else {
+            warn!("rescale failed on this node: {failure}");
+        }
         self.state = State::Failed;
         self.deadline = None;
         self.early.clear();
         out.push(Action::Fail(failure));
+    }
+
+    /// The rescale this node takes part in, if one is under way.
+    fn rescale(&self) -> Option<&Rescale> {
+        match &self.state {
+            State::Drain { r, .. }
+            | State::HandOver { r, .. }
+            | State::Pending { r, .. }
+            | State::Commit { r, .. }
+            | State::NewView { r }
+            | State::Die { r } => Some(r),
+            State::Installing { r, .. } | State::Barrier { r, .. } => r.as_deref(),
+            _ => None,
+        }
     }
 
     fn state_name(&self) -> &'static str {
@@ -296,7 +339,7 @@ impl Driver {
             State::Running { .. } => "running",
             State::Drain { .. } => "drain",
             State::HandOver { .. } => "hand-over",
-            State::Die => "die",
+            State::Die { .. } => "die",
             State::Pending { .. } => "pending",
             State::Commit { .. } => "commit",
             State::NewView { .. } => "new view",
@@ -383,7 +426,7 @@ impl Driver {
                     return (None, true);
                 }
                 let heard = heard + 1;
-                if heard < r.old.node_children(r.old.my_node()).len() {
+                if heard < r.tree.children.len() {
                     let wait = DrainWait::Children { heard, sum };
                     return (Some(State::Drain { r, round, wait }), true);
                 }
@@ -430,7 +473,7 @@ impl Driver {
                 self.drain(r, 2, now, out);
                 (None, true)
             }
-            (State::Die, Event::Coordinator(ServerMsg::Die { .. })) => {
+            (State::Die { .. }, Event::Coordinator(ServerMsg::Die { .. })) => {
                 info!(node = self.me(), "removed by the rescale; leaving the job");
                 self.deadline = None;
                 out.push(Action::Depart);
@@ -612,10 +655,13 @@ impl Driver {
         let leaving = order.plan.node_map[me as usize].is_none();
         debug!(node = me, leaving, "all PEs stopped; draining");
         out.push(Action::Draining(true));
+        let gone: Vec<bool> = order.plan.node_map.iter().map(Option::is_none).collect();
+        let tree = DrainTree::of(me, &gone);
         let r = Box::new(Rescale {
             order,
             old,
             leaving,
+            tree,
         });
         self.drain(r, 1, now, out);
     }
@@ -645,7 +691,7 @@ impl Driver {
                 let sum: Vec<u64> = (0..n)
                     .map(|p| if p == me { 0 } else { self.counts.sent_to(p) })
                     .collect();
-                if r.old.node_children(me).is_empty() {
+                if r.tree.children.is_empty() {
                     self.drain_up(r, round, sum, now, out);
                 } else {
                     self.wait(now, Step::DrainCounts { round, node: me }, self.cfg.step);
@@ -666,8 +712,7 @@ impl Driver {
         now: Instant,
         out: &mut Vec<Action>,
     ) {
-        let me = r.old.my_node();
-        match r.old.node_parent(me) {
+        match r.tree.parent {
             Some(parent) => {
                 out.push(Action::Send {
                     to: parent,
@@ -694,12 +739,12 @@ impl Driver {
     ) {
         let (me, n) = (r.old.my_node(), r.old.num_nodes());
         if totals.len() != n as usize {
-            let step = match r.old.node_parent(me) {
+            let step = match r.tree.parent {
                 Some(parent) => Step::DrainTotals { round, parent },
                 None => Step::DrainCounts { round, node: me },
             };
             let cause = Cause::Counts {
-                src: r.old.node_parent(me).unwrap_or(me),
+                src: r.tree.parent.unwrap_or(me),
                 counts: totals.len(),
                 nodes: n,
             };
@@ -707,7 +752,7 @@ impl Driver {
             return;
         }
         let expect = totals[me as usize];
-        for c in r.old.node_children(me) {
+        for c in r.tree.children.clone() {
             out.push(Action::Send {
                 to: c,
                 epoch: r.old.epoch(),
@@ -738,7 +783,7 @@ impl Driver {
         }
         if r.leaving {
             self.wait(now, Step::Die, self.cfg.step);
-            self.set(State::Die);
+            self.set(State::Die { r });
         } else if me == 0 {
             self.query(r, 1, now, out);
         } else {

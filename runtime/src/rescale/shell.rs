@@ -18,7 +18,7 @@ use ductile_coordinator::client::ClientError;
 use ductile_coordinator::proto::{ErrorCode, NodeId};
 use tracing::{debug, info};
 
-use super::driver::{Action, CommitRefusal, Config, DrainMode, Driver, Event, Failure};
+use super::driver::{Action, Cause, CommitRefusal, Config, DrainMode, Driver, Event, Failure};
 use super::{NodeEvent, RescaleFailed, Stage, StageBounds};
 use crate::link::CoordinatorLink;
 use crate::msg::Envelope;
@@ -311,11 +311,24 @@ impl Shell {
                 let stage = node
                     .with_desk(|d| format!(" in stage {}", d.stage.name()))
                     .unwrap_or_default();
-                node.abort(format!("rescale failed{stage}: {failure}; ending the job"));
+                match failure.cause {
+                    // One line for the job, by one survivor, with the step.
+                    Cause::MemberLost { uid, .. } => node.lose_peer(
+                        uid,
+                        &format!(
+                            "the coordinator reported it gone during the rescale{stage} \
+                             (step: {})",
+                            failure.step
+                        ),
+                    ),
+                    _ => node.abort(format!("rescale failed{stage}: {failure}; ending the job")),
+                }
                 node.finish_rescale(Err(RescaleFailed::Step { stage, failure }));
                 self.command_all(|| PeCommand::Depart);
             }
-            Action::Abort(reason) => node.abort(reason),
+            Action::PeerLost { uid, .. } => {
+                node.lose_peer(uid, "the coordinator reported it gone");
+            }
         }
     }
 

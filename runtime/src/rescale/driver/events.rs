@@ -174,10 +174,18 @@ pub(crate) enum Action {
     },
     /// This node was removed: end its PEs.
     Depart,
-    /// The rescale failed on this node: end the job.
+    /// The rescale failed on this node: end the job. When a member was
+    /// lost ([`Cause::MemberLost`]), the loss is said once for the job
+    /// (by the lowest-numbered survivor), naming the step.
     Fail(Failure),
-    /// No rescale runs, but the job cannot go on (a member was lost).
-    Abort(String),
+    /// No rescale runs, but the coordinator reported member `node` lost:
+    /// the job ends, the loss said once for the job.
+    PeerLost {
+        /// Its id in this node's view.
+        node: NodeId,
+        /// Its uid.
+        uid: u64,
+    },
 }
 
 /// A wait of the protocol, named in errors.
