@@ -16,7 +16,7 @@
 //! | quiescence detection | [`quiescence::Quiescence`] | `pe/quiescence.rs` |
 //! | load balancing | [`balance::Balancing`] | `pe/balance.rs` |
 //! | checkpoint and restore | [`checkpoint::Checkpointing`] | `pe/checkpoint.rs` |
-//! | the rescale's PE side | [`rescale::Rescaling`] | `pe/rescale.rs` |
+//! | the rescale's PE side | [`rescale::Rescaling`] | `pe/rescale.rs` (PE 0's), `pe/reentry.rs` (every PE's stop and re-entry) |
 //!
 //! [`PeState`] is the composition of those states plus the PE's identity and
 //! run queue. Entry methods, proxies and stores see it only as
@@ -36,13 +36,14 @@ mod location;
 mod queue;
 mod quiescence;
 mod reduction;
+mod reentry;
 mod rescale;
 mod run;
 mod send;
 mod startup;
 
 pub(crate) use queue::Inbox;
-pub(crate) use rescale::{PeCommand, Reentry};
+pub(crate) use reentry::{PeCommand, Reentry};
 
 use crate::collection::Store;
 use crate::msg::{CollId, Dest, Envelope};

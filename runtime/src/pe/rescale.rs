@@ -5,9 +5,8 @@
 //! PE to stop. The node's rescale driver ([`crate::rescale::driver`]) then drains
 //! the network, has departing PEs hand what they hold to PE 0, commits the
 //! new view and reconciles endpoints. Each surviving PE re-enters in place
-//! ([`Pe::reenter`]): same thread, same chares, new numbering; everything
-//! that depends on the old numbering is translated or rebuilt here. PE 0
-//! then hands the job's state to the newcomers ([`Pe::adopt`]), balances
+//! (`pe/reentry.rs`): same thread, same chares, new numbering. PE 0 then
+//! hands the job's state to the newcomers ([`Scheduler::adopt`]), balances
 //! onto them, and answers the control endpoint.
 //!
 //! Why nothing is lost: the driver stops every PE and drains the network
@@ -18,49 +17,21 @@
 //! bookkeeping). A broadcast caught half-way down the old spanning tree
 //! continues as direct copies to every PE of its old subtree.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender};
 use tracing::{debug, error, info, warn};
 
-use super::{Inbox, LoopExit, PeState, Scheduler};
-use crate::callback::CallbackSpec;
-use crate::msg::{CollId, Dest, Envelope, Payload, MAIN_COLL};
+use super::{PeState, Scheduler};
+use crate::msg::{CallbackSpec, CollId, Dest, Envelope, Payload};
 use crate::reduce::Value;
 use crate::rescale::plan::Renumbering;
-use crate::rescale::{Desk, NodeEvent, Stage};
-use crate::system::{AdoptedColl, Adoption, Partial, Shape, StopOrder, SysMsg};
-use crate::topo::{Pe as PeId, Topology};
-
-/// What the node's rescale driver tells a stopped PE.
-pub(crate) enum PeCommand {
-    /// Drain the inbox; a departing PE also sends what it holds to PE 0.
-    HandOver {
-        /// This PE's node leaves.
-        leaving: bool,
-    },
-    /// Re-enter the scheduler loop in the new view. The envelopes are what
-    /// reached this PE's inbox in the old view after it handed over (the
-    /// driver took them out before anyone could send in the new view).
-    Resume(Arc<Reentry>, Vec<Envelope>),
-    /// End this PE: its node left the job (or is aborting).
-    Depart,
-}
-
-/// Everything a surviving PE needs to re-enter after a commit.
-pub(crate) struct Reentry {
-    /// The view that was left.
-    pub old: Arc<Topology>,
-    /// The committed view.
-    pub new: Arc<Topology>,
-    /// Old PE numbers to new ones.
-    pub plan: Renumbering,
-}
+use crate::rescale::{Desk, Stage};
+use crate::system::{AdoptedColl, Adoption, Shape, StopOrder, SysMsg};
+use crate::topo::Pe as PeId;
 
 /// Where PE 0's rescale stands.
 #[derive(Debug, PartialEq, Eq)]
-enum Phase {
+enum RootPhase {
     /// Waiting for load-balancing steps in progress to end.
     Waiting,
     /// Steps evacuating the departing PEs, by collection.
@@ -88,7 +59,7 @@ pub(super) struct Rescaling {
 pub(crate) struct RootRescale {
     /// The request, with its plan.
     order: StopOrder,
-    phase: Phase,
+    phase: RootPhase,
     /// When the current phase began.
     since: Instant,
     /// `at_sync` steps that arrived during the rescale: run after it.
@@ -124,7 +95,7 @@ impl PeState {
     }
 
     /// Enqueues `msg` here without counting it as a new message.
-    fn requeue_sys(&mut self, prio: i32, counted: bool, msg: SysMsg) {
+    pub(super) fn requeue_sys(&mut self, prio: i32, counted: bool, msg: SysMsg) {
         self.enqueue(Envelope {
             prio,
             dest: Dest::System,
@@ -172,7 +143,7 @@ impl Scheduler {
         );
         self.ctx.rescaling.root = Some(RootRescale {
             order,
-            phase: Phase::Waiting,
+            phase: RootPhase::Waiting,
             since: Instant::now(),
             deferred: Vec::new(),
             pes_before: self.ctx.num_pes(),
@@ -195,11 +166,11 @@ impl Scheduler {
             };
             let next = match &r.phase {
                 // `lb_done` calls again when the step in progress ends.
-                Phase::Waiting if !self.ctx.lb.roots.is_empty() => return,
-                Phase::Waiting => Next::Evacuate(r.order.plan.leaving_pes.clone()),
-                Phase::Evacuating(colls) if colls.is_empty() => Next::Stop(r.order.clone()),
-                Phase::Adopting(0) => Next::Populate(r.new_pes > 0),
-                Phase::Balancing(colls) if colls.is_empty() => Next::Finish,
+                RootPhase::Waiting if !self.ctx.lb.roots.is_empty() => return,
+                RootPhase::Waiting => Next::Evacuate(r.order.plan.leaving_pes.clone()),
+                RootPhase::Evacuating(colls) if colls.is_empty() => Next::Stop(r.order.clone()),
+                RootPhase::Adopting(0) => Next::Populate(r.new_pes > 0),
+                RootPhase::Balancing(colls) if colls.is_empty() => Next::Finish,
                 _ => return,
             };
             match next {
@@ -209,7 +180,7 @@ impl Scheduler {
                     } else {
                         self.ctx.balanced_arrays()
                     };
-                    self.set_phase(Phase::Evacuating(colls.clone()));
+                    self.set_phase(RootPhase::Evacuating(colls.clone()));
                     for coll in colls {
                         self.ctx.lb_start(coll, true, leaving.clone());
                     }
@@ -217,7 +188,7 @@ impl Scheduler {
                 Next::Stop(order) => {
                     self.record(Stage::Evacuate);
                     self.ctx.desk(|d| d.stop_sent = Some(Instant::now()));
-                    self.set_phase(Phase::Stopped);
+                    self.set_phase(RootPhase::Stopped);
                     for pe in 0..self.ctx.num_pes() {
                         self.ctx.send_sys(pe, SysMsg::RescaleStop(order.clone()));
                     }
@@ -230,7 +201,7 @@ impl Scheduler {
                     } else {
                         Vec::new()
                     };
-                    self.set_phase(Phase::Balancing(colls.clone()));
+                    self.set_phase(RootPhase::Balancing(colls.clone()));
                     for coll in colls {
                         self.ctx.lb_start(coll, true, Vec::new());
                     }
@@ -260,13 +231,13 @@ impl Scheduler {
             .as_ref()
             .expect("checked by the caller");
         let stuck = match &r.phase {
-            Phase::Waiting => self.unanswered_lb(None),
-            Phase::Evacuating(colls) => self.unanswered_lb(Some(colls)),
+            RootPhase::Waiting => self.unanswered_lb(None),
+            RootPhase::Evacuating(colls) => self.unanswered_lb(Some(colls)),
             // Too late: the node drivers bound the rest.
             _ => return,
         };
         let r = self.ctx.rescaling.root.take().expect("in progress");
-        if let Phase::Evacuating(colls) = &r.phase {
+        if let RootPhase::Evacuating(colls) = &r.phase {
             for coll in colls {
                 self.ctx.lb.roots.remove(coll);
             }
@@ -321,7 +292,7 @@ impl Scheduler {
         )
     }
 
-    fn set_phase(&mut self, phase: Phase) {
+    fn set_phase(&mut self, phase: RootPhase) {
         let r = self
             .ctx
             .rescaling
@@ -346,7 +317,7 @@ impl Scheduler {
             d.gpu_staging_ms += staging_ns as f64 / 1e6;
         });
         if let Some(r) = self.ctx.rescaling.root.as_mut() {
-            if let Phase::Evacuating(c) | Phase::Balancing(c) = &mut r.phase {
+            if let RootPhase::Evacuating(c) | RootPhase::Balancing(c) = &mut r.phase {
                 c.retain(|&x| x != coll);
             }
         }
@@ -355,14 +326,15 @@ impl Scheduler {
 
     /// A newcomer PE adopted the job's state.
     pub(super) fn rescale_adopted(&mut self) {
-        if let Some(Phase::Adopting(n)) = self.ctx.rescaling.root.as_mut().map(|r| &mut r.phase) {
+        if let Some(RootPhase::Adopting(n)) = self.ctx.rescaling.root.as_mut().map(|r| &mut r.phase)
+        {
             *n = n.saturating_sub(1);
         }
         self.rescale_advance();
     }
 
     /// PE 0 re-entered: hand the job's state to every newcomer PE.
-    fn rescale_resumed(&mut self, plan: &Renumbering) {
+    pub(super) fn rescale_resumed(&mut self, plan: &Renumbering) {
         if self.ctx.rescaling.root.is_none() {
             error!("PE 0 re-entered without a rescale in progress");
             return;
@@ -374,7 +346,7 @@ impl Scheduler {
             let ms = t.elapsed().as_secs_f64() * 1e3;
             self.ctx.desk(|d| d.record(Stage::Reentry, ms));
         }
-        self.set_phase(Phase::Adopting(new_pes));
+        self.set_phase(RootPhase::Adopting(new_pes));
         if new_pes > 0 {
             let new_nodes = topo.num_nodes() - topo.node_of(plan.surviving_pes);
             let adoption = self.adoption(new_pes, new_nodes);
@@ -467,278 +439,6 @@ impl Scheduler {
         }
     }
 
-    // ---- every PE: stop, hand over, re-enter ----
-
-    /// Between `RescaleStop` and re-entry: obeys the node's rescale driver.
-    /// Returns how the PE ends, or None when it re-entered and should run on.
-    pub(crate) fn rescale(
-        &mut self,
-        inbox: &Inbox,
-        commands: &Receiver<PeCommand>,
-        events: &Sender<NodeEvent>,
-    ) -> Option<LoopExit> {
-        let order = self
-            .ctx
-            .rescaling
-            .stop_order
-            .take()
-            .expect("stopped by an order");
-        let _ = events.send(NodeEvent::Stopped { order });
-        loop {
-            match commands.recv() {
-                Ok(PeCommand::HandOver { leaving }) => {
-                    self.hand_over(inbox, leaving);
-                    let _ = events.send(NodeEvent::HandedOver);
-                }
-                Ok(PeCommand::Resume(r, late)) => {
-                    self.reenter(&r, late);
-                    return None;
-                }
-                Ok(PeCommand::Depart) => return Some(LoopExit::Departed),
-                Err(_) => return Some(LoopExit::Aborted),
-            }
-        }
-    }
-
-    /// Drains the inbox (the network is quiet); a departing PE sends every
-    /// element, partial result and message it holds to PE 0, which stays.
-    fn hand_over(&mut self, inbox: &Inbox, leaving: bool) {
-        while let Some(env) = inbox.queue.pop() {
-            self.ctx.enqueue(env);
-        }
-        if !leaving {
-            return;
-        }
-        let me = self.ctx.pe;
-        let subtree = self.ctx.topo.subtree(me);
-        let mut colls: Vec<CollId> = self.stores.keys().copied().collect();
-        colls.sort_unstable();
-        let (mut moved, mut ended) = (0, 0);
-        for coll in colls {
-            let migratable = self.ctx.is_migratable(coll);
-            let store = self.stores.get_mut(&coll).expect("listed");
-            for (key, _) in store.locals() {
-                let Some((state, meta)) = store.pack(key) else {
-                    continue;
-                };
-                if migratable {
-                    moved += 1;
-                    self.ctx.send_migrant(coll, key, 0, state, meta, None);
-                } else {
-                    // A group or nodegroup member ends with its PE.
-                    ended += 1;
-                    let next_red = meta.next_red;
-                    self.ctx.send_sys(0, SysMsg::Death { coll, next_red });
-                }
-            }
-        }
-        for ((coll, no), g) in std::mem::take(&mut self.ctx.red.gathered) {
-            self.ctx.send_sys(
-                0,
-                SysMsg::Reduce(Partial {
-                    coll,
-                    no,
-                    value: g.value.unwrap_or(Value::Unit),
-                    count: g.count,
-                    reducer: g.reducer,
-                    callback: g.callback,
-                }),
-            );
-        }
-        let held = self.take_held();
-        let forwarded = held.len();
-        for env in held {
-            self.forward_leftover(env, &subtree);
-        }
-        debug!(
-            pe = me,
-            moved, ended, forwarded, "departing PE handed over what it held"
-        );
-    }
-
-    /// Everything queued or parked on this PE, in arrival order where there is one.
-    fn take_held(&mut self) -> Vec<Envelope> {
-        let c = &mut self.ctx;
-        let mut out: Vec<Envelope> = c.queue.fifo.drain(..).collect();
-        let mut heap: Vec<_> = std::mem::take(&mut c.queue.heap).into_vec();
-        heap.sort_by_key(|q| q.seq);
-        out.extend(heap.into_iter().map(|q| q.env));
-        out.append(&mut c.startup.held_in);
-        let mut unknown: Vec<_> = c.loc.unknown.drain().collect();
-        unknown.sort_by_key(|(coll, _)| *coll);
-        out.extend(unknown.into_iter().flat_map(|(_, v)| v));
-        let mut waiting: Vec<_> = c.loc.waiting.drain().collect();
-        waiting.sort_by_key(|(k, _)| *k);
-        out.extend(waiting.into_iter().flat_map(|(_, v)| v));
-        out
-    }
-
-    /// A departing PE's message: to PE 0, or on to the PEs of its old subtree.
-    fn forward_leftover(&mut self, env: Envelope, subtree: &[PeId]) {
-        let me = self.ctx.pe;
-        match env.dest {
-            Dest::Element { .. } => self.ctx.send_env(0, env),
-            Dest::Member { coll } => warn!(
-                pe = me,
-                "dropping a message for the member of collection {coll:#x} on a departing PE"
-            ),
-            Dest::Broadcast { coll, seq } => {
-                for &pe in subtree {
-                    self.ctx.send_env(pe, leaf_copy(&env, coll, seq));
-                }
-            }
-            // Only this PE's elements were to get it, and they are gone.
-            Dest::BroadcastLeaf { .. } => {}
-            Dest::System => {
-                let msg = match env.payload.take::<SysMsg>() {
-                    Ok(m) => m,
-                    Err(e) => {
-                        error!(pe = me, "dropping malformed runtime message: {e}");
-                        return;
-                    }
-                };
-                if msg.dropped_by_rescale() || matches!(msg, SysMsg::Leaf(_)) {
-                    return;
-                }
-                if msg.is_tree_broadcast() {
-                    for &pe in subtree {
-                        self.ctx.send_sys(pe, SysMsg::Leaf(Box::new(msg.clone())));
-                    }
-                } else {
-                    self.ctx.send_sys(0, msg);
-                }
-            }
-        }
-    }
-
-    /// A survivor re-enters in the new view: new number, translated queues,
-    /// rebuilt location and quiescence bookkeeping. Same thread, same chares.
-    fn reenter(&mut self, r: &Reentry, late: Vec<Envelope>) {
-        let _span =
-            tracing::debug_span!("reentry", epoch = r.old.epoch(), pe = self.ctx.pe).entered();
-        // The inbox may already hold messages of the new view (from PEs that
-        // re-entered first): they stay there, untranslated.
-        for env in late {
-            self.ctx.enqueue(env);
-        }
-        let old_me = self.ctx.pe;
-        let map = |pe: PeId| r.plan.pe_map.get(pe as usize).copied().flatten();
-        let new_me = map(old_me).expect("only survivors re-enter");
-        let subtree: Vec<PeId> = r.old.subtree(old_me).into_iter().filter_map(map).collect();
-        let held = self.take_held();
-        self.ctx.pe = new_me;
-        self.ctx.topo = r.new.clone();
-        self.ctx.qd.created = 0;
-        self.ctx.qd.processed = 0;
-        for env in held {
-            self.translate(env, &subtree, &map);
-        }
-        let queued = self.ctx.queue.fifo.iter().filter(|e| e.counted).count()
-            + self.ctx.queue.heap.iter().filter(|q| q.env.counted).count();
-        self.ctx.qd.created += queued as u64;
-        // Locations: every element tells its (new) home where it is.
-        self.ctx.loc.cache.clear();
-        self.ctx.loc.homes.clear();
-        let mut arrays: Vec<CollId> = self
-            .stores
-            .keys()
-            .copied()
-            .filter(|&c| c != MAIN_COLL && self.ctx.is_migratable(c))
-            .collect();
-        arrays.sort_unstable();
-        for coll in arrays {
-            for (key, hops) in self.stores[&coll].locals() {
-                self.ctx.note_local_element(coll, key, hops);
-            }
-        }
-        // Partial results go up the new tree (or complete, on PE 0).
-        let mut open: Vec<(CollId, u32)> = self.ctx.red.gathered.keys().copied().collect();
-        open.sort_unstable();
-        for (coll, no) in open {
-            if new_me == 0 {
-                self.complete_if_done(coll, no);
-            } else if self.stores.get(&coll).is_none_or(|s| s.all_contributed(no)) {
-                self.flush_partial(coll, no);
-            }
-        }
-        // Quiescence detection starts its waves over.
-        self.ctx.qd.current = None;
-        if new_me == 0 && self.ctx.qd.running {
-            self.ctx.qd.previous = None;
-            self.ctx.qd.next_wave_at = Some(Instant::now());
-        }
-        self.ctx.lb.here.clear();
-        // The time stopped was neither work nor idleness: the next load
-        // statistics start now (else survivors look loaded and newcomers
-        // empty to the balancing step that follows).
-        self.ctx.lb.busy = Duration::ZERO;
-        self.ctx.lb.idle = Duration::ZERO;
-        self.ctx.lb.measured_since = Instant::now();
-        debug!(old = old_me, new = new_me, "PE re-entered");
-        if new_me == 0 {
-            self.rescale_resumed(&r.plan);
-        }
-    }
-
-    /// Re-queues one held message in the new numbering.
-    fn translate(&mut self, env: Envelope, subtree: &[PeId], map: &dyn Fn(PeId) -> Option<PeId>) {
-        let me = self.ctx.pe;
-        match env.dest {
-            Dest::Element { coll, key, src } => self.ctx.enqueue(Envelope {
-                dest: Dest::Element {
-                    coll,
-                    key,
-                    src: map(src).unwrap_or(me),
-                },
-                ..env
-            }),
-            Dest::Broadcast { coll, seq } if seq > 0 => {
-                for &pe in subtree {
-                    self.ctx.send_env(pe, leaf_copy(&env, coll, seq));
-                }
-                self.ctx.enqueue(Envelope {
-                    dest: Dest::BroadcastLeaf { coll, seq },
-                    ..env
-                });
-            }
-            Dest::Member { .. } | Dest::Broadcast { .. } | Dest::BroadcastLeaf { .. } => {
-                self.ctx.enqueue(env)
-            }
-            Dest::System => {
-                let (prio, counted) = (env.prio, env.counted);
-                let msg = match env.payload.take::<SysMsg>() {
-                    Ok(m) => m,
-                    Err(e) => {
-                        error!(pe = me, "dropping malformed runtime message: {e}");
-                        return;
-                    }
-                };
-                let msg = match msg {
-                    m if m.dropped_by_rescale() => return,
-                    m if m.is_tree_broadcast() => {
-                        for &pe in subtree {
-                            self.ctx.send_sys(pe, SysMsg::Leaf(Box::new(m.clone())));
-                        }
-                        SysMsg::Leaf(Box::new(m))
-                    }
-                    SysMsg::InsertRequest {
-                        coll,
-                        key,
-                        init,
-                        on,
-                    } => SysMsg::InsertRequest {
-                        coll,
-                        key,
-                        init,
-                        on: on.and_then(map),
-                    },
-                    m => m,
-                };
-                self.ctx.requeue_sys(prio, counted, msg);
-            }
-        }
-    }
-
     // ---- newcomers ----
 
     /// A newcomer PE adopts the job's readonly data and collections.
@@ -749,14 +449,5 @@ impl Scheduler {
         }
         debug!(pe = self.ctx.pe, "newcomer PE adopted the job's state");
         self.ctx.send_sys(0, SysMsg::Adopted);
-    }
-}
-
-fn leaf_copy(env: &Envelope, coll: CollId, seq: u64) -> Envelope {
-    Envelope {
-        prio: env.prio,
-        dest: Dest::BroadcastLeaf { coll, seq },
-        payload: env.payload.duplicate(),
-        counted: true,
     }
 }
