@@ -52,6 +52,8 @@ use crate::topo::Topology;
 
 mod drain;
 mod events;
+mod view;
+pub(crate) use drain::add_counts;
 use drain::DrainTree;
 pub(crate) use events::{
     Action, Cause, CommitRefusal, Config, Counts, DrainMode, Event, Failure, Step,
@@ -199,6 +201,26 @@ impl Driver {
             self.state,
             State::Running { .. } | State::Departed | State::Failed
         )
+    }
+
+    /// The stage of the rescale under way on this node, with the epoch it
+    /// leaves (a newcomer: the one it joins); None when none is.
+    pub(crate) fn stage(&self) -> Option<(Stage, u64)> {
+        let old = |r: &Rescale| r.old.epoch();
+        match &self.state {
+            State::Drain { r, .. } | State::HandOver { r, .. } => Some((Stage::Stop, old(r))),
+            State::Die { r } | State::Pending { r, .. } | State::Commit { r, .. } => {
+                Some((Stage::Commit, old(r)))
+            }
+            State::NewView { r } => Some((Stage::Commit, old(r))),
+            State::Installing { r, epoch } => {
+                Some((Stage::Reconcile, r.as_deref().map_or(*epoch, old)))
+            }
+            State::Barrier { r, topo, .. } => {
+                Some((Stage::Reconcile, r.as_deref().map_or(topo.epoch(), old)))
+            }
+            _ => None,
+        }
     }
 
     /// Whether the driver wants [`Event::Counts`] now.
@@ -599,340 +621,6 @@ impl Driver {
             (state, _) => (Some(state), false),
         }
     }
-
-    /// Conditions that may hold without an event: the drain's frames in.
-    fn poll(&mut self, now: Instant, out: &mut Vec<Action>) {
-        let done = match &self.state {
-            State::Drain {
-                r,
-                wait: DrainWait::Frames { expect },
-                ..
-            } => {
-                let me = r.old.my_node();
-                let got: u64 = (0..r.old.num_nodes())
-                    .filter(|&p| p != me)
-                    .map(|p| self.counts.received_from(p))
-                    .sum();
-                got >= *expect
-            }
-            State::Drain {
-                r,
-                wait: DrainWait::Peers { expected },
-                ..
-            } => {
-                expected.len() + 1 == r.old.num_nodes() as usize
-                    && expected
-                        .iter()
-                        .all(|(&src, &n)| self.counts.received_from(src) >= n)
-            }
-            _ => false,
-        };
-        if done {
-            let State::Drain { r, round, .. } = std::mem::replace(&mut self.state, State::Moving)
-            else {
-                unreachable!("matched above")
-            };
-            self.drained(r, round, now, out);
-        }
-    }
-
-    /// All local PEs stopped for `order`: the rescale begins here.
-    fn begin(&mut self, order: StopOrder, now: Instant, out: &mut Vec<Action>) {
-        let Some(old) = self.topo.clone() else {
-            self.state = State::Admission;
-            return;
-        };
-        let me = old.my_node();
-        if order.plan.node_map.len() != old.num_nodes() as usize || order.epoch != old.epoch() {
-            let cause = Cause::Plan {
-                epoch: order.epoch,
-                planned: order.plan.node_map.len(),
-                nodes: old.num_nodes(),
-            };
-            self.fail(Step::DrainCounts { round: 1, node: me }, cause, out);
-            return;
-        }
-        let leaving = order.plan.node_map[me as usize].is_none();
-        debug!(node = me, leaving, "all PEs stopped; draining");
-        out.push(Action::Draining(true));
-        let gone: Vec<bool> = order.plan.node_map.iter().map(Option::is_none).collect();
-        let tree = DrainTree::of(me, &gone);
-        let r = Box::new(Rescale {
-            order,
-            old,
-            leaving,
-            tree,
-        });
-        self.drain(r, 1, now, out);
-    }
-
-    /// Starts drain round `round`.
-    fn drain(&mut self, r: Box<Rescale>, round: u8, now: Instant, out: &mut Vec<Action>) {
-        let (me, epoch, n) = (r.old.my_node(), r.old.epoch(), r.old.num_nodes());
-        match self.cfg.drain {
-            DrainMode::AllToAll => {
-                for p in (0..n).filter(|&p| p != me) {
-                    out.push(Action::Send {
-                        to: p,
-                        epoch,
-                        frame: ControlFrame::Drain {
-                            round,
-                            sent: self.counts.sent_to(p),
-                        },
-                    });
-                }
-                self.wait(now, Step::DrainPeers { round }, self.cfg.step);
-                let wait = DrainWait::Peers {
-                    expected: BTreeMap::new(),
-                };
-                self.set(State::Drain { r, round, wait });
-            }
-            DrainMode::Tree => {
-                let sum: Vec<u64> = (0..n)
-                    .map(|p| if p == me { 0 } else { self.counts.sent_to(p) })
-                    .collect();
-                if r.tree.children.is_empty() {
-                    self.drain_up(r, round, sum, now, out);
-                } else {
-                    self.wait(now, Step::DrainCounts { round, node: me }, self.cfg.step);
-                    let wait = DrainWait::Children { heard: 0, sum };
-                    self.set(State::Drain { r, round, wait });
-                }
-            }
-        }
-    }
-
-    /// Tree drain: the subtree's counts are in; up to the parent, or (the
-    /// root) they are the totals.
-    fn drain_up(
-        &mut self,
-        r: Box<Rescale>,
-        round: u8,
-        sum: Vec<u64>,
-        now: Instant,
-        out: &mut Vec<Action>,
-    ) {
-        match r.tree.parent {
-            Some(parent) => {
-                out.push(Action::Send {
-                    to: parent,
-                    epoch: r.old.epoch(),
-                    frame: ControlFrame::DrainUp { round, sent: sum },
-                });
-                self.wait(now, Step::DrainTotals { round, parent }, self.cfg.step);
-                let wait = DrainWait::Totals;
-                self.set(State::Drain { r, round, wait });
-            }
-            None => self.drain_down(r, round, sum, now, out),
-        }
-    }
-
-    /// Tree drain: the totals are known; down to the children, then wait
-    /// for this node's own.
-    fn drain_down(
-        &mut self,
-        r: Box<Rescale>,
-        round: u8,
-        totals: Vec<u64>,
-        now: Instant,
-        out: &mut Vec<Action>,
-    ) {
-        let (me, n) = (r.old.my_node(), r.old.num_nodes());
-        if totals.len() != n as usize {
-            let step = match r.tree.parent {
-                Some(parent) => Step::DrainTotals { round, parent },
-                None => Step::DrainCounts { round, node: me },
-            };
-            let cause = Cause::Counts {
-                src: r.tree.parent.unwrap_or(me),
-                counts: totals.len(),
-                nodes: n,
-            };
-            self.fail(step, cause, out);
-            return;
-        }
-        let expect = totals[me as usize];
-        for c in r.tree.children.clone() {
-            out.push(Action::Send {
-                to: c,
-                epoch: r.old.epoch(),
-                frame: ControlFrame::DrainDown {
-                    round,
-                    totals: totals.clone(),
-                },
-            });
-        }
-        self.wait(now, Step::DrainFrames { round, expect }, self.cfg.step);
-        let wait = DrainWait::Frames { expect };
-        self.set(State::Drain { r, round, wait });
-    }
-
-    /// Drain round `round` is over.
-    fn drained(&mut self, r: Box<Rescale>, round: u8, now: Instant, out: &mut Vec<Action>) {
-        if round == 1 {
-            out.push(Action::HandOver { leaving: r.leaving });
-            self.wait(now, Step::HandOver, self.cfg.step);
-            self.set(State::HandOver { r, handed: 0 });
-            return;
-        }
-        out.push(Action::Draining(false));
-        out.push(Action::TakeLate);
-        let me = r.old.my_node();
-        if me == 0 {
-            out.push(Action::StageEnded(Stage::Stop));
-        }
-        if r.leaving {
-            self.wait(now, Step::Die, self.cfg.step);
-            self.set(State::Die { r });
-        } else if me == 0 {
-            self.query(r, 1, now, out);
-        } else {
-            self.wait(now, Step::NewView, self.cfg.step);
-            self.set(State::NewView { r });
-        }
-    }
-
-    /// Node 0: asks how many newcomers wait (when the request admits any).
-    fn query(&mut self, r: Box<Rescale>, tries: u32, now: Instant, out: &mut Vec<Action>) {
-        if r.order.admit == 0 {
-            self.commit(r, tries, 0, now, out);
-            return;
-        }
-        out.push(Action::QueryPending {
-            epoch: r.order.epoch,
-        });
-        self.wait(now, Step::Pending, self.cfg.step);
-        self.set(State::Pending { r, tries });
-    }
-
-    fn commit(
-        &mut self,
-        r: Box<Rescale>,
-        tries: u32,
-        admit: u32,
-        now: Instant,
-        out: &mut Vec<Action>,
-    ) {
-        out.push(Action::Commit {
-            epoch: r.order.epoch,
-            remove: r.order.remove.clone(),
-            admit,
-        });
-        self.wait(now, Step::Commit, self.cfg.step);
-        self.set(State::Commit { r, tries, admit });
-    }
-
-    /// The committed view: reconcile endpoints and install it.
-    fn install(
-        &mut self,
-        r: Option<Box<Rescale>>,
-        view: View,
-        now: Instant,
-        out: &mut Vec<Action>,
-    ) {
-        let epoch = view.epoch;
-        let uid = r.as_ref().map(|r| r.old.my_uid());
-        let me = uid.and_then(|uid| view.by_uid(uid).map(|m| m.node));
-        match (uid, me) {
-            (Some(_), Some(me)) => {
-                out.push(Action::Install { view, me });
-                self.wait(now, Step::Reconcile { epoch }, self.cfg.step);
-                self.set(State::Installing { r, epoch });
-            }
-            (uid, _) => {
-                let cause = Cause::NotInView {
-                    uid: uid.unwrap_or(0),
-                };
-                self.fail(Step::Reconcile { epoch }, cause, out);
-            }
-        }
-    }
-
-    /// The new view is installed: the barrier of its node tree.
-    fn barrier(
-        &mut self,
-        r: Option<Box<Rescale>>,
-        topo: Arc<Topology>,
-        now: Instant,
-        out: &mut Vec<Action>,
-    ) {
-        self.topo = Some(topo.clone());
-        if topo.node_children(topo.my_node()).is_empty() {
-            self.barrier_up(r, topo, now, out);
-        } else {
-            self.wait(now, Step::BarrierReady, self.cfg.step);
-            let wait = BarrierWait::Ready { ready: 0 };
-            self.set(State::Barrier { r, topo, wait });
-        }
-    }
-
-    fn barrier_up(
-        &mut self,
-        r: Option<Box<Rescale>>,
-        topo: Arc<Topology>,
-        now: Instant,
-        out: &mut Vec<Action>,
-    ) {
-        match topo.node_parent(topo.my_node()) {
-            Some(parent) => {
-                out.push(Action::Send {
-                    to: parent,
-                    epoch: topo.epoch(),
-                    frame: ControlFrame::Ready,
-                });
-                self.wait(now, Step::BarrierGo, self.cfg.step);
-                let wait = BarrierWait::Go;
-                self.set(State::Barrier { r, topo, wait });
-            }
-            None => self.barrier_done(r, topo, out),
-        }
-    }
-
-    fn barrier_done(
-        &mut self,
-        r: Option<Box<Rescale>>,
-        topo: Arc<Topology>,
-        out: &mut Vec<Action>,
-    ) {
-        for c in topo.node_children(topo.my_node()) {
-            out.push(Action::Send {
-                to: c,
-                epoch: topo.epoch(),
-                frame: ControlFrame::Go,
-            });
-        }
-        match r {
-            Some(r) => {
-                if r.old.my_node() == 0 {
-                    out.push(Action::StageEnded(Stage::Reconcile));
-                }
-                out.push(Action::Resume {
-                    old: r.old,
-                    new: topo,
-                    plan: r.order.plan,
-                });
-            }
-            None => out.push(Action::Joined { me: topo.my_node() }),
-        }
-        self.deadline = None;
-        self.counts = Counts::default();
-        self.set(State::Running { stopped: 0 });
-    }
-}
-
-/// Adds a subtree's per-node counts (from node `src`) into `sum`.
-pub(crate) fn add_counts(sum: &mut [u64], counts: &[u64], src: NodeId) -> Result<(), Cause> {
-    if counts.len() != sum.len() {
-        return Err(Cause::Counts {
-            src,
-            counts: counts.len(),
-            nodes: sum.len() as u32,
-        });
-    }
-    for (s, c) in sum.iter_mut().zip(counts) {
-        *s = s.checked_add(*c).ok_or(Cause::Overflow { src })?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -11,11 +11,243 @@
 //! on it after it sent its counts up. When nobody leaves (an expansion),
 //! the drain tree is the view's node tree.
 //!
-//! May touch: nothing. Pure.
+//! Also the driver's drain stage (steps 1 and 2 of `driver.rs`): the
+//! rescale's beginning, both drain rounds and the hand-over between them.
+//!
+//! May touch: the driver's state. No I/O.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
 
 use ductile_coordinator::proto::NodeId;
+use tracing::debug;
 
+use super::{
+    Action, Cause, ControlFrame, DrainMode, DrainWait, Driver, Rescale, Stage, State, Step,
+};
+use crate::system::StopOrder;
 use crate::topo::TREE_ARITY;
+
+impl Driver {
+    /// Conditions that may hold without an event: the drain's frames in.
+    pub(super) fn poll(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let done = match &self.state {
+            State::Drain {
+                r,
+                wait: DrainWait::Frames { expect },
+                ..
+            } => {
+                let me = r.old.my_node();
+                let got: u64 = (0..r.old.num_nodes())
+                    .filter(|&p| p != me)
+                    .map(|p| self.counts.received_from(p))
+                    .sum();
+                got >= *expect
+            }
+            State::Drain {
+                r,
+                wait: DrainWait::Peers { expected },
+                ..
+            } => {
+                expected.len() + 1 == r.old.num_nodes() as usize
+                    && expected
+                        .iter()
+                        .all(|(&src, &n)| self.counts.received_from(src) >= n)
+            }
+            _ => false,
+        };
+        if done {
+            let State::Drain { r, round, .. } = std::mem::replace(&mut self.state, State::Moving)
+            else {
+                unreachable!("matched above")
+            };
+            self.drained(r, round, now, out);
+        }
+    }
+
+    /// All local PEs stopped for `order`: the rescale begins here.
+    pub(super) fn begin(&mut self, order: StopOrder, now: Instant, out: &mut Vec<Action>) {
+        let Some(old) = self.topo.clone() else {
+            self.state = State::Admission;
+            return;
+        };
+        let me = old.my_node();
+        if order.plan.node_map.len() != old.num_nodes() as usize || order.epoch != old.epoch() {
+            let cause = Cause::Plan {
+                epoch: order.epoch,
+                planned: order.plan.node_map.len(),
+                nodes: old.num_nodes(),
+            };
+            self.fail(Step::DrainCounts { round: 1, node: me }, cause, out);
+            return;
+        }
+        let leaving = order.plan.node_map[me as usize].is_none();
+        debug!(node = me, leaving, "all PEs stopped; draining");
+        out.push(Action::Draining(true));
+        let gone: Vec<bool> = order.plan.node_map.iter().map(Option::is_none).collect();
+        let tree = DrainTree::of(me, &gone);
+        let r = Box::new(Rescale {
+            order,
+            old,
+            leaving,
+            tree,
+        });
+        self.drain(r, 1, now, out);
+    }
+
+    /// Starts drain round `round`.
+    pub(super) fn drain(
+        &mut self,
+        r: Box<Rescale>,
+        round: u8,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let (me, epoch, n) = (r.old.my_node(), r.old.epoch(), r.old.num_nodes());
+        match self.cfg.drain {
+            DrainMode::AllToAll => {
+                for p in (0..n).filter(|&p| p != me) {
+                    out.push(Action::Send {
+                        to: p,
+                        epoch,
+                        frame: ControlFrame::Drain {
+                            round,
+                            sent: self.counts.sent_to(p),
+                        },
+                    });
+                }
+                self.wait(now, Step::DrainPeers { round }, self.cfg.step);
+                let wait = DrainWait::Peers {
+                    expected: BTreeMap::new(),
+                };
+                self.set(State::Drain { r, round, wait });
+            }
+            DrainMode::Tree => {
+                let sum: Vec<u64> = (0..n)
+                    .map(|p| if p == me { 0 } else { self.counts.sent_to(p) })
+                    .collect();
+                if r.tree.children.is_empty() {
+                    self.drain_up(r, round, sum, now, out);
+                } else {
+                    self.wait(now, Step::DrainCounts { round, node: me }, self.cfg.step);
+                    let wait = DrainWait::Children { heard: 0, sum };
+                    self.set(State::Drain { r, round, wait });
+                }
+            }
+        }
+    }
+
+    /// Tree drain: the subtree's counts are in; up to the parent, or (the
+    /// root) they are the totals.
+    pub(super) fn drain_up(
+        &mut self,
+        r: Box<Rescale>,
+        round: u8,
+        sum: Vec<u64>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        match r.tree.parent {
+            Some(parent) => {
+                out.push(Action::Send {
+                    to: parent,
+                    epoch: r.old.epoch(),
+                    frame: ControlFrame::DrainUp { round, sent: sum },
+                });
+                self.wait(now, Step::DrainTotals { round, parent }, self.cfg.step);
+                let wait = DrainWait::Totals;
+                self.set(State::Drain { r, round, wait });
+            }
+            None => self.drain_down(r, round, sum, now, out),
+        }
+    }
+
+    /// Tree drain: the totals are known; down to the children, then wait
+    /// for this node's own.
+    pub(super) fn drain_down(
+        &mut self,
+        r: Box<Rescale>,
+        round: u8,
+        totals: Vec<u64>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let (me, n) = (r.old.my_node(), r.old.num_nodes());
+        if totals.len() != n as usize {
+            let step = match r.tree.parent {
+                Some(parent) => Step::DrainTotals { round, parent },
+                None => Step::DrainCounts { round, node: me },
+            };
+            let cause = Cause::Counts {
+                src: r.tree.parent.unwrap_or(me),
+                counts: totals.len(),
+                nodes: n,
+            };
+            self.fail(step, cause, out);
+            return;
+        }
+        let expect = totals[me as usize];
+        for c in r.tree.children.clone() {
+            out.push(Action::Send {
+                to: c,
+                epoch: r.old.epoch(),
+                frame: ControlFrame::DrainDown {
+                    round,
+                    totals: totals.clone(),
+                },
+            });
+        }
+        self.wait(now, Step::DrainFrames { round, expect }, self.cfg.step);
+        let wait = DrainWait::Frames { expect };
+        self.set(State::Drain { r, round, wait });
+    }
+
+    /// Drain round `round` is over.
+    pub(super) fn drained(
+        &mut self,
+        r: Box<Rescale>,
+        round: u8,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        if round == 1 {
+            out.push(Action::HandOver { leaving: r.leaving });
+            self.wait(now, Step::HandOver, self.cfg.step);
+            self.set(State::HandOver { r, handed: 0 });
+            return;
+        }
+        out.push(Action::Draining(false));
+        out.push(Action::TakeLate);
+        let me = r.old.my_node();
+        if me == 0 {
+            out.push(Action::StageEnded(Stage::Stop));
+        }
+        if r.leaving {
+            self.wait(now, Step::Die, self.cfg.step);
+            self.set(State::Die { r });
+        } else if me == 0 {
+            self.query(r, 1, now, out);
+        } else {
+            self.wait(now, Step::NewView, self.cfg.step);
+            self.set(State::NewView { r });
+        }
+    }
+}
+
+/// Adds a subtree's per-node counts (from node `src`) into `sum`.
+pub(crate) fn add_counts(sum: &mut [u64], counts: &[u64], src: NodeId) -> Result<(), Cause> {
+    if counts.len() != sum.len() {
+        return Err(Cause::Counts {
+            src,
+            counts: counts.len(),
+            nodes: sum.len() as u32,
+        });
+    }
+    for (s, c) in sum.iter_mut().zip(counts) {
+        *s = s.checked_add(*c).ok_or(Cause::Overflow { src })?;
+    }
+    Ok(())
+}
 
 /// One node's place in the drain tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
