@@ -37,6 +37,7 @@ pub(crate) mod driver;
 pub(crate) mod plan;
 pub(crate) mod service;
 mod shell;
+mod spans;
 
 pub(crate) use shell::Shell;
 

@@ -19,6 +19,7 @@ use ductile_coordinator::proto::{ErrorCode, NodeId};
 use tracing::{debug, info};
 
 use super::driver::{Action, Cause, CommitRefusal, Config, DrainMode, Driver, Event, Failure};
+use super::spans::RescaleSpans;
 use super::{NodeEvent, RescaleFailed, Stage, StageBounds};
 use crate::link::CoordinatorLink;
 use crate::msg::Envelope;
@@ -53,6 +54,8 @@ pub(crate) struct Shell {
     admitted: Option<Admitted>,
     /// The aborting flag was passed on.
     told_aborting: bool,
+    /// The tracing spans of the rescale under way.
+    spans: RescaleSpans,
 }
 
 impl Shell {
@@ -73,6 +76,7 @@ impl Shell {
             stage_from: None,
             admitted: None,
             told_aborting: false,
+            spans: RescaleSpans::default(),
         }
     }
 
@@ -201,10 +205,31 @@ impl Shell {
         self.feed(Event::Counts(counts));
     }
 
+    /// Feeds the driver and carries out its actions, in the span of the
+    /// stage it is in (a stage that begins: its new span; one that ends:
+    /// its last, so the end's actions are logged where they belong).
     fn feed(&mut self, event: Event) {
-        let actions = self.driver().on_event(event, Instant::now());
-        for a in actions {
-            self.act(a);
+        let span = self.spans.current();
+        let actions = span.in_scope(|| self.driver().on_event(event, Instant::now()));
+        let stage = self.driver().stage();
+        let node = self
+            .driver()
+            .topology()
+            .map_or(NodeId::MAX, |t| t.my_node());
+        if stage.is_some() {
+            self.spans.follow(stage, node);
+        }
+        let span = match stage {
+            Some(_) => self.spans.current(),
+            None => span,
+        };
+        span.in_scope(|| {
+            for a in actions {
+                self.act(a);
+            }
+        });
+        if stage.is_none() {
+            self.spans.follow(None, node);
         }
     }
 
@@ -287,7 +312,12 @@ impl Shell {
                 if let Some(ms) = crate::gpu::context_on_reentry() {
                     node.with_desk(|d| d.gpu_context_ms = Some(ms));
                 }
-                let reentry = Arc::new(Reentry { old, new, plan });
+                let reentry = Arc::new(Reentry {
+                    old,
+                    new,
+                    plan,
+                    span: self.spans.rescale(),
+                });
                 let late = std::mem::take(&mut self.late);
                 let mut late = late.into_iter();
                 for c in &self.commands {
