@@ -419,6 +419,35 @@ impl Policy {
         self.target
     }
 
+    /// The settings in force.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    /// Takes new settings while the job runs (its spec's `minReplicas`,
+    /// `maxReplicas` or `rescalePolicy` changed): the next
+    /// [`decide`](Policy::decide) follows them. `desired` (the job's
+    /// `replicas`) is clamped to the new bounds, reported when it does not
+    /// fit. What is under way stays: the rescale in flight, newcomers'
+    /// names (the prefix is kept), and the deadlines of notices already
+    /// seen (a changed `interruption_deadline` applies to later notices).
+    pub fn reconfigure(&mut self, config: PolicyConfig, desired: u32) {
+        let prefix = std::mem::take(&mut self.config.newcomer_prefix);
+        tracing::info!(old = ?self.config, new = ?config, "policy reconfigured");
+        self.config = PolicyConfig {
+            newcomer_prefix: prefix,
+            ..config
+        };
+        let target = self.config.clamp(desired);
+        if target != desired {
+            self.reports.push(Report::DesiredClamped {
+                requested: desired,
+                target,
+            });
+        }
+        self.target = target;
+    }
+
     /// Members of the current view.
     pub fn members(&self) -> impl Iterator<Item = &MemberId> {
         self.members.keys()

@@ -11,7 +11,7 @@ use super::notices::{self, NoticeKind, PodState};
 use super::objects;
 use super::pods::*;
 use crate::crd::ElasticJob;
-use crate::policy::{Capacity, Event, MemberId};
+use crate::policy::{Capacity, Event, MemberId, PolicyConfig};
 
 /// Turns what the job and the cluster show into policy events, each once.
 pub(super) async fn observe(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime, pods: &PodView) {
@@ -22,6 +22,33 @@ pub(super) async fn observe(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime
     };
 
     let desired = u32::try_from(job.spec.replicas).unwrap_or(1);
+    // minReplicas, maxReplicas or rescalePolicy changed: the policy takes
+    // the new settings in place (no restart), and the next decision
+    // follows them.
+    let config = PolicyConfig::from_spec(&job.name_any(), &job.spec);
+    if &config != rt.policy.config() {
+        let before = rt.policy.config().clone();
+        rt.policy.reconfigure(config.clone(), desired);
+        rt.desired = desired;
+        tracing::info!(job = %job.name_any(), ?before, after = ?config, "rescale policy changed");
+        ctx.publish(
+            job,
+            EventType::Normal,
+            "PolicyChanged",
+            "Reconfigure",
+            format!(
+                "minReplicas {}, maxReplicas {}, rebalance {:?} (timeout {} s), emergencyOnInterruption {}, shrinkWhenNoReplacement {}, interruptionDeadlineSeconds {}: in force from now",
+                config.min_replicas,
+                config.max_replicas.map_or("none".to_owned(), |m| m.to_string()),
+                config.mode,
+                config.rebalance_timeout.as_secs(),
+                config.emergency_on_interruption,
+                config.shrink_when_no_replacement,
+                config.interruption_deadline.as_secs(),
+            ),
+        )
+        .await;
+    }
     if desired != rt.desired {
         rt.desired = desired;
         rt.policy

@@ -1266,6 +1266,73 @@ async fn an_interruption_notice_with_no_replacement_shrinks_at_once_and_a_refusa
         .contains("ductile_operator_rescales_failed_total{reason=\"Emergency\"} 1"));
 }
 
+/// `rescalePolicy` (and the bounds) edited while the job runs: the next
+/// reconcile's decision follows the new spec, with no operator restart.
+#[tokio::test]
+async fn a_spec_change_to_the_rescale_policy_takes_effect_without_a_restart() {
+    let secret = Secret::generate();
+    let (port, fake) = fake_job(&secret, &["jacobi-0", "jacobi-1", "jacobi-2"]);
+    let (mut harness, handle) = context();
+    harness.node("spot-1", json!([{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]));
+    let ctx = harness.with_control(port).ctx;
+    // No emergency rescales: an interrupted member waits for its
+    // replacement (or its deadline, 120 s away on the fixed clock).
+    let mut patient = running_job_json();
+    patient["spec"]["rescalePolicy"] = json!({"emergencyOnInterruption": false});
+    let job_value = patient.clone();
+    let (action, handle, reasons) =
+        reconcile_against(&ctx, &patient, handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&secret), &launch_pods()).await;
+            let mut reasons = vec![expect_event(&mut handle).await.0];
+            let pod = expect_pod_apply(&mut handle).await;
+            assert_eq!(pod["metadata"]["annotations"]["ductile.dev/replaces"], "jacobi-1");
+            reasons.push(expect_event(&mut handle).await.0);
+            expect_status(&mut handle, &job_value).await;
+            (handle, reasons)
+        })
+        .await;
+    action.expect("reconcile succeeds");
+    assert_eq!(reasons, ["Notice", "LaunchReplacement"]);
+    assert!(fake.lock().unwrap().rescales.is_empty(), "no emergency rescale");
+
+    // kubectl edit: emergency rescales on, maxReplicas 5. The next
+    // reconcile records the change and asks PE 0 for the emergency shrink.
+    let mut edited = running_job_json();
+    edited["metadata"]["generation"] = 2.into();
+    edited["spec"]["maxReplicas"] = 5.into();
+    edited["spec"]["rescalePolicy"] = json!({"emergencyOnInterruption": true});
+    let mut pods = launch_pods();
+    pods.push(running_pod("jacobi-n0", "spot", "newcomer", "spot-3"));
+    let job_value = edited.clone();
+    let (action, _, (changed, requested, status)) =
+        reconcile_against(&ctx, &edited, handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &pods).await;
+            let changed = expect_event(&mut handle).await;
+            let requested = expect_event(&mut handle).await;
+            let status = expect_status(&mut handle, &job_value).await;
+            (handle, (changed, requested, status))
+        })
+        .await;
+    action.expect("reconcile succeeds");
+    assert_eq!(changed.0, "PolicyChanged");
+    assert!(
+        changed.1.contains("maxReplicas 5") && changed.1.contains("emergencyOnInterruption true"),
+        "{changed:?}"
+    );
+    assert_eq!(requested.0, "RescaleRequested");
+    assert!(requested.1.starts_with("Emergency: remove [jacobi-1], admit 0"), "{requested:?}");
+    assert_eq!(status["phase"], "Rescaling");
+    let asked_by = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.lock().unwrap().rescales.is_empty() {
+        assert!(std::time::Instant::now() < asked_by, "PE 0 never got the rescale");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        fake.lock().unwrap().rescales,
+        [RescaleRequest { epoch: 1, remove: vec![1], admit: 0 }]
+    );
+}
+
 #[tokio::test]
 async fn a_lowered_replicas_cancels_a_newcomer_not_yet_admitted() {
     let secret = Secret::generate();

@@ -703,6 +703,77 @@ fn next_wakeup_points_at_the_timeout_and_the_deadline() {
     assert_eq!(policy.next_wakeup(s(70)), Some(s(130)));
 }
 
+/// A spec change while the job runs: the next decision follows the new
+/// bounds and mode, without a new policy (an operator restart).
+#[test]
+fn a_reconfigured_policy_follows_its_new_bounds_and_mode() {
+    let mut policy = Policy::new(config(), 4);
+    for k in 0..4 {
+        policy.observe(
+            s(0),
+            Event::MemberJoined {
+                member: MemberId(format!("job-{k}")),
+                capacity: if k == 0 { Capacity::OnDemand } else { Capacity::Spot },
+                root: k == 0,
+            },
+        );
+    }
+    assert_eq!(policy.decide(s(1)), vec![]);
+    // maxReplicas 8 -> 3: replicas 4 no longer fits; the newest spot member goes.
+    policy.reconfigure(
+        PolicyConfig {
+            max_replicas: Some(3),
+            ..config()
+        },
+        4,
+    );
+    assert_eq!(policy.target(), 3);
+    assert_eq!(
+        policy.decide(s(2)),
+        vec![
+            Decision::Report(Report::DesiredClamped {
+                requested: 4,
+                target: 3
+            }),
+            rescale(&["job-3"], 0, RescaleReason::ScaleDown),
+        ]
+    );
+    policy.observe(s(3), committed(2, &[]));
+    policy.observe(s(3), gone("job-3"));
+    assert_eq!(policy.decide(s(3)), vec![vacated("job-3")]);
+    // CompleteReplacement -> Immediate: one ready replacement of two is
+    // swapped in at once instead of waiting for the other.
+    let prefix = policy.config().newcomer_prefix.clone();
+    policy.reconfigure(
+        PolicyConfig {
+            mode: RebalanceMode::Immediate,
+            max_replicas: Some(3),
+            newcomer_prefix: "ignored-".to_owned(),
+            ..config()
+        },
+        4,
+    );
+    assert_eq!(policy.config().newcomer_prefix, prefix, "names stay the job's");
+    policy.observe(s(10), rebalance("job-1"));
+    policy.observe(s(10), rebalance("job-2"));
+    assert_eq!(
+        policy.decide(s(10)),
+        vec![
+            Decision::Report(Report::DesiredClamped {
+                requested: 4,
+                target: 3
+            }),
+            replace("job-1", "job-n0"),
+            replace("job-2", "job-n1"),
+        ]
+    );
+    policy.observe(s(11), ready("job-n0"));
+    assert_eq!(
+        policy.decide(s(11)),
+        vec![rescale(&["job-1"], 1, RescaleReason::Immediate)]
+    );
+}
+
 #[test]
 fn config_from_spec_fills_defaults() {
     let spec: ElasticJobSpec = serde_json::from_value(serde_json::json!({
@@ -732,6 +803,9 @@ enum Op {
     NewcomerUp(usize),
     NewcomerFails(usize),
     Desired(u32),
+    /// The spec's bounds and rescale policy change while the job runs:
+    /// (minReplicas, maxReplicas - minReplicas, Immediate, emergency).
+    Reconfigure(u32, u32, bool, bool),
     FailNextRescale,
 }
 
@@ -745,6 +819,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..16).prop_map(Op::NewcomerFails),
         1 => (0u32..12).prop_map(Op::Desired),
         1 => Just(Op::FailNextRescale),
+        1 => (1u32..5, 0u32..6, any::<bool>(), any::<bool>())
+            .prop_map(|(min, span, immediate, emergency)| Op::Reconfigure(min, span, immediate, emergency)),
     ]
 }
 
@@ -759,6 +835,8 @@ struct Harness {
     /// Deadlines of interrupted members: they must be gone by then.
     deadlines: BTreeMap<MemberId, Time>,
     fail_next: bool,
+    /// The job's `replicas`, as last told to the policy.
+    desired: u32,
     /// Newcomers the policy cancelled.
     cancelled: BTreeSet<MemberId>,
     members: BTreeSet<MemberId>,
@@ -798,6 +876,7 @@ impl Harness {
             pending: Vec::new(),
             deadlines: BTreeMap::new(),
             fail_next: false,
+            desired: launch,
             cancelled: BTreeSet::new(),
             members,
             protected,
@@ -960,9 +1039,26 @@ impl Harness {
                         .observe(self.now, Event::MemberGone { member: newcomer });
                 }
             }
-            Op::Desired(n) => self
-                .policy
-                .observe(self.now, Event::DesiredReplicas { replicas: n }),
+            Op::Desired(n) => {
+                self.desired = n;
+                self.policy
+                    .observe(self.now, Event::DesiredReplicas { replicas: n })
+            }
+            Op::Reconfigure(min, span, immediate, emergency) => {
+                self.config = PolicyConfig {
+                    min_replicas: min,
+                    max_replicas: Some(min + span),
+                    mode: if immediate {
+                        RebalanceMode::Immediate
+                    } else {
+                        RebalanceMode::CompleteReplacement
+                    },
+                    emergency_on_interruption: emergency,
+                    ..self.config.clone()
+                };
+                self.policy.reconfigure(self.config.clone(), self.desired);
+                prop_assert_eq!(self.policy.target(), self.config.clamp(self.desired));
+            }
             Op::FailNextRescale => self.fail_next = true,
         }
         self.settle()?;
@@ -987,7 +1083,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Node 0 and on-demand members are never removed; sizes stay in
-    /// [min, max] but for forced (interruption) removals; every interrupted
+    /// [min, max] (the bounds in force, which may change while the job
+    /// runs) but for forced (interruption) removals; every interrupted
     /// member has left by its deadline.
     #[test]
     fn policy_invariants(

@@ -262,6 +262,7 @@ fn the_rbac_grants_exactly_the_verbs_the_scenarios_use() {
         ("background_rescale", super::a_rescale_runs_in_the_background_and_its_commit_deletes_vacated_pods_and_patches_status),
         ("emergency", super::an_interruption_notice_with_no_replacement_shrinks_at_once_and_a_refusal_is_retried),
         ("cancel", super::a_lowered_replicas_cancels_a_newcomer_not_yet_admitted),
+        ("spec_change", super::a_spec_change_to_the_rescale_policy_takes_effect_without_a_restart),
         ("suspended", super::a_suspended_job_is_not_launched),
         ("suspend_resume", super::suspending_a_running_job_deletes_its_pods_and_resuming_relaunches_it),
         ("deleted_root", super::a_deleted_node_zero_pod_fails_the_job_and_relaunches_it),
