@@ -86,6 +86,9 @@ pub(super) struct Worker {
     /// The error-callback arguments of every endpoint ever created, freed
     /// with the worker (after which no callback can run).
     ep_ctxs: Mutex<Vec<*mut EpCtx>>,
+    /// Endpoints in `UCP_ERR_HANDLING_MODE_PEER` (failures reported, forced
+    /// close) or `NONE` (which UCX 1.13's shared-memory transports require).
+    peer_errors: bool,
 }
 
 /// What an endpoint's error callback needs.
@@ -106,7 +109,7 @@ impl Worker {
     /// `UCX_NET_DEVICES`, ...), applies `overrides` (names without the
     /// `UCX_` prefix) on top, and creates a context with tag matching and
     /// wake-up, and one worker that many threads may call.
-    pub(super) fn new(overrides: &[(&str, &str)]) -> UcxResult<Arc<Worker>> {
+    pub(super) fn new(overrides: &[(&str, &str)], peer_errors: bool) -> UcxResult<Arc<Worker>> {
         let mut config: *mut sys::ucp_config_t = ptr::null_mut();
         // SAFETY: null prefix and file mean "UCX_ variables and defaults";
         // `config` is a valid out-pointer.
@@ -176,6 +179,7 @@ impl Worker {
             address: Vec::new(),
             failed: Arc::new(Mutex::new(Vec::new())),
             ep_ctxs: Mutex::new(Vec::new()),
+            peer_errors,
         };
 
         // SAFETY: all-zero ucp_worker_attr_t is valid (see above).
@@ -276,14 +280,16 @@ impl Worker {
         // SAFETY: all-zero ucp_ep_params_t is valid (err_mode 0 = NONE, no
         // callback); the fields used are set below.
         let mut p: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
-        p.field_mask = (sys::ucp_ep_params_field::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
-            | sys::ucp_ep_params_field::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
-            | sys::ucp_ep_params_field::UCP_EP_PARAM_FIELD_ERR_HANDLER)
-            .0 as u64;
+        p.field_mask = sys::ucp_ep_params_field::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS.0 as u64;
         p.address = remote.as_ptr() as *const sys::ucp_address_t;
-        p.err_mode = sys::ucp_err_handling_mode_t::UCP_ERR_HANDLING_MODE_PEER;
-        p.err_handler.cb = Some(ep_failed);
-        p.err_handler.arg = ctx as *mut c_void;
+        if self.peer_errors {
+            p.field_mask |= (sys::ucp_ep_params_field::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                | sys::ucp_ep_params_field::UCP_EP_PARAM_FIELD_ERR_HANDLER)
+                .0 as u64;
+            p.err_mode = sys::ucp_err_handling_mode_t::UCP_ERR_HANDLING_MODE_PEER;
+            p.err_handler.cb = Some(ep_failed);
+            p.err_handler.arg = ctx as *mut c_void;
+        }
         let mut ep: sys::ucp_ep_h = ptr::null_mut();
         // SAFETY: the worker is live; `remote` stays borrowed for the call
         // (UCX copies what it needs); `ctx` lives until the worker is
@@ -478,8 +484,12 @@ impl Ep {
     pub(super) fn close(self) -> Option<Closing> {
         // SAFETY: all-zero ucp_request_param_t is valid (no callback).
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        p.op_attr_mask = sys::ucp_op_attr_t::UCP_OP_ATTR_FIELD_FLAGS as u32;
-        p.flags = sys::ucp_ep_close_flags_t::UCP_EP_CLOSE_FLAG_FORCE.0;
+        if self.worker.peer_errors {
+            p.op_attr_mask = sys::ucp_op_attr_t::UCP_OP_ATTR_FIELD_FLAGS as u32;
+            p.flags = sys::ucp_ep_close_flags_t::UCP_EP_CLOSE_FLAG_FORCE.0;
+        }
+        // Without peer error handling a close flushes (a forced one is not
+        // allowed); a flush that does not finish is abandoned at its deadline.
         // SAFETY: the endpoint is live and closed exactly once (self is consumed).
         let r = unsafe { sys::ucp_ep_close_nbx(self.h, &p) };
         match status_ptr(r) {

@@ -16,16 +16,20 @@
 //!   sender), and a frame waits behind an earlier one still being received,
 //!   so frames between a pair of nodes arrive in the order they were sent.
 //! - Senders (the PE threads) call UCX directly; one communication thread
-//!   progresses the worker, spins briefly when idle and then sleeps on the
-//!   worker's event fd.
+//!   progresses the worker, spins briefly (yielding) and then sleeps on the
+//!   worker's event fd: up to 1 ms at a time while work is in flight, up to
+//!   1 s when idle (a message or a sender's signal wakes it at once).
 //! - Endpoints are keyed by node id and carry the peer's uid:
 //!   [`Transport::reconcile`] keeps and re-indexes survivors, sends a `BYE`
 //!   to removed ones and then closes them without waiting (the
 //!   communication thread finishes), and opens new ones from the view's
 //!   opaque address bytes.
-//! - Endpoints use `UCP_ERR_HANDLING_MODE_PEER`: a peer that fails without
-//!   having said `BYE` is reported to the sink as lost, as the TCP
-//!   transport reports a connection that ends without its `BYE`.
+//! - Endpoints use `UCP_ERR_HANDLING_MODE_PEER` (`DUCTILE_UCX_ERR_MODE=peer`,
+//!   the default): a peer that fails without having said `BYE` is reported
+//!   to the sink as lost, as the TCP transport reports a connection that
+//!   ends without its `BYE`. UCX 1.13's shared-memory transports refuse that
+//!   mode, so UCX then carries local traffic over tcp; `none` lets it use
+//!   shared memory and leaves a dead peer to the coordinator.
 //!
 //! UCX has no job-secret handshake: whoever has a worker address can send to
 //! it. Addresses only travel in the coordinator's authenticated view.
@@ -50,8 +54,17 @@ const BYE: u64 = 1 << (KIND_BITS - 1);
 const SPIN: Duration = Duration::from_micros(200);
 /// How long the communication thread busy-waits before it starts yielding its core.
 const HOT_SPIN: Duration = Duration::from_micros(5);
-/// Longest sleep on the event fd.
-const SLEEP_MS: i32 = 5;
+/// Longest sleep on the event fd when nothing is in flight. A message, a
+/// send left in flight (the sender signals) or a close wakes the thread at
+/// once; the timeout only lets UCX's own timers run (its keepalive, which
+/// notices a dead peer over shared memory, is driven by progress), so it is
+/// long: an idle node's communication thread wakes once a second.
+const SLEEP_MS: i32 = 1000;
+/// How long the communication thread keeps yielding while work is in
+/// flight and nothing moves, before it sleeps on the event fd instead.
+const BUSY_YIELD: Duration = Duration::from_micros(100);
+/// Longest sleep on the event fd while work is in flight.
+const BUSY_SLEEP_MS: i32 = 1;
 /// How long a departed peer's `BYE` may take before its endpoint is closed anyway.
 const BYE_GRACE: Duration = Duration::from_secs(1);
 /// How long a closing endpoint may take before it is abandoned.
@@ -88,6 +101,27 @@ impl Progress {
     }
 }
 
+/// `DUCTILE_UCX_ERR_MODE`: `peer` (default) puts endpoints in
+/// `UCP_ERR_HANDLING_MODE_PEER`: a peer that dies is reported lost and
+/// endpoints close forced. UCX 1.13's shared-memory transports (posix,
+/// sysv) have no peer failure handler, so in that mode UCX carries even
+/// local traffic over tcp (measured in docs/message-path.md). `none` lets
+/// UCX use shared memory; then a dead peer is noticed by the coordinator
+/// (`MemberLost`) rather than by the transport, and closes flush (abandoned
+/// at their deadline).
+fn peer_errors_from_env() -> Result<bool, TransportError> {
+    match std::env::var("DUCTILE_UCX_ERR_MODE").ok().as_deref() {
+        None | Some("") | Some("peer") => Ok(true),
+        Some("none") => Ok(false),
+        Some(other) => Err(TransportError::Io {
+            context: "DUCTILE_UCX_ERR_MODE".into(),
+            source: std::io::Error::other(format!(
+                "`{other}` is not an error-handling mode (peer or none)"
+            )),
+        }),
+    }
+}
+
 fn ucx_err(context: impl Into<String>) -> impl FnOnce(String) -> TransportError {
     move |e| TransportError::Io {
         context: context.into(),
@@ -117,6 +151,8 @@ enum Leaving {
 
 struct Shared {
     stop: AtomicBool,
+    /// The communication thread's kernel thread id (0 before it started).
+    tid: AtomicU64,
     sleeping: AtomicBool,
     receives: AtomicU64,
     leaving: Mutex<Vec<Leaving>>,
@@ -149,10 +185,22 @@ impl UcxTransport {
         sink: Arc<dyn Sink>,
         settings: &[(&str, &str)],
     ) -> Result<Arc<Self>, TransportError> {
+        Self::with_err_mode(sink, settings, peer_errors_from_env()?)
+    }
+
+    /// As [`UcxTransport::with_ucx_settings`], with the error-handling mode
+    /// chosen here instead of by `DUCTILE_UCX_ERR_MODE` (true: `peer`).
+    pub(crate) fn with_err_mode(
+        sink: Arc<dyn Sink>,
+        settings: &[(&str, &str)],
+        peer_errors: bool,
+    ) -> Result<Arc<Self>, TransportError> {
         let progress = Progress::from_env()?;
-        let worker = ffi::Worker::new(settings).map_err(ucx_err("starting UCX"))?;
+        let worker =
+            ffi::Worker::new(settings, peer_errors).map_err(ucx_err("starting UCX"))?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
+            tid: AtomicU64::new(0),
             sleeping: AtomicBool::new(false),
             receives: AtomicU64::new(0),
             leaving: Mutex::new(Vec::new()),
@@ -191,6 +239,12 @@ impl UcxTransport {
     /// a reconciliation (`BYE`s are not counted).
     pub fn receives(&self) -> u64 {
         self.shared.receives.load(Ordering::SeqCst)
+    }
+
+    /// The communication thread's kernel thread id (0 before it started).
+    #[cfg(test)]
+    fn comm_tid(&self) -> u64 {
+        self.shared.tid.load(Ordering::SeqCst)
     }
 
     fn wake(&self) {
@@ -456,6 +510,7 @@ fn comm_loop(
     sink: Arc<dyn Sink>,
     progress: Progress,
 ) {
+    shared.tid.store(super::current_tid(), Ordering::SeqCst);
     let mut idle_since = Instant::now();
     loop {
         let stopping = shared.stop.load(Ordering::SeqCst);
@@ -484,6 +539,19 @@ fn comm_loop(
             Progress::Pe => Duration::ZERO,
         };
         let idle_for = idle_since.elapsed();
+        if busy && idle_for >= BUSY_YIELD.max(spin) {
+            // Work in flight but nothing moved for a while: yielding again
+            // would hand the core to a busy neighbour for a whole time
+            // slice; a sleep on the event fd is woken by UCX's next event
+            // (the peer's reply, an arrival) and the scheduler favours a
+            // thread that slept.
+            shared.sleeping.store(true, Ordering::SeqCst);
+            if !shared.stop.load(Ordering::SeqCst) {
+                worker.sleep(BUSY_SLEEP_MS);
+            }
+            shared.sleeping.store(false, Ordering::SeqCst);
+            continue;
+        }
         if busy || idle_for < spin {
             if idle_for < HOT_SPIN {
                 std::hint::spin_loop();

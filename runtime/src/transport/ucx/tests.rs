@@ -39,6 +39,20 @@ fn node_with(uid: u64, settings: &[(&str, &str)]) -> Node {
     }
 }
 
+/// A node in peer error-handling mode whatever `DUCTILE_UCX_ERR_MODE`
+/// says: the loss tests need the transport to notice a dead peer.
+fn node_reporting_loss(uid: u64, settings: &[(&str, &str)]) -> Node {
+    let (ft, fr) = unbounded();
+    let (lt, lr) = unbounded();
+    let t = UcxTransport::with_err_mode(Arc::new(Collect(ft, lt)), settings, true).unwrap();
+    Node {
+        t,
+        frames: fr,
+        lost: lr,
+        uid,
+    }
+}
+
 fn view(epoch: u64, nodes: &[&Node]) -> View {
     View {
         epoch,
@@ -238,7 +252,11 @@ fn an_unusable_address_is_an_error_not_a_crash() {
 #[test]
 fn a_vanished_peer_is_reported_lost_and_one_that_shut_down_is_not() {
     let tcp = [("TLS", "tcp"), ("NET_DEVICES", "lo")];
-    let (a, b, c) = (node_with(1, &tcp), node_with(2, &tcp), node_with(3, &tcp));
+    let (a, b, c) = (
+        node_reporting_loss(1, &tcp),
+        node_reporting_loss(2, &tcp),
+        node_reporting_loss(3, &tcp),
+    );
     let v = view(1, &[&a, &b, &c]);
     for (i, n) in [&a, &b, &c].iter().enumerate() {
         n.t.reconcile(&v, i as u32).unwrap();
@@ -268,4 +286,76 @@ fn a_vanished_peer_is_reported_lost_and_one_that_shut_down_is_not() {
         a.lost.recv_timeout(Duration::from_millis(500)).is_err(),
         "only the vanished peer is lost, not the one that shut down"
     );
+}
+
+#[test]
+fn an_idle_transport_sleeps() {
+    let (a, b) = (node(20), node(21));
+    let v = view(1, &[&a, &b]);
+    a.t.reconcile(&v, 0).unwrap();
+    b.t.reconcile(&v, 1).unwrap();
+    for i in 0..100u32 {
+        a.t.send(1, Tag::new(0, 1, 1), &[&i.to_le_bytes()]).unwrap();
+        b.t.send(0, Tag::new(1, 1, 1), &[&i.to_le_bytes()]).unwrap();
+    }
+    for _ in 0..100 {
+        a.frames.recv_timeout(WAIT).unwrap();
+        b.frames.recv_timeout(WAIT).unwrap();
+    }
+    // Connected, nothing in flight: after its short spin the communication
+    // thread blocks on the worker's event fd.
+    std::thread::sleep(Duration::from_millis(100));
+    let tids = [a.t.comm_tid(), b.t.comm_tid()];
+    let before: Vec<u64> = tids
+        .iter()
+        .map(|&t| crate::transport::thread_cpu_ns(t).expect("the thread runs"))
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    for (i, &t) in tids.iter().enumerate() {
+        let used = crate::transport::thread_cpu_ns(t).unwrap() - before[i];
+        assert!(
+            used < 50_000_000,
+            "an idle communication thread used {} ms of CPU in 1 s",
+            used / 1_000_000
+        );
+    }
+    // And a message still wakes it at once (well within the sleep's timeout).
+    let t0 = Instant::now();
+    a.t.send(1, Tag::new(0, 1, 1), &[b"wake"]).unwrap();
+    assert_eq!(b.frames.recv_timeout(WAIT).unwrap().1, b"wake");
+    assert!(
+        t0.elapsed() < Duration::from_millis(900),
+        "a message waited for the sleep's timeout"
+    );
+}
+
+/// A sender that vanishes while a large frame is on its way (a rendezvous
+/// over UCX's tcp on loopback) is reported lost, no partial frame is
+/// delivered, and the receiver keeps serving others.
+#[test]
+fn a_peer_lost_mid_rendezvous_is_reported_and_nothing_hangs() {
+    let tcp = [("TLS", "tcp"), ("NET_DEVICES", "lo")];
+    let (a, b, c) = (
+        node_reporting_loss(31, &tcp),
+        node_reporting_loss(32, &tcp),
+        node_reporting_loss(33, &tcp),
+    );
+    let v = view(1, &[&a, &b, &c]);
+    for (i, n) in [&a, &b, &c].iter().enumerate() {
+        n.t.reconcile(&v, i as u32).unwrap();
+    }
+    const BIG: usize = 64 << 20;
+    a.t.send_frame(1, Tag::new(0, 1, 1), vec![3u8; BIG])
+        .unwrap();
+    drop(a);
+    let why = b
+        .lost
+        .recv_timeout(WAIT)
+        .expect("the vanished sender was not reported");
+    assert!(why.starts_with("uid 31: UCX"), "{why}");
+    while let Ok((_, f)) = b.frames.try_recv() {
+        assert_eq!(f.len(), BIG, "a partial frame was delivered");
+    }
+    c.t.send(1, Tag::new(2, 1, 1), &[b"still here"]).unwrap();
+    assert_eq!(b.frames.recv_timeout(WAIT).unwrap().1, b"still here");
 }
