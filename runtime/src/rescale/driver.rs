@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ductile_coordinator::proto::{NodeId, ServerMsg, View};
+use ductile_coordinator::proto::{NodeId, ServerMsg};
 use tracing::{debug, info, warn};
 
 use super::{ControlFrame, Stage};
@@ -67,6 +67,10 @@ struct Rescale {
     leaving: bool,
     /// This node's place in the drain's tree.
     tree: DrainTree,
+    /// A recovery: the old view's nodes lost without notice (none in a
+    /// rescale). They take no part; their frames are neither counted nor
+    /// waited for.
+    lost: Vec<bool>,
 }
 
 #[derive(Debug)]
@@ -91,6 +95,13 @@ enum BarrierWait {
 enum State {
     /// PEs run; counts those that stopped.
     Running {
+        stopped: usize,
+    },
+    /// A recovery from the loss of `lost`: the PEs stop and roll back
+    /// (counts those that stopped).
+    Recovering {
+        order: StopOrder,
+        lost: NodeId,
         stopped: usize,
     },
     Drain {
@@ -137,6 +148,18 @@ enum State {
 }
 
 impl Rescale {
+    /// Whether the member `uid` of the old view is one this recovery is for.
+    fn was_lost(&self, uid: u64) -> bool {
+        (0..self.old.num_nodes())
+            .find(|&n| self.old.uid_of(n) == uid)
+            .is_some_and(|n| self.is_lost(n))
+    }
+
+    /// Whether node `n` of the old view is one this recovery is for.
+    fn is_lost(&self, n: NodeId) -> bool {
+        self.lost.get(n as usize).copied().unwrap_or(false)
+    }
+
     /// Whether the member `uid` of the old view leaves in this rescale.
     fn leaves(&self, uid: u64) -> bool {
         (0..self.old.num_nodes())
@@ -209,6 +232,7 @@ impl Driver {
         let old = |r: &Rescale| r.old.epoch();
         match &self.state {
             State::Drain { r, .. } | State::HandOver { r, .. } => Some((Stage::Stop, old(r))),
+            State::Recovering { order, .. } => Some((Stage::Stop, order.epoch)),
             State::Die { r } | State::Pending { r, .. } | State::Commit { r, .. } => {
                 Some((Stage::Commit, old(r)))
             }
@@ -270,7 +294,12 @@ impl Driver {
             }
             Event::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => {
                 let (node, uid) = (*node, *uid);
-                if self.rescale().is_some_and(|r| r.leaving && r.leaves(uid)) {
+                if self.rescale().is_some_and(|r| r.was_lost(uid)) {
+                    debug!(node, uid, "a lost node reported again during its recovery");
+                } else if matches!(&self.state, State::Recovering { lost, .. } if self.topo.as_ref().is_some_and(|t| t.uid_of(*lost) == uid))
+                {
+                    debug!(node, uid, "a lost node reported again during its recovery");
+                } else if self.rescale().is_some_and(|r| r.leaving && r.leaves(uid)) {
                     // A leaving node waits on no other leaving node (they
                     // are leaves of the drain tree): a loss that matters
                     // fails a survivor, and that loss reaches this node.
@@ -286,6 +315,13 @@ impl Driver {
                         .as_ref()
                         .and_then(|t| (0..t.num_nodes()).find(|&n| t.uid_of(n) == uid));
                     match here {
+                        Some(node)
+                            if self.cfg.recover
+                                && node != 0
+                                && matches!(self.state, State::Running { stopped: 0 }) =>
+                        {
+                            self.recover(node, now, out);
+                        }
                         Some(node) => out.push(Action::PeerLost { node, uid }),
                         None => debug!(node, uid, "a node no longer a member was reported lost"),
                     }
@@ -359,6 +395,7 @@ impl Driver {
     fn state_name(&self) -> &'static str {
         match self.state {
             State::Running { .. } => "running",
+            State::Recovering { .. } => "recovering",
             State::Drain { .. } => "drain",
             State::HandOver { .. } => "hand-over",
             State::Die { .. } => "die",
@@ -421,7 +458,31 @@ impl Driver {
                 if stopped < self.cfg.local_pes {
                     return (Some(State::Running { stopped }), true);
                 }
-                self.begin(order.clone(), now, out);
+                self.begin(order.clone(), Vec::new(), now, out);
+                (None, true)
+            }
+            (
+                State::Recovering {
+                    order,
+                    lost,
+                    stopped,
+                },
+                Event::PeStopped(_),
+            ) => {
+                let stopped = stopped + 1;
+                if stopped < self.cfg.local_pes {
+                    let state = State::Recovering {
+                        order,
+                        lost,
+                        stopped,
+                    };
+                    return (Some(state), true);
+                }
+                let mut gone = vec![false; order.plan.node_map.len()];
+                if let Some(g) = gone.get_mut(lost as usize) {
+                    *g = true;
+                }
+                self.begin(order, gone, now, out);
                 (None, true)
             }
             (State::Running { stopped }, Event::HandedOver) => {

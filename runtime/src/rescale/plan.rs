@@ -125,6 +125,34 @@ pub fn plan(view: &View, req: &RescaleRequest) -> Result<Renumbering, RescaleErr
     })
 }
 
+/// The plan of a recovery from the loss of node `lost` of `topo`'s view:
+/// the same renumbering as a request removing it and admitting nobody,
+/// computed by every survivor from its own topology.
+pub(crate) fn recovery_plan(
+    topo: &crate::topo::Topology,
+    lost: NodeId,
+) -> Result<Renumbering, RescaleError> {
+    let view = View {
+        epoch: topo.epoch(),
+        members: (0..topo.num_nodes())
+            .map(|n| ductile_coordinator::proto::Member {
+                node: n,
+                uid: topo.uid_of(n),
+                address: Vec::new(),
+                pes: topo.pes_on(n),
+                host: String::new(),
+                pid: 0,
+            })
+            .collect(),
+    };
+    let req = RescaleRequest {
+        epoch: topo.epoch(),
+        remove: vec![lost],
+        admit: 0,
+    };
+    plan(&view, &req)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

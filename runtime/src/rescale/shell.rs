@@ -92,6 +92,7 @@ impl Shell {
             step: StageBounds::get().step,
             admission: super::ADMISSION_WAIT,
             commit_tries: COMMIT_TRIES,
+            recover: false,
         }
     }
 
@@ -306,7 +307,16 @@ impl Shell {
                 };
                 self.answers.push_back(Event::Installed(answer));
             }
-            Action::Resume { old, new, plan } => {
+            // Not produced while `Config::recover` is off (the PEs'
+            // rollback is not built): said plainly if it ever is.
+            Action::Recover { order } => node.abort(format!(
+                "recovering from the loss of nodes {:?} is not available yet; ending the job",
+                order.remove
+            )),
+            Action::Discard | Action::Resume { rollback: true, .. } => {
+                node.abort("node-loss recovery is not available yet; ending the job".into());
+            }
+            Action::Resume { old, new, plan, .. } => {
                 // Measurement only: contexts re-created here are on the
                 // critical path, inside node 0's re-entry stage.
                 if let Some(ms) = crate::gpu::context_on_reentry() {
@@ -356,7 +366,8 @@ impl Shell {
                 node.finish_rescale(Err(RescaleFailed::Step { stage, failure }));
                 self.command_all(|| PeCommand::Depart);
             }
-            Action::PeerLost { uid, .. } => {
+            Action::PeerLost { node: lost, uid } => {
+                debug!(lost, uid, "the coordinator reported a member lost");
                 node.lose_peer(uid, "the coordinator reported it gone");
             }
         }

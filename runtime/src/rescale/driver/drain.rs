@@ -25,10 +25,45 @@ use tracing::debug;
 use super::{
     Action, Cause, ControlFrame, DrainMode, DrainWait, Driver, Rescale, Stage, State, Step,
 };
+use crate::rescale::plan::recovery_plan;
 use crate::system::StopOrder;
 use crate::topo::TREE_ARITY;
 
 impl Driver {
+    /// Member `lost` (not node 0) was lost without notice and recovery is
+    /// on: every survivor plans the same removal itself, has its PEs stop
+    /// and roll back ([`Action::Recover`]), and drains among survivors.
+    pub(super) fn recover(&mut self, lost: NodeId, now: Instant, out: &mut Vec<Action>) {
+        let Some(topo) = self.topo.clone() else {
+            return;
+        };
+        let plan = match recovery_plan(&topo, lost) {
+            Ok(plan) => plan,
+            Err(e) => {
+                let uid = topo.uid_of(lost);
+                debug!(lost, uid, "no recovery: {e}");
+                out.push(Action::PeerLost { node: lost, uid });
+                return;
+            }
+        };
+        debug!(lost, "a member was lost; recovering without it");
+        let order = StopOrder {
+            epoch: topo.epoch(),
+            remove: vec![lost],
+            admit: 0,
+            plan,
+        };
+        out.push(Action::Recover {
+            order: order.clone(),
+        });
+        self.wait(now, Step::Recover, self.cfg.step);
+        self.set(State::Recovering {
+            order,
+            lost,
+            stopped: 0,
+        });
+    }
+
     /// Conditions that may hold without an event: the drain's frames in.
     pub(super) fn poll(&mut self, now: Instant, out: &mut Vec<Action>) {
         let done = match &self.state {
@@ -39,7 +74,7 @@ impl Driver {
             } => {
                 let me = r.old.my_node();
                 let got: u64 = (0..r.old.num_nodes())
-                    .filter(|&p| p != me)
+                    .filter(|&p| p != me && !r.is_lost(p))
                     .map(|p| self.counts.received_from(p))
                     .sum();
                 got >= *expect
@@ -49,7 +84,8 @@ impl Driver {
                 wait: DrainWait::Peers { expected },
                 ..
             } => {
-                expected.len() + 1 == r.old.num_nodes() as usize
+                let lost = r.lost.iter().filter(|&&l| l).count();
+                expected.len() + 1 + lost == r.old.num_nodes() as usize
                     && expected
                         .iter()
                         .all(|(&src, &n)| self.counts.received_from(src) >= n)
@@ -65,8 +101,15 @@ impl Driver {
         }
     }
 
-    /// All local PEs stopped for `order`: the rescale begins here.
-    pub(super) fn begin(&mut self, order: StopOrder, now: Instant, out: &mut Vec<Action>) {
+    /// All local PEs stopped for `order`: the rescale (a recovery when
+    /// some node is `lost`) begins here.
+    pub(super) fn begin(
+        &mut self,
+        order: StopOrder,
+        lost: Vec<bool>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
         let Some(old) = self.topo.clone() else {
             self.state = State::Admission;
             return;
@@ -84,13 +127,20 @@ impl Driver {
         let leaving = order.plan.node_map[me as usize].is_none();
         debug!(node = me, leaving, "all PEs stopped; draining");
         out.push(Action::Draining(true));
-        let gone: Vec<bool> = order.plan.node_map.iter().map(Option::is_none).collect();
-        let tree = DrainTree::of(me, &gone);
+        let gone: Vec<bool> = order
+            .plan
+            .node_map
+            .iter()
+            .enumerate()
+            .map(|(n, m)| m.is_none() && !lost.get(n).copied().unwrap_or(false))
+            .collect();
+        let tree = DrainTree::among(me, &gone, &lost);
         let r = Box::new(Rescale {
             order,
             old,
             leaving,
             tree,
+            lost,
         });
         self.drain(r, 1, now, out);
     }
@@ -106,7 +156,7 @@ impl Driver {
         let (me, epoch, n) = (r.old.my_node(), r.old.epoch(), r.old.num_nodes());
         match self.cfg.drain {
             DrainMode::AllToAll => {
-                for p in (0..n).filter(|&p| p != me) {
+                for p in (0..n).filter(|&p| p != me && !r.is_lost(p)) {
                     out.push(Action::Send {
                         to: p,
                         epoch,
@@ -210,14 +260,20 @@ impl Driver {
         now: Instant,
         out: &mut Vec<Action>,
     ) {
-        if round == 1 {
+        let recovering = r.lost.iter().any(|&l| l);
+        if round == 1 && !recovering {
             out.push(Action::HandOver { leaving: r.leaving });
             self.wait(now, Step::HandOver, self.cfg.step);
             self.set(State::HandOver { r, handed: 0 });
             return;
         }
         out.push(Action::Draining(false));
-        out.push(Action::TakeLate);
+        // A recovery rolls back: the failed epoch's envelopes go, unread.
+        out.push(if recovering {
+            Action::Discard
+        } else {
+            Action::TakeLate
+        });
         let me = r.old.my_node();
         if me == 0 {
             out.push(Action::StageEnded(Stage::Stop));
@@ -261,9 +317,17 @@ pub(crate) struct DrainTree {
 impl DrainTree {
     /// `me`'s place in the drain tree of a view whose node `n` leaves when
     /// `leaving[n]` (node 0 never leaves).
+    #[cfg(test)]
     pub(crate) fn of(me: NodeId, leaving: &[bool]) -> DrainTree {
+        DrainTree::among(me, leaving, &[])
+    }
+
+    /// As [`DrainTree::of`], with the nodes `lost[n]` left out of the tree
+    /// (a recovery: they are gone).
+    pub(crate) fn among(me: NodeId, leaving: &[bool], lost: &[bool]) -> DrainTree {
+        let gone = |n: NodeId| lost.get(n as usize).copied().unwrap_or(false);
         let survivors: Vec<NodeId> = (0..leaving.len() as NodeId)
-            .filter(|&n| !leaving[n as usize])
+            .filter(|&n| !leaving[n as usize] && !gone(n))
             .collect();
         let departing: Vec<NodeId> = (0..leaving.len() as NodeId)
             .filter(|&n| leaving[n as usize])

@@ -38,6 +38,10 @@ pub(crate) struct Config {
     pub admission: Duration,
     /// Commits node 0 tries when newcomers vanish between query and commit.
     pub commit_tries: u32,
+    /// A member lost without notice (not node 0) starts a recovery instead
+    /// of ending the job (docs/elasticity.md, "Node loss without notice:
+    /// design"). False in the shell: the PEs' rollback does not exist yet.
+    pub recover: bool,
 }
 
 /// Envelope frames this node sent to and received from each node of its
@@ -166,7 +170,20 @@ pub(crate) enum Action {
         new: Arc<Topology>,
         /// Old PE numbers to new ones.
         plan: Renumbering,
+        /// A recovery: every PE rolls back to its last buddy checkpoint and
+        /// the lost node's chares are restored from their buddies' copies.
+        rollback: bool,
     },
+    /// A recovery: every local PE stops where it is, drops its work in
+    /// progress and answers [`Event::PeStopped`] (it rolls back later, at
+    /// [`Action::Resume`]).
+    Recover {
+        /// The recovery's plan (the lost node removed).
+        order: StopOrder,
+    },
+    /// A recovery: every envelope of the failed epoch between survivors
+    /// arrived; drop them from the inboxes, unread.
+    Discard,
     /// A newcomer was admitted and passed the barrier: start its PEs.
     Joined {
         /// Its node id.
@@ -238,6 +255,8 @@ pub(crate) enum Step {
     BarrierGo,
     /// A newcomer: the coordinator's Integrate.
     Admission,
+    /// A recovery: the local PEs stopping.
+    Recover,
 }
 
 impl fmt::Display for Step {
@@ -265,6 +284,7 @@ impl fmt::Display for Step {
             Step::BarrierReady => f.write_str("the barrier (children ready)"),
             Step::BarrierGo => f.write_str("the barrier (release)"),
             Step::Admission => f.write_str("admission"),
+            Step::Recover => f.write_str("the PEs stopping for a recovery"),
         }
     }
 }

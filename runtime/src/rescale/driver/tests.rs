@@ -21,6 +21,7 @@ fn cfg(pes: usize, drain: DrainMode) -> Config {
         step: STEP,
         admission: Duration::from_secs(3600),
         commit_tries: 3,
+        recover: false,
     }
 }
 
@@ -51,6 +52,11 @@ enum Outcome {
     /// The coordinator reported member `uid` lost while no rescale ran.
     Lost {
         uid: u64,
+    },
+    /// A recovery ended: rolled back and resumed in `epoch`.
+    RolledBack {
+        epoch: u64,
+        members: Vec<u64>,
     },
 }
 
@@ -368,7 +374,12 @@ impl Sim {
                     node.view = Some(view.clone());
                     answers.push_back(Event::Installed(Ok(Arc::new(Topology::new(&view, me)))));
                 }
-                Action::Resume { old, new, plan } => {
+                Action::Resume {
+                    old,
+                    new,
+                    plan,
+                    rollback,
+                } => {
                     assert_eq!(plan.node_map.len(), old.num_nodes() as usize);
                     assert_eq!(plan.node_map[old.my_node() as usize], Some(new.my_node()));
                     let members = self.nodes[&uid]
@@ -379,13 +390,34 @@ impl Sim {
                         .iter()
                         .map(|m| m.uid)
                         .collect();
-                    self.outcome(
-                        uid,
-                        Outcome::Resumed {
-                            epoch: new.epoch(),
-                            members,
-                        },
-                    );
+                    let epoch = new.epoch();
+                    let o = if rollback {
+                        Outcome::RolledBack { epoch, members }
+                    } else {
+                        Outcome::Resumed { epoch, members }
+                    };
+                    self.outcome(uid, o);
+                }
+                Action::Recover { order } => {
+                    let pes = self.nodes[&uid].pes;
+                    for _ in 0..pes {
+                        let e = Event::PeStopped(order.clone());
+                        self.push(Src::Local, uid, Item::Event(e));
+                    }
+                }
+                Action::Discard => {
+                    // Every frame of the old epoch between live nodes is in.
+                    let me = &self.nodes[&uid];
+                    let e = me.epoch();
+                    let complete = self.nodes.values().filter(|n| n.alive).all(|n| {
+                        n.sent.get(&(e, uid)).copied().unwrap_or(0)
+                            == me.received.get(&(e, n.uid)).copied().unwrap_or(0)
+                    });
+                    self.nodes
+                        .get_mut(&uid)
+                        .expect("node")
+                        .late_complete
+                        .push(complete);
                 }
                 Action::Joined { me } => {
                     let view = self.nodes[&uid].view.clone().expect("installed");
@@ -834,6 +866,109 @@ fn a_member_lost_outside_a_rescale_is_a_loss_not_a_failed_rescale() {
         assert_eq!(sim.outcome_of(uid), Some(&Outcome::Lost { uid: 102 }));
         assert!(!sim.nodes[&uid].driver.busy());
     }
+}
+
+impl Sim {
+    /// Turns node-loss recovery on in every driver.
+    fn recovering(mut self) -> Sim {
+        for n in self.nodes.values_mut() {
+            n.driver.cfg.recover = true;
+        }
+        self
+    }
+}
+
+#[test]
+fn a_member_lost_with_recovery_on_is_recovered_without_it_everywhere() {
+    for drain in [DrainMode::Tree, DrainMode::AllToAll] {
+        for n in [2usize, 3, 6, 16] {
+            let pes: Vec<u32> = (0..n).map(|i| 1 + (i % 3) as u32).collect();
+            let mut sim = Sim::new(&pes, 0, drain, 30 + n as u64).recovering();
+            sim.traffic(3);
+            let victim = 100 + n as u64 - 1 - (n as u64 / 3);
+            sim.kill(victim);
+            sim.run();
+            let survivors: Vec<u64> = uids(n).into_iter().filter(|&u| u != victim).collect();
+            assert_eq!(sim.view.epoch, 8, "{drain:?} at {n}");
+            assert_eq!(sim.members(), survivors);
+            for uid in &survivors {
+                let node = &sim.nodes[uid];
+                assert_eq!(
+                    node.outcomes,
+                    vec![Outcome::RolledBack {
+                        epoch: 8,
+                        members: survivors.clone()
+                    }],
+                    "{drain:?} at {n}: uid {uid}"
+                );
+                assert_eq!(
+                    node.late_complete,
+                    vec![true],
+                    "uid {uid}: every frame between survivors arrived before the discard"
+                );
+                assert!(!node.driver.busy());
+            }
+            let stages = &sim.nodes[&100].stages;
+            assert_eq!(stages, &[Stage::Stop, Stage::Commit, Stage::Reconcile]);
+        }
+    }
+}
+
+#[test]
+fn a_member_lost_with_recovery_on_after_a_rescale_is_recovered_in_the_new_view() {
+    let mut sim = Sim::new(&[1, 2, 1, 2], 1, DrainMode::Tree, 40);
+    sim.rescale(vec![1], 1);
+    sim.run();
+    assert_rescaled(&sim, &uids(4), &[101], 8);
+    // The newcomer (uid 1000) is node 3 of epoch 8; node 1 (uid 102) is lost.
+    let mut sim = sim.recovering();
+    sim.traffic(2);
+    sim.kill(102);
+    sim.run();
+    assert_eq!(sim.view.epoch, 9);
+    assert_eq!(sim.members(), vec![100, 103, 1000]);
+    for uid in [100, 103, 1000] {
+        assert!(
+            matches!(
+                sim.outcome_of(uid),
+                Some(Outcome::RolledBack { epoch: 9, .. })
+            ),
+            "uid {uid}: {:?}",
+            sim.outcome_of(uid)
+        );
+    }
+}
+
+#[test]
+fn node_0_lost_or_a_second_loss_in_a_recovery_ends_the_job_naming_it() {
+    // Node 0's loss is no recovery: every survivor reports the loss.
+    let mut sim = Sim::new(&[1, 1, 1], 0, DrainMode::Tree, 41).recovering();
+    sim.kill(100);
+    sim.run();
+    for uid in [101, 102] {
+        assert_eq!(sim.outcome_of(uid), Some(&Outcome::Lost { uid: 100 }));
+    }
+    assert_eq!(sim.view.epoch, 7);
+    // A second loss while the survivors drain fails the recovery everywhere.
+    let mut sim = Sim::new(&[1, 1, 1, 1, 1], 0, DrainMode::Tree, 42).recovering();
+    sim.faults.kill = Some((103, |a| matches!(a, Action::Draining(true))));
+    sim.traffic(2);
+    sim.kill(104);
+    sim.run();
+    let failures = assert_failed_everywhere(&sim, &[100, 101, 102]);
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.cause == Cause::MemberLost { node: 3, uid: 103 }),
+        "{failures:?}"
+    );
+    for uid in [100, 101, 102] {
+        assert!(
+            !matches!(sim.outcome_of(uid), Some(Outcome::RolledBack { .. })),
+            "uid {uid} went on"
+        );
+    }
+    assert_eq!(sim.view.epoch, 7, "nothing was committed");
 }
 
 #[test]

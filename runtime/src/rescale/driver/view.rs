@@ -136,10 +136,12 @@ impl Driver {
                 if r.old.my_node() == 0 {
                     out.push(Action::StageEnded(Stage::Reconcile));
                 }
+                let rollback = r.lost.iter().any(|&l| l);
                 out.push(Action::Resume {
                     old: r.old,
                     new: topo,
                     plan: r.order.plan,
+                    rollback,
                 });
             }
             None => out.push(Action::Joined { me: topo.my_node() }),
