@@ -18,7 +18,7 @@
 //! - Senders (the PE threads) call UCX directly; one communication thread
 //!   progresses the worker, spins briefly (yielding) and then sleeps on the
 //!   worker's event fd: up to 1 ms at a time while work is in flight, up to
-//!   1 s when idle (a message or a sender's signal wakes it at once).
+//!   5 ms when idle (a message or a sender's signal wakes it at once).
 //! - Endpoints are keyed by node id and carry the peer's uid:
 //!   [`Transport::reconcile`] keeps and re-indexes survivors, sends a `BYE`
 //!   to removed ones and then closes them without waiting (the
@@ -55,11 +55,12 @@ const SPIN: Duration = Duration::from_micros(200);
 /// How long the communication thread busy-waits before it starts yielding its core.
 const HOT_SPIN: Duration = Duration::from_micros(5);
 /// Longest sleep on the event fd when nothing is in flight. A message, a
-/// send left in flight (the sender signals) or a close wakes the thread at
-/// once; the timeout only lets UCX's own timers run (its keepalive, which
-/// notices a dead peer over shared memory, is driven by progress), so it is
-/// long: an idle node's communication thread wakes once a second.
-const SLEEP_MS: i32 = 1000;
+/// send left in flight (the sender signals) or a close should wake the
+/// thread at once, but a 1 s timeout tried in issue 19 stalled a pingpong
+/// over UCX's tcp beside a busy process (a wake-up that did not come,
+/// not yet found), so the timeout stays short: 200 wake-ups a second cost
+/// an idle node well under 1% of a core.
+const SLEEP_MS: i32 = 5;
 /// How long the communication thread keeps yielding while work is in
 /// flight and nothing moves, before it sleeps on the event fd instead.
 const BUSY_YIELD: Duration = Duration::from_micros(100);
