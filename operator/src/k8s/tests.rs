@@ -725,6 +725,8 @@ struct FakeJob {
     members: Vec<String>,
     pending: Vec<String>,
     rescales: Vec<RescaleRequest>,
+    /// When each rescale request arrived (the latency benchmark).
+    asked_at: Vec<std::time::Instant>,
     /// Status requests answered.
     statuses: usize,
     refuse: Option<String>,
@@ -834,6 +836,7 @@ fn fake_job(secret: &Secret, members: &[&str]) -> (u16, Arc<Mutex<FakeJob>>) {
         members: members.iter().map(|m| (*m).to_owned()).collect(),
         pending: Vec::new(),
         rescales: Vec::new(),
+        asked_at: Vec::new(),
         statuses: 0,
         refuse: None,
         gate: gate.clone(),
@@ -848,7 +851,11 @@ fn fake_job(secret: &Secret, members: &[&str]) -> (u16, Arc<Mutex<FakeJob>>) {
                 let _ = serve_connection(stream, &secret, |request| match request {
                     ControlRequest::Status => ControlReply::Status(job.lock().unwrap().status()),
                     ControlRequest::Rescale(r) => {
-                        job.lock().unwrap().rescales.push(r.clone());
+                        {
+                            let mut job = job.lock().unwrap();
+                            job.rescales.push(r.clone());
+                            job.asked_at.push(std::time::Instant::now());
+                        }
                         // PE 0 evacuates for as long as the gate is closed.
                         gate.wait_open();
                         job.lock().unwrap().rescale(r)
@@ -1174,6 +1181,10 @@ async fn a_rescale_runs_in_the_background_and_its_commit_deletes_vacated_pods_an
         "ductile_operator_rescales_requested_total{reason=\"CompleteReplacement\"} 1",
         "ductile_operator_rescales_committed_total{reason=\"CompleteReplacement\"} 1",
         "ductile_operator_notice_to_commit_seconds_count 1",
+        // By the signal that put the member at risk, in millisecond buckets
+        // (the scenario's clock stands still: 0 ms).
+        "ductile_operator_notice_to_commit_by_signal_seconds_count{signal=\"rebalance-recommendation\"} 1",
+        "ductile_operator_notice_to_commit_by_signal_seconds_bucket{signal=\"rebalance-recommendation\",le=\"0.001\"} 1",
     ] {
         assert!(
             metrics.lines().any(|l| l == line),
@@ -1264,6 +1275,73 @@ async fn an_interruption_notice_with_no_replacement_shrinks_at_once_and_a_refusa
         .metrics
         .render()
         .contains("ductile_operator_rescales_failed_total{reason=\"Emergency\"} 1"));
+}
+
+/// Notice-to-rescale-request latency, the operator's own processing: from
+/// the start of the reconcile that first sees a `spot-itn` taint (already
+/// in the node store, as the shared reflector puts it there before it
+/// wakes the job) to PE 0's control endpoint receiving the emergency
+/// shrink. The mock API server answers at once and PE 0 is on loopback, so
+/// the figure is the reconcile's work: the policy, the pod apply, Events,
+/// the request's connection and authentication. A benchmark, not an
+/// assert: the table is printed and the JSON written to
+/// `target/bench/operator_notice_to_request.json`.
+#[tokio::test]
+async fn bench_notice_to_rescale_request() {
+    const RUNS: usize = 30;
+    let mut samples_ms = Vec::new();
+    for _ in 0..RUNS {
+        let secret = Secret::generate();
+        let (port, fake) = fake_job(&secret, &["jacobi-0", "jacobi-1", "jacobi-2"]);
+        let (mut harness, handle) = context();
+        harness.node("spot-1", json!([{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]));
+        let ctx = harness.with_control(port).ctx;
+        let secret_for_script = secret.clone();
+        let started = std::time::Instant::now();
+        let (action, _, ()) =
+            reconcile_against(&ctx, &running_job_json(), handle, |mut handle| async move {
+                expect_objects(&mut handle, Some(&secret_for_script), &launch_pods()).await;
+                expect_event(&mut handle).await;
+                expect_pod_apply(&mut handle).await;
+                expect_event(&mut handle).await;
+                expect_event(&mut handle).await;
+                expect_status(&mut handle, &running_job_json()).await;
+                (handle, ())
+            })
+            .await;
+        action.expect("reconcile succeeds");
+        let asked_by = std::time::Instant::now() + Duration::from_secs(10);
+        let asked = loop {
+            if let Some(at) = fake.lock().unwrap().asked_at.first().copied() {
+                break at;
+            }
+            assert!(std::time::Instant::now() < asked_by, "PE 0 never got the rescale");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        assert_eq!(fake.lock().unwrap().rescales[0].remove, vec![1], "the emergency shrink");
+        samples_ms.push(asked.duration_since(started).as_secs_f64() * 1e3);
+    }
+    samples_ms.sort_by(f64::total_cmp);
+    let pick = |q: f64| samples_ms[((samples_ms.len() - 1) as f64 * q).round() as usize];
+    let (min, median, p90, max) = (pick(0.0), pick(0.5), pick(0.9), pick(1.0));
+    println!("notice-to-rescale-request (spot-itn, emergency shrink), {RUNS} runs, ms");
+    println!("| min | median | p90 | max |");
+    println!("|---|---|---|---|");
+    println!("| {min:.3} | {median:.3} | {p90:.3} | {max:.3} |");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = json!({
+        "bench": "operator_notice_to_request",
+        "what": "reconcile start (spot-itn taint in the node store) to PE 0 receiving the emergency shrink; mock API server, PE 0 on loopback",
+        "runs": RUNS,
+        "ms": {"min": min, "median": median, "p90": p90, "max": max},
+        "samples_ms": samples_ms,
+    });
+    std::fs::write(
+        dir.join("operator_notice_to_request.json"),
+        serde_json::to_vec_pretty(&report).unwrap(),
+    )
+    .unwrap();
 }
 
 /// `rescalePolicy` (and the bounds) edited while the job runs: the next
