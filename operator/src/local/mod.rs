@@ -7,8 +7,9 @@
 //! starts newcomers on request (`ductile expand`, `ductile rescale --add`,
 //! through the [`channel`] socket in the state directory) as its own children,
 //! supervised and stopped like the launch members; a rescale admits them.
-//! The judgement of what the processes did lives in [`supervise`] (sans-IO);
-//! the process plumbing in [`process`].
+//! The judgement of what the processes did lives in [`supervise`] (sans-IO),
+//! the loop that feeds it and carries out its verdict in `watch`, the
+//! process plumbing in [`process`].
 //!
 //! Later: node-per-network-namespace, and the fault injector that plays the
 //! cloud.
@@ -17,6 +18,7 @@ pub mod channel;
 pub mod process;
 pub mod restart;
 pub mod supervise;
+mod watch;
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
@@ -27,22 +29,21 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use ductile_coordinator::{lifeline, Client, Secret};
+use ductile_coordinator::{lifeline, Secret};
 use nix::sys::signal::Signal;
 
 use crate::contract;
 use crate::state::{
-    unix_ms, CoordinatorRecord, CoordinatorRestartRecord, JobResult, JobState, NewcomerRecord,
-    NodeRecord, Outcome, Shape, StateDir, StateError, JOB_STATE_FORMAT,
+    unix_ms, CoordinatorRecord, CoordinatorRestartRecord, JobResult, JobState, NodeRecord, Outcome,
+    Shape, StateDir, StateError, JOB_STATE_FORMAT,
 };
-use channel::{Channel, Reply, Request};
-use process::{signal_group, signal_name, stop_all, Exit, Supervised, POLL_INTERVAL};
-use supervise::{JobEnd, Limits, Supervisor};
+use process::{signal_name, stop_all, Supervised, POLL_INTERVAL};
+use supervise::{JobEnd, Supervisor};
 
 /// Everything needed to run one job on the local fleet.
 #[derive(Debug, Clone)]
@@ -351,100 +352,15 @@ impl Drop for Fleet {
     }
 }
 
-/// What the view probe learnt from the coordinator.
-enum ProbeAnswer {
-    /// The coordinator has a view (so every launch node registered), whose
-    /// members reported these pids, in answer to a question asked at this
-    /// time since launch.
-    View {
-        /// When the question was asked, since launch.
-        asked_at: Duration,
-        /// The view's epoch.
-        epoch: u64,
-        /// The pids the members reported.
-        member_pids: Vec<u32>,
-        /// The coordinator's recent admissions `(epoch, pid)`, asked for
-        /// after the view (empty from a coordinator that has no history).
-        admitted: Vec<(u64, u32)>,
-    },
-    /// No view yet, in answer to a question asked at this time since launch.
-    NotStarted(Duration),
-}
-
-/// Asks the coordinator for its view every [`POLL_INTERVAL`]: until the job
-/// has started, then while `watch` is set (a newcomer's admission is
-/// unknown), until `done` is set. Never blocks the
-/// launcher: it runs on its own thread and every call on the connection has a
-/// timeout.
-fn spawn_view_probe(
-    addr: String,
+/// What the supervision loop needs of a job whose processes started.
+struct RunningJob<'a> {
+    spec: &'a JobSpec,
+    /// The resolved program the nodes run.
+    program: &'a Path,
+    dir: &'a StateDir,
+    env: &'a NodeEnv,
     secret: Secret,
     t0: Instant,
-    watch: Arc<AtomicBool>,
-    done: Arc<AtomicBool>,
-) -> mpsc::Receiver<ProbeAnswer> {
-    let (tx, rx) = mpsc::channel();
-    let spawned = thread::Builder::new()
-        .name("ductile-view-probe".to_owned())
-        .spawn(move || {
-            let timeout = Duration::from_secs(1);
-            let mut started = false;
-            let mut client: Option<Client> = None;
-            while !done.load(Ordering::SeqCst) {
-                if started && !watch.load(Ordering::SeqCst) {
-                    thread::sleep(POLL_INTERVAL);
-                    continue;
-                }
-                let Some(connected) = client.as_ref() else {
-                    match Client::connect(&addr, &secret, timeout) {
-                        Ok(c) => client = Some(c),
-                        Err(err) => {
-                            tracing::debug!(%err, "view probe cannot reach the coordinator");
-                            thread::sleep(POLL_INTERVAL);
-                        }
-                    }
-                    continue;
-                };
-                let asked_at = t0.elapsed();
-                let answer = match connected.query_view(timeout) {
-                    Ok((Some(view), _)) => {
-                        started = true;
-                        // After the view: an admission before a newcomer's
-                        // exit, itself before the view was asked for, is
-                        // listed (the history keeps the last 256).
-                        let admitted = match connected.query_admissions(timeout) {
-                            Ok((_, recent)) => recent.iter().map(|a| (a.epoch, a.pid)).collect(),
-                            Err(err) => {
-                                tracing::debug!(%err, "the coordinator gave no admission history");
-                                Vec::new()
-                            }
-                        };
-                        ProbeAnswer::View {
-                            asked_at,
-                            epoch: view.epoch,
-                            member_pids: view.members.iter().map(|m| m.pid).collect(),
-                            admitted,
-                        }
-                    }
-                    Ok((None, _)) => ProbeAnswer::NotStarted(asked_at),
-                    Err(err) => {
-                        tracing::debug!(%err, "view probe lost the coordinator");
-                        client = None;
-                        continue;
-                    }
-                };
-                if tx.send(answer).is_err() {
-                    return;
-                }
-                thread::sleep(POLL_INTERVAL);
-            }
-        });
-    if let Err(err) = spawned {
-        // Without the probe the supervisor still decides, only later (grace
-        // backstops), and newcomers' exits count as drops.
-        tracing::warn!(%err, "cannot start the view probe thread");
-    }
-    rx
 }
 
 fn tail_of(path: &Path, max_lines: usize) -> String {
@@ -548,7 +464,7 @@ pub fn launch(
             secret,
             t0,
         };
-        let (end, all_stopped, restart) = supervise(&job, &mut fleet, &mut state, stop, say);
+        let (end, all_stopped, restart) = watch::supervise(&job, &mut fleet, &mut state, stop, say);
         if let (Some((nodes, ckpt)), JobEnd::Completed { code, .. }) = (restart, &end) {
             if *code == contract::EXIT_CHECKPOINTED && all_stopped {
                 tracing::info!(nodes, dir = %ckpt.display(), "relaunching the job from its checkpoint");
@@ -837,11 +753,10 @@ fn spawn_coordinator(
         .stderr(log_err)
         .process_group(0);
     hand_down_lifeline(&mut cmd);
-    cmd.spawn()
-        .map_err(|source| LaunchError::CoordinatorSpawn {
-            exe: spec.coordinator_exe.clone(),
-            source,
-        })
+    cmd.spawn().map_err(|source| LaunchError::CoordinatorSpawn {
+        exe: spec.coordinator_exe.clone(),
+        source,
+    })
 }
 
 /// Starts a new coordinator for the running job after the last one was
@@ -995,326 +910,6 @@ fn wait_for_addr(
         }
         thread::sleep(POLL_INTERVAL);
     }
-}
-
-/// What the supervision loop needs of a job whose processes started.
-struct RunningJob<'a> {
-    spec: &'a JobSpec,
-    /// The resolved program the nodes run.
-    program: &'a Path,
-    dir: &'a StateDir,
-    env: &'a NodeEnv,
-    secret: Secret,
-    t0: Instant,
-}
-
-/// Watches the running job until the supervisor's verdict, answering the
-/// requests that arrive on the launcher's channel meanwhile, then stops what
-/// is left. Returns the verdict and whether every process is gone.
-fn supervise(
-    job: &RunningJob<'_>,
-    fleet: &mut Fleet,
-    state: &mut JobState,
-    stop: &StopRequest,
-    say: &mut dyn FnMut(&str),
-) -> (JobEnd, bool, Option<(u32, PathBuf)>) {
-    let (spec, dir, t0) = (job.spec, job.dir, job.t0);
-    let mut restart: Option<(u32, PathBuf)> = None;
-    let node_pids: Vec<u32> = fleet.nodes.iter().map(Supervised::pid).collect();
-    let coordinator_pid = fleet.coordinator.as_ref().map(Supervised::pid).unwrap_or(0);
-    let limits = Limits {
-        exit_grace: spec.exit_grace,
-        timeout: spec.timeout,
-        launch_timeout: Some(spec.launch_timeout),
-        coordinator_restarts: spec.coordinator_restarts,
-        coordinator_settle: spec.coordinator_settle,
-    };
-    let mut sup = Supervisor::new(&node_pids, coordinator_pid, limits);
-    let probe_done = Arc::new(AtomicBool::new(false));
-    let probe_watch = Arc::new(AtomicBool::new(true));
-    let addr = state
-        .coordinator
-        .as_ref()
-        .map(|c| c.addr.clone())
-        .unwrap_or_default();
-    let probe = spawn_view_probe(
-        addr,
-        job.secret.clone(),
-        t0,
-        Arc::clone(&probe_watch),
-        Arc::clone(&probe_done),
-    );
-    let channel = match Channel::open(&dir.launcher_socket()) {
-        Ok(channel) => Some(channel),
-        Err(err) => {
-            // The job runs all the same; only `ductile expand` cannot reach it.
-            tracing::warn!(%err, path = %dir.launcher_socket().display(), "cannot open the launcher's request channel");
-            None
-        }
-    };
-
-    let end = loop {
-        let now = t0.elapsed();
-        let mut record_changed = false;
-        // Node 0 publishes its control endpoint only once the launch is
-        // complete: proof that the job started, even if the coordinator is
-        // lost before the probe has seen a view (it would not be restarted).
-        if !sup.started() && dir.control_file().exists() {
-            tracing::info!(elapsed = ?t0.elapsed(), "job started (node 0's control endpoint is up)");
-            sup.job_started();
-        }
-        // The coordinator first: when it and the nodes end together, its exit
-        // explains theirs.
-        if let Some(exit) = fleet.coordinator.as_mut().and_then(Supervised::poll) {
-            tracing::info!(%exit, "coordinator ended");
-            sup.coordinator_exited(exit, now);
-        }
-        for (index, node) in fleet.nodes.iter_mut().enumerate() {
-            if let Some(exit) = node.poll() {
-                tracing::info!(index, pid = node.pid(), %exit, "node ended");
-                sup.node_exited(index, exit, now);
-            }
-        }
-        for (n, newcomer) in fleet.newcomers.iter_mut().enumerate() {
-            if let Some(exit) = newcomer.poll() {
-                tracing::info!(newcomer = n, pid = newcomer.pid(), %exit, "newcomer ended");
-                sup.newcomer_exited(n, exit, now);
-                if let Some(record) = state.newcomer_mut(n) {
-                    record.exit = Some(exit.to_string());
-                }
-                state.newcomer_counts.ended += 1;
-                record_changed = true;
-            }
-        }
-        while let Ok(answer) = probe.try_recv() {
-            match answer {
-                ProbeAnswer::View {
-                    asked_at,
-                    epoch,
-                    member_pids,
-                    admitted,
-                } => {
-                    if !sup.started() {
-                        tracing::info!(elapsed = ?t0.elapsed(), "job started");
-                    }
-                    sup.admissions_seen(&admitted);
-                    sup.members_seen(asked_at, epoch, &member_pids);
-                }
-                ProbeAnswer::NotStarted(asked_at) => sup.not_started(asked_at),
-            }
-        }
-        for record in state.newcomers.iter_mut() {
-            let n = record.number;
-            if !record.admitted && sup.newcomer_admitted(n) {
-                tracing::info!(newcomer = n, pid = record.pid, "newcomer admitted");
-                record.admitted = true;
-                state.newcomer_counts.admitted += 1;
-                record_changed = true;
-            }
-        }
-        for dropped in sup.take_dropped() {
-            if let Some(record) = state.newcomer_mut(dropped.newcomer) {
-                record.dropped = dropped.never_admitted;
-            }
-            state.newcomer_counts.dropped += u64::from(dropped.never_admitted);
-            record_changed = true;
-            // Exiting 0 unseen is most likely a departure: those go unsaid.
-            if dropped.never_admitted || dropped.exit != Exit::Code(0) {
-                say(&dropped.to_string());
-            }
-        }
-        while let Some(request) = channel.as_ref().and_then(Channel::try_next) {
-            let reply = match &request.request {
-                Request::Spawn { count } => {
-                    let reply = spawn_newcomers(job, *count, fleet, &mut sup, state);
-                    record_changed |= matches!(reply, Reply::Ok(_));
-                    reply
-                }
-                Request::Stop { pids } => stop_newcomers(pids, fleet, &sup),
-                Request::Restart { nodes, dir } => {
-                    if restart.is_some() {
-                        Reply::Error("a restart is already arranged".to_owned())
-                    } else {
-                        tracing::info!(nodes, dir = %dir.display(), "restart arranged for when the job checkpoints");
-                        restart = Some((*nodes, dir.clone()));
-                        Reply::Ok(Vec::new())
-                    }
-                }
-                Request::CancelRestart => match restart.take() {
-                    Some((nodes, dir)) => {
-                        tracing::info!(nodes, dir = %dir.display(), "arranged restart cancelled");
-                        Reply::Ok(Vec::new())
-                    }
-                    None => Reply::Error("no restart is arranged".to_owned()),
-                },
-            };
-            request.answer(reply);
-        }
-        if let Some(attempt) = sup.coordinator_restart_due(t0.elapsed()) {
-            restart_lost_coordinator(job, attempt, fleet, &mut sup, state, stop, say);
-            record_changed = true;
-        }
-        if record_changed {
-            state.trim_newcomers(|n| sup.newcomer_settled(n));
-            if let Err(err) = dir.write_job(state) {
-                tracing::warn!(%err, "cannot update the job record");
-            }
-        }
-        probe_watch.store(sup.wants_views(), Ordering::SeqCst);
-        if let Some(signal) = stop.take() {
-            sup.interrupt(signal);
-        }
-        if let Some(end) = sup.poll(now) {
-            break end;
-        }
-        thread::sleep(POLL_INTERVAL);
-    };
-    // No more newcomers once the job ends.
-    drop(channel);
-    probe_done.store(true, Ordering::SeqCst);
-    if let Some(message) = end.message() {
-        say(&message);
-    }
-
-    if matches!(
-        end,
-        JobEnd::Failed(
-            supervise::Failure::Coordinator { .. }
-                | supervise::Failure::CoordinatorNotRestarted { .. }
-                | supervise::Failure::NotStarted { .. }
-        )
-    ) {
-        let tail = tail_of(&dir.coordinator_log(), 20);
-        if !tail.trim().is_empty() {
-            say(&format!(
-                "coordinator log (last lines of {}):\n{tail}",
-                dir.coordinator_log().display()
-            ));
-        }
-    }
-
-    let first = match &end {
-        JobEnd::Completed { .. } => {
-            // The coordinator exits right after the shutdown barrier: give it
-            // a moment to do so by itself before stopping it.
-            let deadline = Instant::now() + spec.kill_grace;
-            while let Some(coordinator) = fleet.coordinator.as_mut() {
-                if coordinator.exit.is_some()
-                    || coordinator.poll().is_some()
-                    || Instant::now() >= deadline
-                {
-                    break;
-                }
-                thread::sleep(POLL_INTERVAL);
-            }
-            if let (Some(Exit::Code(c)), JobEnd::Completed { code, .. }) =
-                (fleet.coordinator.as_ref().and_then(|c| c.exit), &end)
-            {
-                if c != *code {
-                    tracing::warn!(
-                        coordinator = c,
-                        job = code,
-                        "the coordinator's exit code differs from node 0's"
-                    );
-                }
-            }
-            Signal::SIGTERM
-        }
-        JobEnd::Interrupted { signal } => Signal::try_from(*signal).unwrap_or(Signal::SIGTERM),
-        _ => Signal::SIGTERM,
-    };
-    let all_stopped = fleet.stop(first, stop);
-    for record in state.newcomers.iter_mut() {
-        if record.exit.is_none() {
-            record.exit = fleet
-                .newcomers
-                .get(record.number)
-                .and_then(|n| n.exit)
-                .map(|e| e.to_string());
-        }
-    }
-    if !all_stopped {
-        let left: Vec<String> = fleet
-            .all()
-            .iter()
-            .filter(|c| c.exit.is_none() || process::group_alive(c.pid()))
-            .map(|c| format!("{} (pid {})", c.label, c.pid()))
-            .collect();
-        say(&format!(
-            "could not stop {}; kill them by hand",
-            left.join(", ")
-        ));
-    }
-    (end, all_stopped, restart)
-}
-
-/// Starts `count` newcomers as children of this launcher, supervised and
-/// recorded like the launch members. All or nothing: if one cannot be
-/// started, those started with it are stopped again (and dropped).
-fn spawn_newcomers(
-    job: &RunningJob<'_>,
-    count: u32,
-    fleet: &mut Fleet,
-    sup: &mut Supervisor,
-    state: &mut JobState,
-) -> Reply {
-    if let Err(why) = sup.accepts_newcomers() {
-        return Reply::Error(format!("no newcomers now: {why}"));
-    }
-    let mut pids = Vec::new();
-    for _ in 0..count {
-        let spawned = node_command(job.spec, job.program, job.env, &Joining::Newcomer).spawn();
-        let child = match spawned {
-            Ok(child) => child,
-            Err(err) => {
-                for &pid in &pids {
-                    signal_group(pid, Signal::SIGTERM);
-                }
-                let program = job.spec.program.to_string_lossy();
-                return Reply::Error(format!("cannot start a newcomer ({program:?}): {err}"));
-            }
-        };
-        let pid = child.id();
-        let n = sup.newcomer_spawned(pid, job.t0.elapsed());
-        tracing::info!(newcomer = n, pid, "newcomer started");
-        fleet
-            .newcomers
-            .push(Supervised::new(format!("newcomer {n}"), child));
-        state.newcomer_counts.started += 1;
-        state.newcomers.push(NewcomerRecord {
-            number: n,
-            pid,
-            pes: job.spec.pes_per_node,
-            started_at_unix_ms: unix_ms(SystemTime::now()),
-            admitted: false,
-            dropped: false,
-            exit: None,
-        });
-        pids.push(pid);
-    }
-    Reply::Ok(pids)
-}
-
-/// Stops (SIGTERM to their process groups) newcomers that are running and
-/// were never seen admitted; refuses, stopping none, if any pid is not one.
-fn stop_newcomers(pids: &[u32], fleet: &Fleet, sup: &Supervisor) -> Reply {
-    for &pid in pids {
-        let waiting = fleet
-            .newcomers
-            .iter()
-            .position(|c| c.pid() == pid)
-            .is_some_and(|n| sup.newcomer_waiting(n));
-        if !waiting {
-            return Reply::Error(format!(
-                "pid {pid} is not a newcomer of this job waiting for admission"
-            ));
-        }
-    }
-    for &pid in pids {
-        tracing::info!(pid, "stopping a newcomer on request");
-        signal_group(pid, Signal::SIGTERM);
-    }
-    Reply::Ok(pids.to_vec())
 }
 
 #[cfg(test)]

@@ -34,8 +34,8 @@ static LIFELINE: std::sync::OnceLock<Result<Lifeline, String>> = std::sync::Once
 pub fn lifeline_fd() -> Result<i32, String> {
     use std::os::fd::AsRawFd;
     let made = LIFELINE.get_or_init(|| {
-        let (reader, writer) =
-            std::io::pipe().map_err(|e| format!("cannot make the launcher's lifeline pipe: {e}"))?;
+        let (reader, writer) = std::io::pipe()
+            .map_err(|e| format!("cannot make the launcher's lifeline pipe: {e}"))?;
         // Children inherit the read end only.
         nix::fcntl::fcntl(
             &reader,

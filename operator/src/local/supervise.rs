@@ -1034,7 +1034,9 @@ impl Supervisor {
         // ended with a code of its own (a panic, an error): the cause is
         // there, and both exits may be seen in the same look.
         let caused_elsewhere = code == EXIT_NODE_ABORTED
-            && disagreeing.iter().any(|&(_, c)| c != 0 && c != EXIT_NODE_ABORTED);
+            && disagreeing
+                .iter()
+                .any(|&(_, c)| c != 0 && c != EXIT_NODE_ABORTED);
         if (code == 0 || caused_elsewhere) && !disagreeing.is_empty() {
             JobEnd::Failed(Failure::Disagreement { code, disagreeing })
         } else {
@@ -1343,7 +1345,9 @@ mod tests {
         assert_eq!(end.exit_code(), 1, "{end:?}");
         let msg = end.message().unwrap();
         assert!(
-            msg.starts_with("node 0 exited with code 3 (it lost a peer) but node 1 exited with code 101"),
+            msg.starts_with(
+                "node 0 exited with code 3 (it lost a peer) but node 1 exited with code 101"
+            ),
             "{msg}"
         );
         // Aborts everywhere and no other cause: node 0's code passes through.
@@ -1581,7 +1585,10 @@ mod tests {
         assert!(sup.newcomer_admitted(n));
         sup.newcomer_exited(n, KILL, s(3.0));
         assert!(
-            matches!(sup.poll(s(3.1)), Some(JobEnd::Failed(Failure::NodeKilled { .. }))),
+            matches!(
+                sup.poll(s(3.1)),
+                Some(JobEnd::Failed(Failure::NodeKilled { .. }))
+            ),
             "an admitted newcomer killed is a member killed"
         );
     }
