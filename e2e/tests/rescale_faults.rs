@@ -1,0 +1,663 @@
+//! Faults in the middle of a rescale, with real processes (issue 15): a
+//! departing node killed after it was told to leave, a newcomer killed while
+//! it integrates, the coordinator killed while node 0 commits, and a
+//! departing node's network cut (its link down, in a network namespace).
+//! Each must end cleanly — the job goes on at a size it reports, or fails
+//! with an error naming the node — within a bounded time, and never with a
+//! checksum other than an uninterrupted run's.
+//!
+//! The moments are found, not slept for. A rescale's stop stage (both
+//! drains and the hand-over) lasts about half a millisecond, too short to
+//! hit from outside, so a test holds the rescale at the commit instead:
+//!
+//! 1. a surviving node is stopped (SIGSTOP) before the request, so the
+//!    evacuate stage waits for its load statistics;
+//! 2. once PE 0 logs `rescale requested`, the coordinator is stopped too;
+//! 3. the survivor is continued: evacuate, the drains and the hand-over run,
+//!    and node 0's first question to the (stopped) coordinator sits unread
+//!    in the coordinator's receive queue (read from `/proc/net/tcp`), which
+//!    is how the test knows every node is past the hand-over and node 0 is
+//!    in the commit.
+//!
+//! Every wait is bounded; a job still running past its bound is a failure
+//! ("hung"), never a pass.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ductile_coordinator::control::{ControlClient, JobStatus, RescaleRequest};
+use ductile_coordinator::proto::Member;
+use ductile_coordinator::Secret;
+use ductile_e2e::{alive, bin, eventually};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The stage bound every node of these jobs gets: a stalled step fails in
+/// seconds, so a test that finds a stall ends quickly.
+const STAGE_BOUND_MS: &str = "4000";
+
+/// What the nodes log for these tests: PE 0's `rescale requested` (the
+/// one line a test waits for), the driver's and the PEs' rescale steps
+/// (for the failure messages).
+const LOG: &str = "warn,ductile::rescale=debug,ductile::pe::rescale=debug,ductile::pe::reentry=debug";
+
+/// Iterations long enough for a hold and its aftermath (a few seconds of
+/// rescaling) before the job ends.
+const ITERS: u32 = 40_000;
+
+/// A job running in the background under `ductile run`, its output
+/// collected as it comes (a test waits for log lines).
+struct Job {
+    child: Option<Child>,
+    state: tempfile::TempDir,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let into = Arc::clone(&text);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            into.lock()
+                .expect("output lock")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    text
+}
+
+impl Job {
+    /// `jacobi2d spec` on `nodes` x 1 PE, each node run through `prefix`
+    /// (a wrapper) when given, with `flags` for `ductile run`.
+    fn start(
+        state: tempfile::TempDir,
+        nodes: u32,
+        spec: &[String],
+        prefix: Option<&Path>,
+        flags: &[&str],
+    ) -> Job {
+        let mut child = Command::new(bin("ductile"))
+            .args(["run", "--nodes", &nodes.to_string(), "--pes-per-node", "1"])
+            .arg("--state-dir")
+            .arg(state.path())
+            .args(["--timeout", "120"])
+            .args(flags)
+            .arg("--")
+            .args(prefix)
+            .arg(bin("jacobi2d"))
+            .args(spec)
+            .env("DUCTILE_LOG", LOG)
+            .env("DUCTILE_RESCALE_STAGE_TIMEOUT_MS", STAGE_BOUND_MS)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning ductile run");
+        let stdout = collect(child.stdout.take().expect("stdout"));
+        let stderr = collect(child.stderr.take().expect("stderr"));
+        let job = Job {
+            child: Some(child),
+            state,
+            stdout,
+            stderr,
+        };
+        assert!(
+            eventually(WAIT, || job.path("control.addr").exists()),
+            "the job never published its control endpoint\n{}",
+            job.stderr()
+        );
+        job
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.state.path().join(name)
+    }
+
+    fn read(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(name))
+            .unwrap_or_else(|e| panic!("reading {name}: {e}"))
+            .trim()
+            .to_string()
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().expect("output lock").clone()
+    }
+
+    fn record(&self) -> Value {
+        serde_json::from_str(&self.read("job.json")).expect("job.json is JSON")
+    }
+
+    fn coordinator(&self) -> (u32, String) {
+        let record = self.record();
+        let pid = record["coordinator"]["pid"].as_u64().expect("coordinator pid") as u32;
+        let addr = record["coordinator"]["addr"]
+            .as_str()
+            .expect("coordinator addr")
+            .to_owned();
+        (pid, addr)
+    }
+
+    fn control(&self) -> ControlClient {
+        let secret = Secret::from_hex(&self.read("secret")).expect("secret");
+        ControlClient::connect(&self.read("control.addr"), &secret, WAIT)
+            .expect("connecting to the control endpoint")
+    }
+
+    /// The job's status, or `None` when node 0 does not answer.
+    fn try_status(&self) -> Option<JobStatus> {
+        let secret = std::fs::read_to_string(self.path("secret")).ok()?;
+        let secret = Secret::from_hex(secret.trim()).ok()?;
+        let addr = std::fs::read_to_string(self.path("control.addr")).ok()?;
+        let mut c = ControlClient::connect(addr.trim(), &secret, Duration::from_secs(5)).ok()?;
+        c.status().ok()
+    }
+
+    fn members(&self) -> Vec<Member> {
+        self.control().status().expect("status").members
+    }
+
+    /// `ductile ARGS` against this job in the background (JSON report).
+    fn spawn_ductile(&self, args: &[&str]) -> Child {
+        Command::new(bin("ductile"))
+            .args(args)
+            .arg("--state-dir")
+            .arg(self.state.path())
+            .args(["--json", "--timeout", "60"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running ductile")
+    }
+
+    /// Waits until the job's stderr holds `needle` (`times` times).
+    fn wait_for_log(&self, needle: &str, times: usize) {
+        assert!(
+            eventually(WAIT, || self.stderr().matches(needle).count() >= times),
+            "no {needle:?} (x{times}) in the job's log\n{}",
+            self.stderr()
+        );
+    }
+
+    /// Waits at most `limit` for the job to end: code, stdout, stderr.
+    /// A job still running then is killed and reported as hung.
+    fn finish_within(mut self, limit: Duration) -> (Option<i32>, String, String) {
+        let mut child = self.child.take().expect("running");
+        let end = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if Instant::now() >= end {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the job hung: still running {limit:?} after the fault\n--- stderr\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // The readers end with the pipes.
+        std::thread::sleep(Duration::from_millis(100));
+        let stdout = self.stdout.lock().expect("output lock").clone();
+        (status.code(), stdout, self.stderr())
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
+/// Waits at most `limit` for a tool to end; its code and stderr.
+fn tool_result(mut tool: Child, limit: Duration) -> (Option<i32>, String, String) {
+    let end = Instant::now() + limit;
+    loop {
+        if tool.try_wait().expect("try_wait").is_some() {
+            break;
+        }
+        if Instant::now() >= end {
+            let _ = tool.kill();
+            let out = tool.wait_with_output().expect("tool output");
+            panic!(
+                "the tool hung past {limit:?}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = tool.wait_with_output().expect("tool output");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn checksum(stdout: &str) -> Option<String> {
+    ductile_e2e::last_value(stdout, "checksum")
+}
+
+/// The checksum of an uninterrupted 1-node run of `spec`.
+fn reference(spec: &[String]) -> String {
+    let args: Vec<&str> = spec.iter().map(String::as_str).collect();
+    let job = ductile_e2e::run(1, 1, "jacobi2d", &args);
+    job.expect_code(0, "jacobi2d reference");
+    checksum(&job.stdout).expect("the reference prints a checksum")
+}
+
+/// Bytes waiting unread in the receive queues of the established TCP
+/// connections whose local port is `port` (this network namespace's
+/// `/proc/net/tcp`).
+fn unread_at(port: u16) -> u64 {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    let want = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let (local, state, queues) = (cols.get(1)?, cols.get(3)?, cols.get(4)?);
+            (local.ends_with(&want) && *state == "01").then_some(())?;
+            u64::from_str_radix(queues.split(':').nth(1)?, 16).ok()
+        })
+        .sum()
+}
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {addr}"))
+}
+
+/// A rescale held at its commit (see the module docs).
+struct Held {
+    /// The coordinator (stopped).
+    coordinator: u32,
+    /// The tool that asked for the rescale.
+    tool: Child,
+}
+
+/// Starts `ductile ARGS` (a rescale) and holds it at the commit: every node
+/// is past the hand-over and node 0 waits for the stopped coordinator.
+/// `survivor` is a node that stays (not node 0).
+fn hold_at_commit(job: &Job, args: &[&str], survivor: u32) -> Held {
+    let (coordinator, addr) = job.coordinator();
+    let port = port_of(&addr);
+    assert_eq!(unread_at(port), 0, "the coordinator has unread bytes already");
+    signal(survivor, "-STOP");
+    let tool = job.spawn_ductile(args);
+    job.wait_for_log("rescale requested", 1);
+    signal(coordinator, "-STOP");
+    signal(survivor, "-CONT");
+    assert!(
+        eventually(WAIT, || unread_at(port) > 0),
+        "node 0 never asked the coordinator (the rescale did not reach its commit)\n{}",
+        job.stderr()
+    );
+    Held { coordinator, tool }
+}
+
+/// Every pid in `pids` has ended.
+fn all_gone(pids: &[u32]) -> bool {
+    eventually(Duration::from_secs(10), || pids.iter().all(|&p| !alive(p)))
+}
+
+/// A departing node is killed (SIGKILL) after it was told to leave: it
+/// stopped, drained and handed its PE's work to PE 0, and waits for the
+/// commit that removes it. The job fails, naming the node and its signal,
+/// within a bounded time; the tool fails too (no report of a rescale that
+/// did not happen); no process is left; no checksum is printed.
+#[test]
+fn a_departing_node_killed_after_its_hand_over_fails_the_job_naming_it() {
+    let spec = ductile_e2e::jacobi_args(ITERS);
+    let job = Job::start(tempfile::tempdir().expect("temp dir"), 4, &spec, None, &[]);
+    let members = job.members();
+    let pids: Vec<u32> = members.iter().map(|m| m.pid).collect();
+    let held = hold_at_commit(&job, &["shrink", "--remove", "3"], pids[1]);
+    signal(pids[3], "-KILL");
+    signal(held.coordinator, "-CONT");
+    let (tool_code, tool_out, tool_err) = tool_result(held.tool, WAIT);
+    let (code, stdout, stderr) = job.finish_within(WAIT);
+    assert_eq!(code, Some(1), "the job must fail\n{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("node 3 (pid {}) was killed by signal 9", pids[3])),
+        "the failure does not name the killed node\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("ran past its --timeout"),
+        "the job stalled until its timeout\n{stderr}"
+    );
+    assert_eq!(checksum(&stdout), None, "a failed job printed a result\n{stdout}");
+    assert_ne!(
+        tool_code,
+        Some(0),
+        "the tool reported a rescale of a failed job\n{tool_out}\n{tool_err}"
+    );
+    assert!(all_gone(&pids), "processes of the job are left: {pids:?}");
+}
+
+/// The coordinator is killed (SIGKILL) while node 0 commits: node 0's
+/// question sits unread when it dies. The launcher restarts it, node 0
+/// restores it, the other nodes reattach; the rescale either completes or
+/// is refused with an error, and the job finishes with the checksum of an
+/// uninterrupted run.
+///
+/// Ignored: today node 0 fails the rescale when the coordinator connection
+/// ends under its commit ("rescale failed in stage commit: the commit: the
+/// coordinator refused the commit: the coordinator connection is closed;
+/// ending the job") instead of waiting for its link to rejoin the restarted
+/// coordinator (which it restores with its view, in which nothing was
+/// committed) and asking again. The job ends cleanly (exit 1, no result),
+/// but it should have gone on. The fix belongs to the rescale layer
+/// (`runtime/src/rescale/shell.rs`, `Action::QueryPending`/`Action::Commit`
+/// on a closed client); issue 15.
+#[test]
+#[ignore = "node 0 fails a rescale whose commit loses the coordinator instead of retrying on the restarted one (runtime/src/rescale/shell.rs; issue 15)"]
+fn the_coordinator_killed_in_the_commit_leaves_the_job_whole() {
+    let spec = ductile_e2e::jacobi_args(ITERS);
+    let want = reference(&spec);
+    let job = Job::start(tempfile::tempdir().expect("temp dir"), 4, &spec, None, &[]);
+    let members = job.members();
+    let pids: Vec<u32> = members.iter().map(|m| m.pid).collect();
+    let held = hold_at_commit(&job, &["shrink", "--remove", "3"], pids[1]);
+    signal(held.coordinator, "-KILL");
+    assert!(
+        eventually(WAIT, || job.coordinator().0 != held.coordinator),
+        "the launcher did not restart the coordinator\n{}",
+        job.stderr()
+    );
+    let (tool_code, tool_out, tool_err) = tool_result(held.tool, WAIT);
+    let status = job.control().status().expect("status after the restart");
+    let now: Vec<u32> = status.members.iter().map(|m| m.pid).collect();
+    if tool_code == Some(0) {
+        let report: Value = serde_json::from_str(&tool_out).expect("JSON report");
+        assert_eq!(report["removed"], serde_json::json!([3]), "{report}");
+        assert_eq!(now, pids[..3], "the rescale completed: node 3 left");
+        assert!(eventually(WAIT, || !alive(pids[3])), "node 3 was removed but runs");
+    } else {
+        assert!(
+            !tool_err.trim().is_empty(),
+            "the tool failed without saying why"
+        );
+        assert_eq!(now, pids, "the rescale was refused: nobody left");
+    }
+    // The job is sound: a rescale works after the restart.
+    let again = job.spawn_ductile(&["shrink", "--nodes", "1"]);
+    let (again_code, again_out, again_err) = tool_result(again, WAIT);
+    assert_eq!(
+        again_code,
+        Some(0),
+        "a rescale after the restart failed\n{again_out}\n{again_err}\n--- job\n{}",
+        job.stderr()
+    );
+    let (code, stdout, stderr) = job.finish_within(Duration::from_secs(120));
+    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
+    assert_eq!(checksum(&stdout).as_deref(), Some(want.as_str()), "checksum changed");
+}
+
+/// A newcomer is killed (SIGKILL) while it integrates: it registered and
+/// was held (SIGSTOP) before the request, so the commit admits it, the
+/// coordinator's `Integrate` waits unread in its socket and the survivors'
+/// reconciliation waits for it. Killed there, it fails the job, named,
+/// within the stage bound: the survivors cannot go on without a member
+/// of the committed view. The tool gets an error; no checksum; nothing left.
+#[test]
+fn a_newcomer_killed_while_it_integrates_fails_the_job_naming_it() {
+    let spec = ductile_e2e::jacobi_args(ITERS);
+    let job = Job::start(tempfile::tempdir().expect("temp dir"), 3, &spec, None, &[]);
+    let pids: Vec<u32> = job.members().iter().map(|m| m.pid).collect();
+    let newcomer = spawn_newcomer(&job);
+    assert!(
+        eventually(WAIT, || job
+            .try_status()
+            .is_some_and(|s| s.pending.iter().any(|p| p.pid == newcomer))),
+        "the newcomer never registered\n{}",
+        job.stderr()
+    );
+    signal(newcomer, "-STOP");
+    let mut control = job.control();
+    let epoch = control.status().expect("status").epoch;
+    let asked = std::thread::spawn(move || {
+        control
+            .rescale(
+                RescaleRequest {
+                    epoch,
+                    remove: vec![],
+                    admit: 1,
+                },
+                WAIT,
+            )
+            .map_err(|e| e.to_string())
+    });
+    // Committed: the coordinator's view lists the held newcomer (node 0's
+    // status still shows the view it has installed).
+    let (_, addr) = job.coordinator();
+    let secret = Secret::from_hex(&job.read("secret")).expect("secret");
+    let coordinator = ductile_coordinator::Client::connect(&addr, &secret, WAIT)
+        .expect("a tool connection to the coordinator");
+    assert!(
+        eventually(WAIT, || coordinator
+            .query_view(WAIT)
+            .is_ok_and(|(view, _)| view
+                .is_some_and(|v| v.members.iter().any(|m| m.pid == newcomer)))),
+        "the held newcomer was never committed\n{}",
+        job.stderr()
+    );
+    signal(newcomer, "-KILL");
+    let answer = asked.join().expect("the request's thread");
+    let (code, stdout, stderr) = job.finish_within(WAIT);
+    assert_eq!(code, Some(1), "the job must fail\n{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("(pid {newcomer}) was killed by signal 9")),
+        "the failure does not name the newcomer\n{stderr}"
+    );
+    assert!(!stderr.contains("ran past its --timeout"), "stalled\n{stderr}");
+    assert_eq!(checksum(&stdout), None, "a failed job printed a result");
+    let err = answer.expect_err("the request reported a rescale of a failed job");
+    assert!(!err.is_empty());
+    assert!(all_gone(&pids), "processes of the job are left: {pids:?}");
+}
+
+/// Asks the launcher, through its request channel, to start one newcomer;
+/// its pid.
+fn spawn_newcomer(job: &Job) -> u32 {
+    use std::io::{BufRead, BufReader, Write};
+    let mut socket = std::os::unix::net::UnixStream::connect(job.path("launcher.sock"))
+        .expect("connecting to the launcher");
+    socket.write_all(b"spawn 1\n").expect("asking for a newcomer");
+    let mut reply = String::new();
+    BufReader::new(socket)
+        .read_line(&mut reply)
+        .expect("the launcher's reply");
+    reply
+        .trim()
+        .strip_prefix("ok ")
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("the launcher refused: {reply}"))
+}
+
+/// A departing node loses its network (its veth link taken down, as a
+/// reclaimed instance does) after it handed over, before the commit that
+/// removes it. The commit goes ahead without it; the survivors carry on at
+/// the new size, the job ends with the reference checksum, and the cut-off
+/// node does not hang the job. Nodes 1-3 run in network namespaces of their
+/// own (`ductile_operator::cloud::netns`, as `network: namespaces` does).
+///
+/// Ignored: the rescale completes (the tool gets its report, 4 -> 3 nodes),
+/// but the cut-off node never gets its `Die`, fails its wait after the
+/// stage bound ("rescale failed: Die from the coordinator: timed out after
+/// 4s; ending the job") and exits 3; the launcher, which has not looked at
+/// the view since (it follows views only while a newcomer waits), takes
+/// that for a member failing and stops the healthy job: "node 3 (pid ...)
+/// exited with code 3 at 4.2s, but nodes 0, 1, 2 kept running for 10.0s
+/// more; stopping the job". Either the launcher must check the view before
+/// judging a nonzero exit (`operator/src/local/supervise.rs` and its
+/// driver in `mod.rs`: a removed node's code is not the job's), or a
+/// removed node that misses its `Die` must leave quietly (the rescale
+/// layer). Issue 15.
+#[test]
+#[ignore = "a removed node that misses its Die exits 3 and the launcher fails the healthy job (operator/src/local/supervise.rs or runtime/src/rescale; issue 15)"]
+fn a_departing_node_cut_off_before_its_commit_leaves_the_job_whole() {
+    let Some(mut nj) = NetnsJob::start("rescale-faults-netns") else {
+        return;
+    };
+    let pids = nj.pids.clone();
+    let held = hold_at_commit(nj.job(), &["shrink", "--remove", "3"], pids[1]);
+    assert_eq!(nj.net.cut(&nj.instance(3)).ok(), Some(true));
+    signal(held.coordinator, "-CONT");
+    let (tool_code, tool_out, tool_err) = tool_result(held.tool, WAIT);
+    assert_eq!(
+        tool_code,
+        Some(0),
+        "the shrink failed\n{tool_out}\n{tool_err}\n--- job\n{}",
+        nj.job().stderr()
+    );
+    let report: Value = serde_json::from_str(&tool_out).expect("JSON report");
+    assert_eq!(report["removed"], serde_json::json!([3]), "{report}");
+    let now: Vec<u32> = nj.job().members().iter().map(|m| m.pid).collect();
+    assert_eq!(now, pids[..3]);
+    let job = nj.job.take().expect("the job");
+    let (code, stdout, stderr) = job.finish_within(Duration::from_secs(120));
+    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
+    assert_eq!(checksum(&stdout).as_deref(), Some(nj.want.as_str()), "checksum changed");
+    assert!(all_gone(&pids), "processes of the job are left: {pids:?}");
+    nj.finish();
+}
+
+/// A surviving node loses its network (link down) while the rescale is
+/// held at the commit: the commit goes ahead, and the other nodes' barrier
+/// over the new view cannot reach it. The job fails within the stage bound,
+/// node 0 naming the stage, and nothing is left running; no checksum.
+#[test]
+fn a_survivor_cut_off_in_a_rescale_fails_the_job_within_the_bound_naming_the_stage() {
+    let Some(mut nj) = NetnsJob::start("rescale-faults-cut2") else {
+        return;
+    };
+    let pids = nj.pids.clone();
+    let held = hold_at_commit(nj.job(), &["shrink", "--remove", "3"], pids[1]);
+    assert_eq!(nj.net.cut(&nj.instance(2)).ok(), Some(true));
+    signal(held.coordinator, "-CONT");
+    let (tool_code, tool_out, tool_err) = tool_result(held.tool, WAIT);
+    let job = nj.job.take().expect("the job");
+    let (code, stdout, stderr) = job.finish_within(WAIT);
+    assert_ne!(code, Some(0), "the job must fail\n{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rescale failed in stage reconcile"),
+        "node 0 does not name the stage\n{stderr}"
+    );
+    assert!(!stderr.contains("ran past its --timeout"), "stalled\n{stderr}");
+    assert_eq!(checksum(&stdout), None, "a failed job printed a result");
+    assert_ne!(
+        tool_code,
+        Some(0),
+        "the tool reported a rescale of a failed job\n{tool_out}\n{tool_err}"
+    );
+    // The cut-off node is stopped by the launcher too.
+    assert!(all_gone(&pids), "processes of the job are left: {pids:?}");
+    nj.finish();
+}
+
+/// A 4-node job whose nodes 1-3 run in network namespaces of their own on
+/// the bridge at 10.200.0.1 (node 0, its control endpoint and the
+/// coordinator stay in the root namespace, as with `network: namespaces`).
+struct NetnsJob {
+    name: &'static str,
+    net: ductile_operator::cloud::netns::Network,
+    job: Option<Job>,
+    pids: Vec<u32>,
+    want: String,
+}
+
+impl NetnsJob {
+    /// `None` (with the reason printed) where namespaces cannot be used.
+    fn start(name: &'static str) -> Option<NetnsJob> {
+        use ductile_operator::cloud::netns;
+        if let Err(why) = netns::available() {
+            eprintln!("skipped: {why}");
+            return None;
+        }
+        if std::env::var("DUCTILE_TRANSPORT").as_deref() == Ok("ucx") {
+            // scripts/test-ucx pins UCX to `lo`, which is each namespace's own.
+            eprintln!("skipped: network namespaces are tested over TCP (UCX here is pinned to lo)");
+            return None;
+        }
+        let spec = ductile_e2e::jacobi_args(ITERS);
+        let want = reference(&spec);
+        let state = tempfile::tempdir().expect("temp dir");
+        // 10.200.0.0/16 serves one job at a time: wait (bounded) while
+        // another test (e2e/tests/cloud.rs) holds it.
+        let mut made = netns::Network::create(name, state.path());
+        let end = Instant::now() + Duration::from_secs(180);
+        while matches!(&made, Err(e) if e.to_string().contains("is already on interface"))
+            && Instant::now() < end
+        {
+            std::thread::sleep(Duration::from_millis(500));
+            made = netns::Network::create(name, state.path());
+        }
+        let mut net = made.unwrap_or_else(|e| panic!("cannot make the job's network: {e}"));
+        for index in 1..4u32 {
+            let instance = format!("{name}-{index}");
+            net.add(&instance).expect("a namespace");
+            net.assign_launch(index, &instance).expect("assigning it");
+        }
+        let wrapper = net.wrapper().to_owned();
+        let bind = netns::BRIDGE_ADDR.to_string();
+        let job = Job::start(state, 4, &spec, Some(&wrapper), &["--bind", &bind]);
+        let pids: Vec<u32> = job.members().iter().map(|m| m.pid).collect();
+        for (index, pid) in pids.iter().enumerate().skip(1) {
+            let instance = format!("{name}-{index}");
+            assert_eq!(net.runs_in(*pid, &instance), Some(true), "node {index} not in {instance}");
+        }
+        Some(NetnsJob {
+            name,
+            net,
+            job: Some(job),
+            pids,
+            want,
+        })
+    }
+
+    fn job(&self) -> &Job {
+        self.job.as_ref().expect("the job runs")
+    }
+
+    fn instance(&self, index: u32) -> String {
+        format!("{}-{index}", self.name)
+    }
+
+    /// Removes the network and checks nothing of it is left.
+    fn finish(self) {
+        let name = self.name;
+        drop(self.job);
+        drop(self.net);
+        assert!(
+            ductile_operator::cloud::netns::remaining(name).is_empty(),
+            "the job's network is left"
+        );
+    }
+}
