@@ -34,6 +34,12 @@
 //!    at the policy's next wake-up (timeouts, deadlines) or to poll the
 //!    control endpoint while newcomers register.
 //!
+//! A reconcile reads its job's pods from the controllers' pod cache
+//! ([`PodCache`], one reflector per watched namespace), never by listing
+//! them, and creates pods by server-side apply with [`MANAGER`]. A change
+//! to `minReplicas`, `maxReplicas` or `rescalePolicy` is handed to the
+//! job's running policy at the next reconcile.
+//!
 //! Pods and view members are matched by name: every pod's `hostname` is its
 //! own name, and a node reports its host name when it registers.
 //!
