@@ -17,7 +17,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use ductile_coordinator::client::{Admission, Client, ClientError};
@@ -47,7 +47,6 @@ pub const EXIT_PANIC: i32 = 101;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(120);
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(60);
-const TOPOLOGY_WAIT: Duration = Duration::from_secs(60);
 
 /// State shared by every thread of a node.
 pub(crate) struct NodeShared {
@@ -57,7 +56,13 @@ pub(crate) struct NodeShared {
     pub args: Vec<String>,
     pub options: Options,
     topo: Mutex<Option<Arc<Topology>>>,
-    topo_set: Condvar,
+    /// Envelope frames that arrived before this node's first view, in
+    /// arrival order. The transport's receive thread must never wait (one
+    /// thread serves every peer and accepts new ones: a wait there stalls
+    /// the handshakes of peers that are themselves waiting to connect), so
+    /// such frames wait here and are delivered when the view is installed.
+    /// Taken before `topo` wherever both are.
+    early: Mutex<Vec<(Tag, Vec<u8>)>>,
     view: Mutex<Option<View>>,
     transport: OnceLock<Arc<dyn Transport>>,
     uid: AtomicU64,
@@ -88,7 +93,7 @@ impl NodeShared {
             args,
             options,
             topo: Mutex::new(None),
-            topo_set: Condvar::new(),
+            early: Mutex::new(Vec::new()),
             view: Mutex::new(None),
             transport: OnceLock::new(),
             uid: AtomicU64::new(0),
@@ -114,7 +119,7 @@ impl NodeShared {
 
     /// The installed topology, if there is one yet (a newcomer waiting has none).
     pub(crate) fn topology_now(&self) -> Option<Arc<Topology>> {
-        self.topology(Duration::ZERO)
+        self.topo.lock().expect("topology lock poisoned").clone()
     }
 
     /// The installed topology.
@@ -176,9 +181,15 @@ impl NodeShared {
         }
     }
 
+    /// Installs `topo`, then delivers the frames that came before the
+    /// first one, all under the `early` lock: a frame that arrives
+    /// meanwhile waits for them, so every pair's order holds.
     fn install(&self, topo: Arc<Topology>) {
-        *self.topo.lock().expect("topology lock poisoned") = Some(topo);
-        self.topo_set.notify_all();
+        let mut early = self.early.lock().expect("early frames poisoned");
+        *self.topo.lock().expect("topology lock poisoned") = Some(topo.clone());
+        for (tag, frame) in early.drain(..) {
+            self.deliver_envelope(&topo, tag, frame);
+        }
     }
 
     /// The current membership view (None before the job started or standalone).
@@ -186,13 +197,22 @@ impl NodeShared {
         self.view.lock().expect("view lock poisoned").clone()
     }
 
-    fn topology(&self, wait: Duration) -> Option<Arc<Topology>> {
-        let guard = self.topo.lock().expect("topology lock poisoned");
-        let (guard, _) = self
-            .topo_set
-            .wait_timeout_while(guard, wait, |t| t.is_none())
-            .expect("topology lock poisoned");
-        guard.clone()
+    /// Hands an envelope frame to its PE's inbox and counts it.
+    fn deliver_envelope(&self, topo: &Topology, tag: Tag, frame: Vec<u8>) {
+        match decode_frame(topo, tag, frame) {
+            Ok((rank, env)) => self.inboxes[rank].push(env),
+            Err(e) => error!("dropping a frame from node {}: {e}", tag.src()),
+        }
+        *self
+            .frames
+            .lock()
+            .expect("frame counts poisoned")
+            .received
+            .entry(tag.src())
+            .or_insert(0) += 1;
+        if self.draining.load(Ordering::SeqCst) {
+            let _ = self.events.send(NodeEvent::Counted);
+        }
     }
 
     /// A fresh job-wide collection id: this node's uid and a local counter.
@@ -204,7 +224,7 @@ impl NodeShared {
     /// Sends an encoded envelope frame (see `msg::encode_frame`) to `node`.
     pub(crate) fn send_to_node(&self, node: u32, frame: Vec<u8>) -> Result<(), TransportError> {
         let topo = self
-            .topology(Duration::ZERO)
+            .topology_now()
             .expect("sending before the topology is installed");
         let t = self
             .transport
@@ -314,31 +334,19 @@ impl Sink for NodeSink {
         }
         let max = node.options.link_delay;
         if !max.is_zero() {
-            // +link-delay-us: this thread delivers one link's frames in
-            // order, so sleeping here delays the link, not the order.
+            // +link-delay-us: the transport delivers each link's frames in
+            // order, so sleeping here delays frames, not their order (with
+            // TCP's one receive thread, every link's).
             std::thread::sleep(max.mul_f64(rand::random::<f64>()));
         }
-        let Some(topo) = node.topology(TOPOLOGY_WAIT) else {
-            error!(
-                "dropping a frame from node {}: this node never received its view",
-                tag.src()
-            );
-            return;
+        let topo = {
+            let mut early = node.early.lock().expect("early frames poisoned");
+            match node.topology_now() {
+                Some(topo) => topo,
+                None => return early.push((tag, frame)),
+            }
         };
-        match decode_frame(&topo, tag, frame) {
-            Ok((rank, env)) => node.inboxes[rank].push(env),
-            Err(e) => error!("dropping a frame from node {}: {e}", tag.src()),
-        }
-        *node
-            .frames
-            .lock()
-            .expect("frame counts poisoned")
-            .received
-            .entry(tag.src())
-            .or_insert(0) += 1;
-        if node.draining.load(Ordering::SeqCst) {
-            let _ = node.events.send(NodeEvent::Counted);
-        }
+        node.deliver_envelope(&topo, tag, frame);
     }
 
     fn lost(&self, peer_uid: u64, reason: String) {
