@@ -55,7 +55,9 @@ pub fn cpu_for(rank: usize, pes: usize, allowed: &[usize], mode: Affinity) -> Op
 /// The CPUs this process may run on (read once, before any PE is pinned).
 pub fn allowed_cpus() -> Vec<usize> {
     match sched_getaffinity(Pid::from_raw(0)) {
-        Ok(set) => (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect(),
+        Ok(set) => (0..CpuSet::count())
+            .filter(|&c| set.is_set(c).unwrap_or(false))
+            .collect(),
         Err(e) => {
             debug!("cannot read this process's CPU set: {e}");
             Vec::new()
@@ -66,11 +68,20 @@ pub fn allowed_cpus() -> Vec<usize> {
 /// Pins the calling PE thread as `mode` says.
 pub fn pin_this_pe(rank: usize, pes: usize, allowed: &[usize], mode: Affinity) {
     let Some(cpu) = cpu_for(rank, pes, allowed, mode) else {
-        debug!(rank, cpus = allowed.len(), pes, ?mode, "PE thread not pinned");
+        debug!(
+            rank,
+            cpus = allowed.len(),
+            pes,
+            ?mode,
+            "PE thread not pinned"
+        );
         return;
     };
     let mut set = CpuSet::new();
-    if let Err(e) = set.set(cpu).and_then(|()| sched_setaffinity(Pid::from_raw(0), &set)) {
+    if let Err(e) = set
+        .set(cpu)
+        .and_then(|()| sched_setaffinity(Pid::from_raw(0), &set))
+    {
         warn!(rank, cpu, "cannot pin the PE thread: {e}");
         return;
     }
@@ -84,8 +95,16 @@ mod tests {
     #[test]
     fn auto_pins_only_with_a_core_per_pe() {
         assert_eq!(cpu_for(1, 2, &[4, 5], Affinity::Auto), Some(5));
-        assert_eq!(cpu_for(1, 2, &[0, 1, 2, 3], Affinity::Auto), None, "shares the machine");
-        assert_eq!(cpu_for(3, 4, &[0, 1], Affinity::On), Some(1), "on: round robin");
+        assert_eq!(
+            cpu_for(1, 2, &[0, 1, 2, 3], Affinity::Auto),
+            None,
+            "shares the machine"
+        );
+        assert_eq!(
+            cpu_for(3, 4, &[0, 1], Affinity::On),
+            Some(1),
+            "on: round robin"
+        );
         assert_eq!(cpu_for(0, 2, &[0, 1], Affinity::Off), None);
         assert_eq!(cpu_for(0, 1, &[], Affinity::On), None);
         assert_eq!("auto".parse::<Affinity>(), Ok(Affinity::Auto));

@@ -140,7 +140,10 @@ impl<'a> Cut<'a> {
             .map(|&q| self.p.pes[q].speed)
             .fold(f64::INFINITY, f64::min)
             .max(f64::MIN_POSITIVE);
-        let mut lo = order.iter().map(|&q| self.base[q]).fold(f64::INFINITY, f64::min);
+        let mut lo = order
+            .iter()
+            .map(|&q| self.base[q])
+            .fold(f64::INFINITY, f64::min);
         let mut hi = order.iter().map(|&q| self.base[q]).fold(0.0, f64::max) + total / slowest;
         for _ in 0..100 {
             let mid = 0.5 * (lo + hi);
@@ -223,7 +226,11 @@ mod tests {
         }
         .solve(stats)
         .unwrap();
-        stats.objs.iter().map(|o| plan.pe_of(o.id).unwrap()).collect()
+        stats
+            .objs
+            .iter()
+            .map(|o| plan.pe_of(o.id).unwrap())
+            .collect()
     }
 
     /// PE of each element -> the list of runs, as (pe, length).
