@@ -21,7 +21,12 @@ use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_TYPE as CONTENT_TYPE_HEADER};
+use std::io::Write as _;
+
+use hyper::header::{
+    HeaderValue, ACCEPT_ENCODING, ALLOW, CONNECTION, CONTENT_ENCODING,
+    CONTENT_TYPE as CONTENT_TYPE_HEADER, VARY,
+};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response};
@@ -200,10 +205,24 @@ fn answer(routes: &Routes, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             .unwrap_or_else(|| Page::text(StatusCode::NOT_FOUND, "not found\n")),
         _ => Page::text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n"),
     };
-    let mut reply = Response::new(Full::new(Bytes::from(page.body)));
+    let gzipped = (page.status.is_success() && page.body.len() >= GZIP_FROM && accepts_gzip(req))
+        .then(|| gzip(page.body.as_bytes()))
+        .flatten();
+    let body = match &gzipped {
+        Some(zipped) => Bytes::from(zipped.clone()),
+        None => Bytes::from(page.body),
+    };
+    let mut reply = Response::new(Full::new(body));
     *reply.status_mut() = page.status;
     let headers = reply.headers_mut();
-    headers.insert(CONTENT_TYPE_HEADER, HeaderValue::from_static(page.content_type));
+    headers.insert(
+        CONTENT_TYPE_HEADER,
+        HeaderValue::from_static(page.content_type),
+    );
+    headers.insert(VARY, HeaderValue::from_static("accept-encoding"));
+    if gzipped.is_some() {
+        headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    }
     if page.status == StatusCode::METHOD_NOT_ALLOWED {
         headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
     }
@@ -211,6 +230,41 @@ fn answer(routes: &Routes, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         headers.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     reply
+}
+
+/// Pages shorter than this go uncompressed (gzip's header and the CPU
+/// would cost more than they save).
+const GZIP_FROM: usize = 1024;
+
+/// Whether the request's `Accept-Encoding` lists `gzip` (or `x-gzip`, or
+/// `*`) without `q=0`, as Prometheus's scrapes do.
+fn accepts_gzip(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get_all(ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            let name = parts.next().unwrap_or("").to_ascii_lowercase();
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            matches!(name.as_str(), "gzip" | "x-gzip" | "*") && !refused
+        })
+}
+
+/// `body` compressed with gzip; `None` if compressing failed (the page is
+/// then served as it is).
+fn gzip(body: &[u8]) -> Option<Vec<u8>> {
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(body.len() / 4),
+        flate2::Compression::fast(),
+    );
+    encoder.write_all(body).ok()?;
+    encoder.finish().ok()
 }
 
 /// Serves `routes` on `listener` within `limits` until the task is dropped.
@@ -334,7 +388,10 @@ mod tests {
             "h_seconds_bucket{stage=\"stop\",le=\"+Inf\"} 4",
             "h_seconds_count{stage=\"stop\"} 4",
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
         }
     }
 
@@ -350,12 +407,18 @@ mod tests {
         assert!(r.contains("\r\n\r\n# HELP t_total Things.\n"), "{r}");
         assert!(r.contains("t_total{kind=\"a\\\"b\"} 3\n"), "{r}");
         let r = exchange(addr, "HEAD /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
-        assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("\r\n\r\n"), "{r}");
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.ends_with("\r\n\r\n"),
+            "{r}"
+        );
         // Refusals close the connection even when the client asked for more.
         let r = exchange(addr, "GET /nope HTTP/1.1\r\n\r\n");
         assert!(r.starts_with("HTTP/1.1 404"), "{r}");
         let r = exchange(addr, "POST /metrics HTTP/1.1\r\n\r\n");
-        assert!(r.starts_with("HTTP/1.1 405") && r.contains("allow: GET, HEAD"), "{r}");
+        assert!(
+            r.starts_with("HTTP/1.1 405") && r.contains("allow: GET, HEAD"),
+            "{r}"
+        );
         let r = exchange(addr, "\x16\x03\x01 hello\r\n\r\n");
         assert!(r.starts_with("HTTP/1.1 400"), "{r}");
         let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(40_000));
@@ -373,13 +436,60 @@ mod tests {
     }
 
     #[test]
+    fn a_scrape_that_accepts_gzip_gets_the_page_compressed_and_others_plain() {
+        let (addr, registry) = server(Limits::default());
+        // A page long enough to be worth compressing.
+        let c = IntCounterVec::new(Opts::new("long_total", "Many series."), &["n"]).unwrap();
+        register(registry, Box::new(c.clone()));
+        for n in 0..100 {
+            c.with_label_values(&[&n.to_string()]).inc();
+        }
+        let page = render(registry);
+        let raw = |accept: &str| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let request = format!(
+                "GET /metrics HTTP/1.1\r\nAccept-Encoding: {accept}\r\nConnection: close\r\n\r\n"
+            );
+            s.write_all(request.as_bytes()).unwrap();
+            let mut reply = Vec::new();
+            s.read_to_end(&mut reply).unwrap();
+            let split = reply.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+            let head = String::from_utf8_lossy(&reply[..split]).to_ascii_lowercase();
+            (head, reply[split + 4..].to_vec())
+        };
+        // Prometheus's own header: gzip, decoded back to the same page.
+        let (head, body) = raw("gzip");
+        assert!(head.contains("content-encoding: gzip"), "{head}");
+        assert!(head.contains("vary: accept-encoding"), "{head}");
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(&body[..])
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, page);
+        assert!(
+            body.len() < page.len() / 2,
+            "{} of {}",
+            body.len(),
+            page.len()
+        );
+        // Refused with q=0, or not offered: plain text.
+        for accept in ["gzip;q=0, identity", "identity", "br"] {
+            let (head, body) = raw(accept);
+            assert!(!head.contains("content-encoding"), "{accept}: {head}");
+            assert_eq!(String::from_utf8(body).unwrap(), page, "{accept}");
+        }
+    }
+
+    #[test]
     fn a_connection_that_sends_nothing_is_closed_after_the_head_deadline() {
         let (addr, _) = server(Limits {
             header_timeout: Duration::from_millis(200),
             ..Limits::default()
         });
         let mut idle = TcpStream::connect(addr).unwrap();
-        idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        idle.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let mut buf = [0u8; 16];
         // Closed without a reply (not the 10 s read timeout).
         assert_eq!(idle.read(&mut buf).unwrap(), 0);
@@ -405,7 +515,10 @@ mod tests {
             .collect();
         for _ in 0..3 {
             let r = exchange(addr, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
-            assert!(r.starts_with("HTTP/1.1 200") && r.contains("t_total"), "{r}");
+            assert!(
+                r.starts_with("HTTP/1.1 200") && r.contains("t_total"),
+                "{r}"
+            );
         }
         // At most the cap stayed open: the others were closed by the server.
         let mut closed = 0;

@@ -1131,7 +1131,7 @@ fn rescales_and_a_restore_with_rejoin_never_fire_the_idle_clock() {
     }
     assert!(finished(&h.advance(Duration::from_secs(600))).is_none());
     assert_eq!(h.core.next_deadline(), None);
-    drop(n);
+    let _ = n;
 
     // A restarted coordinator waits for Restore under the launch timeout
     // only, without members all along; once node 0 restored the view, its
