@@ -20,6 +20,12 @@
 //!   departing in a rescale. Node 0's exit, any nonzero exit and the
 //!   coordinator's exit begin the *finish*: the remaining members must exit
 //!   within the grace period, or the job is failed naming the first to go.
+//!   A launch node other than 0 that exits with an error code is judged by
+//!   a view asked for after its exit, while the coordinator is up: one the
+//!   view no longer lists had been
+//!   removed by a rescale (a departing node cut off before it heard so) and
+//!   is only reported; one it lists begins the finish at its exit, as does
+//!   one with no view within the grace or any other event of the finish.
 //! - The coordinator ending after its launch timeout without the job having
 //!   started, or by a signal before the start, is a failure. Before the
 //!   launch timeout it only exits after the shutdown barrier, so its exit
@@ -444,6 +450,9 @@ impl JobEnd {
 struct Slot {
     pid: u32,
     exit: Option<(Exit, Duration)>,
+    /// It exited with an error code and a view asked for after its exit
+    /// is to say whether it was still a member (launch nodes other than 0).
+    awaiting_view: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -491,6 +500,8 @@ pub struct Supervisor {
     end: Option<JobEnd>,
     /// Newcomers judged dropped and not yet taken by [`Supervisor::take_dropped`].
     dropped: Vec<Dropped>,
+    /// Lines for the user not yet taken by [`Supervisor::take_notes`].
+    notes: Vec<String>,
     /// The epoch of the latest view seen.
     epoch: Option<Epoch>,
     /// The coordinator, lost while the job runs, waiting to be restarted.
@@ -506,12 +517,17 @@ impl Supervisor {
         Self {
             nodes: node_pids
                 .iter()
-                .map(|&pid| Slot { pid, exit: None })
+                .map(|&pid| Slot {
+                    pid,
+                    exit: None,
+                    awaiting_view: false,
+                })
                 .collect(),
             newcomers: Vec::new(),
             coordinator: Slot {
                 pid: coordinator_pid,
                 exit: None,
+                awaiting_view: false,
             },
             limits,
             started: false,
@@ -519,6 +535,7 @@ impl Supervisor {
             finish: None,
             end: None,
             dropped: Vec::new(),
+            notes: Vec::new(),
             epoch: None,
             down: None,
             restart_attempts: 0,
@@ -602,6 +619,7 @@ impl Supervisor {
                 self.drop_newcomer(n, exit, at);
             }
         }
+        self.judge_awaiting(asked_at, member_pids);
     }
 
     /// The coordinator's recent admissions, `(epoch, pid)` each, asked for
@@ -723,7 +741,9 @@ impl Supervisor {
     /// until the job started, and while a newcomer's admission is unknown.
     pub fn wants_views(&self) -> bool {
         self.end.is_none()
-            && (!self.started || self.newcomers.iter().any(|s| !s.admitted && !s.judged))
+            && (!self.started
+                || self.newcomers.iter().any(|s| !s.admitted && !s.judged)
+                || self.nodes.iter().any(|s| s.awaiting_view))
     }
 
     fn drop_newcomer(&mut self, n: usize, exit: Exit, at: Duration) {
@@ -755,9 +775,73 @@ impl Supervisor {
     fn judge_exit_after_start(&mut self, who: Who, exit: Exit, at: Duration) {
         self.settle_coordinator();
         let departing = who != Who::Node(0) && exit == Exit::Code(0);
-        if !departing && self.finish.is_none() {
-            self.finish = Some((who, at));
+        if departing {
+            return;
         }
+        if let (Who::Node(i), Exit::Code(_)) = (who, exit) {
+            // Only a coordinator that is up can answer (one that is down
+            // stops its restarts at this exit, as before).
+            if i != 0 && self.finish.is_none() && self.down.is_none() {
+                // A node removed by a rescale that never heard so (cut off
+                // after its hand-over) ends with an error code although the
+                // job went on without it: a view asked for after its exit
+                // tells a removed node from a member that failed.
+                self.nodes[i].awaiting_view = true;
+                return;
+            }
+        }
+        self.begin_finish(who, at);
+    }
+
+    /// Begins the finish with `who` at `at`, unless it has begun. A node
+    /// whose exit awaits a view is judged a member now (its exit may be
+    /// what ended the others): the finish begins with the earliest of them.
+    fn begin_finish(&mut self, who: Who, at: Duration) {
+        if self.finish.is_some() {
+            return;
+        }
+        let awaiting = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.awaiting_view)
+            .filter_map(|(i, s)| s.exit.map(|(_, t)| (t, i)))
+            .min();
+        for slot in &mut self.nodes {
+            slot.awaiting_view = false;
+        }
+        self.finish = Some(match awaiting {
+            Some((t, i)) if t <= at => (Who::Node(i), t),
+            _ => (who, at),
+        });
+    }
+
+    /// Nodes whose exit awaited a view: the view asked for at `asked_at`
+    /// lists the pids of the members.
+    fn judge_awaiting(&mut self, asked_at: Duration, member_pids: &[u32]) {
+        for i in 0..self.nodes.len() {
+            let slot = &self.nodes[i];
+            let Some((exit, at)) = slot.exit.filter(|_| slot.awaiting_view) else {
+                continue;
+            };
+            if asked_at < at {
+                continue;
+            }
+            let pid = slot.pid;
+            self.nodes[i].awaiting_view = false;
+            if member_pids.contains(&pid) {
+                self.begin_finish(Who::Node(i), at);
+            } else {
+                self.notes.push(format!(
+                    "node {i} (pid {pid}) {exit} after a rescale had removed it; the job goes on without it"
+                ));
+            }
+        }
+    }
+
+    /// Lines for the user about exits that did not end the job.
+    pub fn take_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notes)
     }
 
     fn earliest_exit(
@@ -778,7 +862,8 @@ impl Supervisor {
     fn settle_coordinator(&mut self) {
         let Some(down) = &self.down else { return };
         if down.attempts == 0 && down.exit.code().is_some() && self.finish.is_none() {
-            self.finish = Some((Who::Coordinator, down.at));
+            let at = down.at;
+            self.begin_finish(Who::Coordinator, at);
             self.down = None;
         }
     }
@@ -844,9 +929,7 @@ impl Supervisor {
             }));
             return;
         }
-        if self.finish.is_none() {
-            self.finish = Some((Who::Coordinator, now));
-        }
+        self.begin_finish(Who::Coordinator, now);
     }
 
     /// Whether the driver should start a new coordinator now (in recovery
@@ -871,7 +954,11 @@ impl Supervisor {
         self.restart_attempts += 1;
         match outcome {
             Ok(pid) => {
-                self.coordinator = Slot { pid, exit: None };
+                self.coordinator = Slot {
+                    pid,
+                    exit: None,
+                    awaiting_view: false,
+                };
                 self.down = None;
             }
             Err(error) => {
@@ -906,6 +993,18 @@ impl Supervisor {
                     self.drop_newcomer(n, exit, at);
                 }
             }
+        }
+        // A node's exit with no view to judge it by within the grace (the
+        // coordinator is gone or mute) is taken as a member's.
+        let unanswered = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.awaiting_view)
+            .filter_map(|(i, s)| s.exit.map(|(_, at)| (at, i)))
+            .find(|&(at, _)| now >= at + self.limits.exit_grace);
+        if let Some((at, i)) = unanswered {
+            self.begin_finish(Who::Node(i), at);
         }
         if self.end.is_none() {
             self.end = self.judge(now);
@@ -1517,6 +1616,94 @@ mod tests {
         Want,
         &'static [(usize, bool)],
     );
+
+    /// Issue 15's fault test: a departing node cut off after its hand-over
+    /// never hears that the commit removed it and exits with an error code
+    /// (3) seconds later. The view after its exit no longer lists it: the
+    /// job goes on, and the exit is said once.
+    #[test]
+    fn a_node_removed_by_a_rescale_that_exits_with_an_error_code_does_not_end_the_job() {
+        let mut sup = sup(4);
+        sup.members_seen(s(0.5), 1, &[100, 101, 102, 103]);
+        sup.node_exited(3, Exit::Code(3), s(2.0));
+        assert!(sup.wants_views(), "its exit waits for a view");
+        assert_eq!(sup.poll(s(2.05)), None);
+        // A view asked for before the exit does not decide.
+        sup.members_seen(s(1.9), 2, &[100, 101, 102]);
+        assert!(sup.take_notes().is_empty());
+        sup.members_seen(s(2.1), 2, &[100, 101, 102]);
+        let notes = sup.take_notes();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0]
+                .starts_with("node 3 (pid 103) exited with code 3 after a rescale had removed it"),
+            "{notes:?}"
+        );
+        assert!(!sup.wants_views());
+        assert_eq!(sup.poll(s(60.0)), None, "the job goes on without it");
+        // The job then ends normally: the removed node's code is no vote.
+        for i in 0..3 {
+            sup.node_exited(i, Exit::Code(0), s(61.0));
+        }
+        sup.coordinator_exited(Exit::Code(0), s(61.0));
+        assert!(
+            matches!(sup.poll(s(61.1)), Some(JobEnd::Completed { code: 0, .. })),
+            "{:?}",
+            sup.poll(s(61.1))
+        );
+    }
+
+    /// A member that fails with a code (not a signal) is judged by the view
+    /// after its exit, which still lists it: the finish begins at its exit,
+    /// and without a view at all it begins after the grace all the same.
+    #[test]
+    fn a_member_exiting_with_an_error_code_ends_the_job_with_or_without_a_view() {
+        let mut v = sup(3);
+        v.members_seen(s(0.5), 1, &[100, 101, 102]);
+        v.node_exited(2, Exit::Code(101), s(2.0));
+        v.members_seen(s(2.1), 1, &[100, 101, 102]);
+        assert!(v.take_notes().is_empty());
+        assert_eq!(
+            v.poll(s(2.0) + GRACE - s(0.1)),
+            None,
+            "the others have the grace"
+        );
+        match v.poll(s(2.0) + GRACE) {
+            Some(JobEnd::Failed(Failure::Stragglers { first, at, .. })) => {
+                assert_eq!((first, at), (Who::Node(2), s(2.0)));
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let mut v = sup(3);
+        v.members_seen(s(0.5), 1, &[100, 101, 102]);
+        v.node_exited(2, Exit::Code(101), s(2.0));
+        assert_eq!(v.poll(s(2.0) + GRACE - s(0.1)), None);
+        match v.poll(s(2.0) + GRACE) {
+            Some(JobEnd::Failed(Failure::Stragglers { first, at, .. })) => {
+                assert_eq!((first, at), (Who::Node(2), s(2.0)));
+            }
+            other => panic!("{other:?}"),
+        }
+
+        // Node 0 aborting at once after it (it lost a peer) does not hide
+        // it: the finish begins with the earlier exit, whose code is named.
+        let mut v = sup(3);
+        v.members_seen(s(0.5), 1, &[100, 101, 102]);
+        v.node_exited(2, Exit::Code(101), s(2.0));
+        v.node_exited(0, Exit::Code(EXIT_NODE_ABORTED), s(2.01));
+        v.node_exited(1, Exit::Code(EXIT_NODE_ABORTED), s(2.01));
+        v.coordinator_exited(Exit::Code(EXIT_NODE_ABORTED), s(2.02));
+        match v.poll(s(2.1)) {
+            Some(JobEnd::Failed(Failure::Disagreement { disagreeing, .. })) => {
+                assert!(
+                    disagreeing.contains(&(Who::Node(2), 101)),
+                    "{disagreeing:?}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     /// Issue 15, item 3: the launcher's first look after it started a
     /// newcomer comes after two commits, one that admitted it and one that

@@ -45,7 +45,7 @@ pub(super) fn supervise(
         watch.note_exits(now);
         watch.read_probe();
         watch.note_admissions();
-        watch.report_dropped(say);
+        watch.report_exits(say);
         watch.answer_requests();
         if let Some(attempt) = watch.sup.coordinator_restart_due(job.t0.elapsed()) {
             restart_lost_coordinator(
@@ -228,7 +228,10 @@ impl<'a, 'j> Watch<'a, 'j> {
         }
     }
 
-    fn report_dropped(&mut self, say: &mut dyn FnMut(&str)) {
+    fn report_exits(&mut self, say: &mut dyn FnMut(&str)) {
+        for note in self.sup.take_notes() {
+            say(&note);
+        }
         for dropped in self.sup.take_dropped() {
             if let Some(record) = self.state.newcomer_mut(dropped.newcomer) {
                 record.dropped = dropped.never_admitted;
