@@ -508,20 +508,11 @@ fn spawn_newcomer(job: &Job) -> u32 {
 /// node does not hang the job. Nodes 1-3 run in network namespaces of their
 /// own (`ductile_operator::cloud::netns`, as `network: namespaces` does).
 ///
-/// Ignored: the rescale completes (the tool gets its report, 4 -> 3 nodes),
-/// but the cut-off node never gets its `Die`, fails its wait after the
-/// stage bound ("rescale failed: Die from the coordinator: timed out after
-/// 4s; ending the job") and exits 3; the launcher, which has not looked at
-/// the view since (it follows views only while a newcomer waits), takes
-/// that for a member failing and stops the healthy job: "node 3 (pid ...)
-/// exited with code 3 at 4.2s, but nodes 0, 1, 2 kept running for 10.0s
-/// more; stopping the job". Either the launcher must check the view before
-/// judging a nonzero exit (`operator/src/local/supervise.rs` and its
-/// driver in `mod.rs`: a removed node's code is not the job's), or a
-/// removed node that misses its `Die` must leave quietly (the rescale
-/// layer). Issue 15.
+/// The cut-off node never gets its `Die`, fails its wait after the stage
+/// bound and exits 3; the launcher judges that exit by the view asked for
+/// after it, where the node is no longer a member, so the job goes on
+/// (issue 15; before, it stopped the healthy job).
 #[test]
-#[ignore = "a removed node that misses its Die exits 3 and the launcher fails the healthy job (operator/src/local/supervise.rs or runtime/src/rescale; issue 15)"]
 fn a_departing_node_cut_off_before_its_commit_leaves_the_job_whole() {
     let Some(mut nj) = NetnsJob::start("rescale-faults-netns") else {
         return;
