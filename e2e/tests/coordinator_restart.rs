@@ -5,13 +5,12 @@
 //! as if nothing happened (exit 0, the checksum of a 1-node run) and
 //! `job.json` must record the restart.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ductile_e2e::{alive, bin, eventually, run};
+use ductile_e2e::{alive, bin, collect, eventually, run};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -23,23 +22,6 @@ struct Running {
     state: tempfile::TempDir,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
-}
-
-fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let text = Arc::new(Mutex::new(String::new()));
-    let into = Arc::clone(&text);
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            into.lock()
-                .expect("output lock")
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    text
 }
 
 impl Running {

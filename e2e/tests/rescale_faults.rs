@@ -22,7 +22,6 @@
 //! Every wait is bounded; a job still running past its bound is a failure
 //! ("hung"), never a pass.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -31,7 +30,7 @@ use std::time::{Duration, Instant};
 use ductile_coordinator::control::{ControlClient, JobStatus, RescaleRequest};
 use ductile_coordinator::proto::Member;
 use ductile_coordinator::Secret;
-use ductile_e2e::{alive, bin, eventually};
+use ductile_e2e::{alive, bin, collect, eventually};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -56,23 +55,6 @@ struct Job {
     state: tempfile::TempDir,
     stdout: Arc<Mutex<String>>,
     stderr: Arc<Mutex<String>>,
-}
-
-fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let text = Arc::new(Mutex::new(String::new()));
-    let into = Arc::clone(&text);
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            into.lock()
-                .expect("output lock")
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
-    text
 }
 
 impl Job {
@@ -375,7 +357,8 @@ fn a_departing_node_killed_after_its_hand_over_fails_the_job_naming_it() {
 /// committed) and asking again. The job ends cleanly (exit 1, no result),
 /// but it should have gone on. The fix belongs to the rescale layer
 /// (`runtime/src/rescale/shell.rs`, `Action::QueryPending`/`Action::Commit`
-/// on a closed client); issue 15.
+/// on a closed client); issue 15. It still runs, and shows the gap, with
+/// `cargo test --release -p ductile-e2e --test rescale_faults -- --ignored`.
 #[test]
 #[ignore = "node 0 fails a rescale whose commit loses the coordinator instead of retrying on the restarted one (runtime/src/rescale/shell.rs; issue 15)"]
 fn the_coordinator_killed_in_the_commit_leaves_the_job_whole() {
