@@ -5,10 +5,15 @@
 //! Ownership rules the wrapper enforces:
 //! - [`Worker`] owns the UCP context and worker and destroys them on drop;
 //!   every object made from it ([`Ep`], [`Incoming`], [`Closing`]) holds an
-//!   `Arc<Worker>`, so the worker outlives them.
+//!   `Arc<Worker>`, so the worker outlives them. A close or a receive let
+//!   go before it completed (an endpoint dropped unclosed included) is
+//!   handed to the worker, which finishes it before it is destroyed: UCX
+//!   1.13 aborts when a worker is destroyed under an endpoint's requests.
 //! - A send owns its bytes (`Vec<u8>`) until UCX reports completion; a
-//!   receive owns its buffer until its request completed. Buffers UCX may
-//!   still write are leaked rather than freed.
+//!   receive owns its buffer until its request completed (then the worker
+//!   does, if the receive was let go). Only a worker whose requests do not
+//!   finish within [`TEARDOWN_GRACE`] leaks them, and itself, rather than
+//!   free memory UCX may still write.
 //! - Endpoints use `UCP_ERR_HANDLING_MODE_PEER`: a failed peer is queued by
 //!   the error callback and read with [`Worker::take_failed`].
 
@@ -20,12 +25,13 @@ use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ucx1_sys as sys;
 
-/// Sends handed to UCX that have not completed yet (all workers of the
-/// process): the communication thread does not sleep while this is non-zero.
-pub(super) static SENDS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// How long a worker being dropped progresses the requests left to it
+/// before it gives up and leaks itself rather than abort the process.
+const TEARDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// A UCX failure, as text.
 pub(super) type UcxResult<T> = Result<T, String>;
@@ -89,6 +95,17 @@ pub(super) struct Worker {
     /// Endpoints in `UCP_ERR_HANDLING_MODE_PEER` (failures reported, forced
     /// close) or `NONE` (which UCX 1.13's shared-memory transports require).
     peer_errors: bool,
+    /// This worker's sends that have not completed yet.
+    sends: Arc<AtomicUsize>,
+    /// Requests whose owner let go before they completed, finished by
+    /// [`Worker::finish_abandoned`] before the worker is destroyed.
+    abandoned: Mutex<Vec<Abandoned>>,
+}
+
+/// A request nobody waits for any more, with the buffer UCX may still write.
+struct Abandoned {
+    req: *mut c_void,
+    _buf: Vec<u8>,
 }
 
 /// What an endpoint's error callback needs.
@@ -180,6 +197,8 @@ impl Worker {
             failed: Arc::new(Mutex::new(Vec::new())),
             ep_ctxs: Mutex::new(Vec::new()),
             peer_errors,
+            sends: Arc::new(AtomicUsize::new(0)),
+            abandoned: Mutex::new(Vec::new()),
         };
 
         // SAFETY: all-zero ucp_worker_attr_t is valid (see above).
@@ -253,6 +272,52 @@ impl Worker {
     pub(super) fn signal(&self) {
         // SAFETY: the worker is live; ucp_worker_signal is thread-safe.
         unsafe { sys::ucp_worker_signal(self.h) };
+    }
+
+    /// Sends of this worker handed to UCX and not completed yet: its
+    /// communication thread does not sleep while there are any.
+    pub(super) fn sends_in_flight(&self) -> usize {
+        self.sends.load(Ordering::SeqCst)
+    }
+
+    /// Takes over a request its owner no longer waits for (and the buffer
+    /// UCX may still write into), to be finished before the worker goes.
+    fn abandon(&self, req: *mut c_void, buf: Vec<u8>) {
+        self.abandoned
+            .lock()
+            .expect("abandoned requests poisoned")
+            .push(Abandoned { req, _buf: buf });
+    }
+
+    /// Frees the abandoned requests that completed since the last call, so
+    /// a long job does not accumulate them; the communication thread calls
+    /// this as it goes.
+    pub(super) fn reap_abandoned(&self) {
+        let mut abandoned = self.abandoned.lock().expect("abandoned requests poisoned");
+        if !abandoned.is_empty() {
+            reap(&mut abandoned);
+        }
+    }
+
+    /// Progresses the worker until every abandoned request and every send
+    /// completed, for at most [`TEARDOWN_GRACE`]. False when some are left.
+    fn finish_abandoned(&mut self) -> bool {
+        let until = Instant::now() + TEARDOWN_GRACE;
+        loop {
+            self.progress();
+            let abandoned = self
+                .abandoned
+                .get_mut()
+                .expect("abandoned requests poisoned");
+            reap(abandoned);
+            if abandoned.is_empty() && self.sends_in_flight() == 0 {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// Peers whose endpoint failed since the last call: (uid, why).
@@ -362,6 +427,20 @@ impl Worker {
     }
 }
 
+/// Frees and drops the requests of `abandoned` that completed.
+fn reap(abandoned: &mut Vec<Abandoned>) {
+    abandoned.retain(|a| {
+        // SAFETY: a live request of this worker, freed only here.
+        let st = unsafe { sys::ucp_request_check_status(a.req) };
+        if st == sys::ucs_status_t::UCS_INPROGRESS {
+            return true;
+        }
+        // SAFETY: completed; freed once and dropped from the list.
+        unsafe { sys::ucp_request_free(a.req) };
+        false
+    });
+}
+
 /// Queues the failure of the endpoint whose context is `arg`.
 unsafe extern "C" fn ep_failed(arg: *mut c_void, _ep: sys::ucp_ep_h, st: sys::ucs_status_t) {
     // SAFETY: `arg` is the EpCtx registered with this endpoint, alive until
@@ -375,8 +454,23 @@ unsafe extern "C" fn ep_failed(arg: *mut c_void, _ep: sys::ucp_ep_h, st: sys::uc
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        if !self.finish_abandoned() {
+            // Destroying the worker now would abort the process (UCX 1.13
+            // asserts that no endpoint has requests left): leak it instead,
+            // with the buffers UCX may still write into.
+            let left = self.abandoned.get_mut().map(|a| a.len()).unwrap_or(0);
+            tracing::warn!(
+                requests = left,
+                sends = self.sends_in_flight(),
+                "UCX requests did not finish within {TEARDOWN_GRACE:?}; \
+                 leaving the worker undestroyed"
+            );
+            std::mem::forget(std::mem::take(self.abandoned.get_mut().expect("poisoned")));
+            return;
+        }
         // SAFETY: every Ep, Incoming and Closing holds an Arc<Worker>, so
-        // none is left; the worker and then the context are destroyed once.
+        // none is left, and nothing is in flight any more; the worker and
+        // then the context are destroyed once.
         unsafe {
             sys::ucp_worker_destroy(self.h);
             sys::ucp_cleanup(self.ctx);
@@ -410,6 +504,8 @@ struct SendCtx {
     /// Held, never read: UCX reads it through the pointer given to it.
     _bytes: Vec<u8>,
     done: Option<Arc<AtomicBool>>,
+    /// The worker's count of sends in flight.
+    sends: Arc<AtomicUsize>,
 }
 
 unsafe extern "C" fn send_done(request: *mut c_void, _st: sys::ucs_status_t, user: *mut c_void) {
@@ -422,8 +518,7 @@ unsafe extern "C" fn send_done(request: *mut c_void, _st: sys::ucs_status_t, use
     if let Some(done) = &ctx.done {
         done.store(true, Ordering::SeqCst);
     }
-    drop(ctx);
-    SENDS_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    ctx.sends.fetch_sub(1, Ordering::SeqCst);
 }
 
 impl Ep {
@@ -442,6 +537,7 @@ impl Ep {
         let data = Box::into_raw(Box::new(SendCtx {
             _bytes: bytes,
             done,
+            sends: self.worker.sends.clone(),
         }));
         // SAFETY: all-zero ucp_request_param_t is valid (memory type 0 = host).
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
@@ -449,7 +545,7 @@ impl Ep {
             | sys::ucp_op_attr_t::UCP_OP_ATTR_FIELD_USER_DATA as u32;
         p.cb.send = Some(send_done);
         p.user_data = data as *mut c_void;
-        SENDS_IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        self.worker.sends.fetch_add(1, Ordering::SeqCst);
         // SAFETY: the endpoint is live; `ptr` points to `len` bytes owned by
         // the SendCtx (a Vec's heap block does not move with the Vec), which
         // stays allocated until send_done runs (or until we reclaim it below
@@ -460,7 +556,7 @@ impl Ep {
         match status_ptr(r) {
             StatusPtr::Pending(_) => Ok(true),
             done => {
-                SENDS_IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+                self.worker.sends.fetch_sub(1, Ordering::SeqCst);
                 // SAFETY: completed at once or failed: UCX will not call
                 // send_done, so the context is ours again.
                 let ctx = unsafe { Box::from_raw(data) };
@@ -481,7 +577,21 @@ impl Ep {
     /// stdout). A forced close needs `UCP_ERR_HANDLING_MODE_PEER` on both
     /// sides, which every endpoint has. Sends still in flight are cancelled,
     /// so callers close once what must arrive has been sent.
-    pub(super) fn close(self) -> Option<Closing> {
+    pub(super) fn close(mut self) -> Option<Closing> {
+        let req = self.start_close()?;
+        Some(Closing {
+            req,
+            worker: self.worker.clone(),
+        })
+    }
+
+    /// Starts the close once (the handle is nulled, so `Drop` does not
+    /// close again); the pending request, if the close did not finish at once.
+    fn start_close(&mut self) -> Option<*mut c_void> {
+        let h = std::mem::replace(&mut self.h, ptr::null_mut());
+        if h.is_null() {
+            return None;
+        }
         // SAFETY: all-zero ucp_request_param_t is valid (no callback).
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         if self.worker.peer_errors {
@@ -490,14 +600,23 @@ impl Ep {
         }
         // Without peer error handling a close flushes (a forced one is not
         // allowed); a flush that does not finish is abandoned at its deadline.
-        // SAFETY: the endpoint is live and closed exactly once (self is consumed).
-        let r = unsafe { sys::ucp_ep_close_nbx(self.h, &p) };
+        // SAFETY: the endpoint is live and closed exactly once (the handle
+        // was taken out of self above).
+        let r = unsafe { sys::ucp_ep_close_nbx(h, &p) };
         match status_ptr(r) {
-            StatusPtr::Pending(req) => Some(Closing {
-                req,
-                worker: self.worker.clone(),
-            }),
+            StatusPtr::Pending(req) => Some(req),
             _ => None,
+        }
+    }
+}
+
+impl Drop for Ep {
+    fn drop(&mut self) {
+        // An endpoint nobody closed (its transport dropped without a
+        // shutdown, as a test does to play a vanished peer): closed here and
+        // finished by the worker before it is destroyed.
+        if let Some(req) = self.start_close() {
+            self.worker.abandon(req, Vec::new());
         }
     }
 }
@@ -529,11 +648,9 @@ impl Closing {
 impl Drop for Closing {
     fn drop(&mut self) {
         if !self.req.is_null() {
-            // SAFETY: an unfinished close: ucp_request_free on an incomplete
-            // request is allowed (UCX releases it when it completes).
-            unsafe { sys::ucp_request_free(self.req) };
+            // An unfinished close: the worker finishes it before it goes.
+            self.worker.abandon(self.req, Vec::new());
         }
-        let _ = &self.worker;
     }
 }
 
@@ -619,11 +736,8 @@ impl Drop for Incoming {
                 return;
             }
         }
-        // Still being written: leak the buffer rather than free memory UCX
-        // may write to, and let UCX release the request.
-        std::mem::forget(std::mem::take(&mut self.buf));
-        // SAFETY: freeing an incomplete request is allowed; UCX releases it
-        // when it completes.
-        unsafe { sys::ucp_request_free(req) };
+        // Still being written: the worker keeps the buffer until the
+        // request completed, and finishes it before it goes.
+        self.worker.abandon(req, std::mem::take(&mut self.buf));
     }
 }

@@ -197,8 +197,7 @@ impl UcxTransport {
         peer_errors: bool,
     ) -> Result<Arc<Self>, TransportError> {
         let progress = Progress::from_env()?;
-        let worker =
-            ffi::Worker::new(settings, peer_errors).map_err(ucx_err("starting UCX"))?;
+        let worker = ffi::Worker::new(settings, peer_errors).map_err(ucx_err("starting UCX"))?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             tid: AtomicU64::new(0),
@@ -522,6 +521,7 @@ fn comm_loop(
             !rx.pending.is_empty()
         };
         let leaving = move_leaving(&shared);
+        worker.reap_abandoned();
         if stopping && leaving == 0 {
             break;
         }
@@ -534,7 +534,7 @@ fn comm_loop(
         // must act next (a PE, the peer's communication thread doing a
         // rendezvous get) may be waiting for it. Sleep only when nothing is
         // in flight (at once when idle PEs do the polling).
-        let busy = ffi::SENDS_IN_FLIGHT.load(Ordering::SeqCst) > 0 || leaving > 0 || receiving;
+        let busy = worker.sends_in_flight() > 0 || leaving > 0 || receiving;
         let spin = match progress {
             Progress::Thread => SPIN,
             Progress::Pe => Duration::ZERO,
@@ -562,7 +562,7 @@ fn comm_loop(
             continue;
         }
         shared.sleeping.store(true, Ordering::SeqCst);
-        if ffi::SENDS_IN_FLIGHT.load(Ordering::SeqCst) == 0 && !shared.stop.load(Ordering::SeqCst) {
+        if worker.sends_in_flight() == 0 && !shared.stop.load(Ordering::SeqCst) {
             worker.sleep(SLEEP_MS);
         }
         shared.sleeping.store(false, Ordering::SeqCst);

@@ -359,3 +359,51 @@ fn a_peer_lost_mid_rendezvous_is_reported_and_nothing_hangs() {
     c.t.send(1, Tag::new(2, 1, 1), &[b"still here"]).unwrap();
     assert_eq!(b.frames.recv_timeout(WAIT).unwrap().1, b"still here");
 }
+
+/// A transport dropped without a shutdown while its large sends are still
+/// on their way (a rendezvous the peer is reading) ends cleanly: its
+/// endpoints are closed and its worker finishes what is in flight before it
+/// is destroyed (UCX 1.13 aborts the process when a worker is destroyed
+/// under an endpoint's requests: a CI run died so). Whatever reached the
+/// peer is whole, and the peer goes on serving others. In both error modes.
+#[test]
+fn a_transport_dropped_with_sends_in_flight_ends_without_aborting() {
+    for peer_errors in [true, false] {
+        for round in 0..3u64 {
+            let mk = |uid| {
+                let (ft, fr) = unbounded();
+                let (lt, lr) = unbounded();
+                let t = UcxTransport::with_err_mode(Arc::new(Collect(ft, lt)), &[], peer_errors)
+                    .unwrap();
+                Node {
+                    t,
+                    frames: fr,
+                    lost: lr,
+                    uid,
+                }
+            };
+            let base = 40 + 10 * round + if peer_errors { 0 } else { 100 };
+            let (a, b, c) = (mk(base), mk(base + 1), mk(base + 2));
+            let v = view(1, &[&a, &b, &c]);
+            for (i, n) in [&a, &b, &c].iter().enumerate() {
+                n.t.reconcile(&v, i as u32).unwrap();
+            }
+            const BIG: usize = 16 << 20;
+            for k in 0..3u8 {
+                a.t.send_frame(1, Tag::new(0, 1, 1), vec![k; BIG]).unwrap();
+            }
+            drop(a);
+            while let Ok((_, f)) = b.frames.try_recv() {
+                assert_eq!(f.len(), BIG, "a partial frame was delivered");
+            }
+            c.t.send(1, Tag::new(2, 1, 1), &[b"still here"]).unwrap();
+            loop {
+                let (_, f) = b.frames.recv_timeout(WAIT).expect("b stopped serving");
+                if f == b"still here" {
+                    break;
+                }
+                assert_eq!(f.len(), BIG, "a partial frame was delivered");
+            }
+        }
+    }
+}
