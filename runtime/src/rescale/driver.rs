@@ -20,7 +20,15 @@
 //!    asks the coordinator for the newcomers waiting (when the request
 //!    admits any), commits, asking again when a newcomer vanished between
 //!    the query and the commit, and sends the committed view to every
-//!    survivor; a survivor waits for it;
+//!    survivor; a survivor waits for it. When the coordinator connection
+//!    ends under the commit, node 0 does not guess: it asks the
+//!    coordinator's view ([`Action::AskView`]) once it is reachable again
+//!    (the launcher restarts a lost one, which node 0 restores with the
+//!    view it left). The next epoch there: the commit was made, and node 0
+//!    goes on with that view. Still the epoch it left: nothing was
+//!    committed, and node 0 commits again (asking for newcomers first, as
+//!    they register again with a restarted coordinator). The query and
+//!    commit tries are bounded together ([`Config::commit_tries`]);
 //! 4. reconciles endpoints with the new view and installs it
 //!    ([`Action::Install`]);
 //! 5. passes a barrier up and down the node tree of the new view;
@@ -56,7 +64,7 @@ mod view;
 pub(crate) use drain::add_counts;
 use drain::DrainTree;
 pub(crate) use events::{
-    Action, Cause, CommitRefusal, Config, Counts, DrainMode, Event, Failure, Step,
+    Action, Cause, Config, Counts, DrainMode, Event, Failure, Step, Unanswered,
 };
 
 /// The rescale this node takes part in.
@@ -125,6 +133,14 @@ enum State {
         r: Box<Rescale>,
         tries: u32,
         admit: u32,
+    },
+    /// Node 0: the connection ended under commit number `tries`; waiting
+    /// for the coordinator's view to learn whether it was made.
+    Outcome {
+        r: Box<Rescale>,
+        tries: u32,
+        /// The loss, for the error if the tries run out.
+        lost: String,
     },
     NewView {
         r: Box<Rescale>,
@@ -233,9 +249,10 @@ impl Driver {
         match &self.state {
             State::Drain { r, .. } | State::HandOver { r, .. } => Some((Stage::Stop, old(r))),
             State::Recovering { order, .. } => Some((Stage::Stop, order.epoch)),
-            State::Die { r } | State::Pending { r, .. } | State::Commit { r, .. } => {
-                Some((Stage::Commit, old(r)))
-            }
+            State::Die { r }
+            | State::Pending { r, .. }
+            | State::Commit { r, .. }
+            | State::Outcome { r, .. } => Some((Stage::Commit, old(r))),
             State::NewView { r } => Some((Stage::Commit, old(r))),
             State::Installing { r, epoch } => {
                 Some((Stage::Reconcile, r.as_deref().map_or(*epoch, old)))
@@ -385,6 +402,7 @@ impl Driver {
             | State::HandOver { r, .. }
             | State::Pending { r, .. }
             | State::Commit { r, .. }
+            | State::Outcome { r, .. }
             | State::NewView { r }
             | State::Die { r } => Some(r),
             State::Installing { r, .. } | State::Barrier { r, .. } => r.as_deref(),
@@ -401,6 +419,7 @@ impl Driver {
             State::Die { .. } => "die",
             State::Pending { .. } => "pending",
             State::Commit { .. } => "commit",
+            State::Outcome { .. } => "commit outcome",
             State::NewView { .. } => "new view",
             State::Installing { .. } => "installing",
             State::Barrier { .. } => "barrier",
@@ -569,39 +588,54 @@ impl Driver {
                     self.commit(r, tries, admit, now, out);
                     (None, true)
                 }
+                // A question that changes nothing: asked again, once the
+                // coordinator is reachable again.
+                Err(Unanswered::Lost(why)) if tries < self.cfg.commit_tries => {
+                    warn!("the coordinator connection ended under the query for newcomers ({why}); asking again");
+                    self.query(r, tries + 1, now, out);
+                    (None, true)
+                }
                 Err(e) => {
-                    self.fail(Step::Pending, Cause::Pending(e.clone()), out);
+                    let cause = Cause::Pending(e.message().to_owned());
+                    self.fail(Step::Pending, cause, out);
                     (None, true)
                 }
             },
             (State::Commit { r, tries, admit }, Event::Committed(answer)) => match answer {
                 Ok(view) => {
-                    out.push(Action::StageEnded(Stage::Commit));
-                    let epoch = r.old.epoch();
-                    for (node, next) in r.order.plan.node_map.iter().enumerate() {
-                        if node != 0 && next.is_some() {
-                            out.push(Action::Send {
-                                to: node as NodeId,
-                                epoch,
-                                frame: ControlFrame::View(view.clone()),
-                            });
-                        }
-                    }
-                    self.install(Some(r), view.clone(), now, out);
+                    self.committed(r, view.clone(), now, out);
                     (None, true)
                 }
-                Err(CommitRefusal::NewcomerGone(why))
+                Err(Unanswered::NewcomerGone(why))
                     if admit > 0 && tries < self.cfg.commit_tries =>
                 {
                     warn!("the coordinator refused the commit ({why}); asking again");
                     self.query(r, tries + 1, now, out);
                     (None, true)
                 }
-                Err(CommitRefusal::NewcomerGone(why) | CommitRefusal::Other(why)) => {
+                Err(Unanswered::Lost(why)) => {
+                    warn!("the coordinator connection ended under the commit ({why}); asking the coordinator whether it was made");
+                    out.push(Action::AskView {
+                        epoch: r.old.epoch(),
+                    });
+                    self.wait(now, Step::CommitOutcome, self.cfg.step);
+                    let lost = why.clone();
+                    self.set(State::Outcome { r, tries, lost });
+                    (None, true)
+                }
+                Err(Unanswered::NewcomerGone(why) | Unanswered::Refused(why)) => {
                     self.fail(Step::Commit, Cause::Refused(why.clone()), out);
                     (None, true)
                 }
+                Err(Unanswered::NoAnswer(why)) => {
+                    self.fail(Step::Commit, Cause::NoAnswer(why.clone()), out);
+                    (None, true)
+                }
             },
+            (State::Outcome { r, tries, lost }, Event::ViewNow(answer)) => {
+                self.outcome(r, tries, lost, answer, now, out);
+                (None, true)
+            }
             (
                 State::NewView { r },
                 Event::Frame {

@@ -5,6 +5,13 @@
 //! the PEs, the coordinator's query and commit, endpoint reconciliation,
 //! node 0's stage times. It also waits for the PEs' threads to end.
 //!
+//! Node 0's questions to the coordinator go over the node's member
+//! connection. When one ends under a question (the coordinator was lost;
+//! the launcher restarts it and the node's watcher rejoins it, restoring
+//! it with the view this node runs in), the driver is told the connection
+//! was lost, not that the coordinator refused, and the next question waits
+//! for the rejoined connection, within the stage bound.
+//!
 //! May touch: the node ([`NodeShared`]: transport, inboxes, view, frame
 //! counts, the operation slot's stage times), the PEs' command channels,
 //! the coordinator link. Holds no protocol logic of its own.
@@ -14,11 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use ductile_coordinator::client::ClientError;
-use ductile_coordinator::proto::{ErrorCode, NodeId};
+use ductile_coordinator::client::{Client, ClientError};
+use ductile_coordinator::proto::{ErrorCode, NodeId, View};
 use tracing::{debug, info};
 
-use super::driver::{Action, Cause, CommitRefusal, Config, DrainMode, Driver, Event, Failure};
+use super::driver::{Action, Cause, Config, DrainMode, Driver, Event, Failure, Unanswered};
 use super::spans::RescaleSpans;
 use super::{NodeEvent, RescaleFailed, Stage, StageBounds};
 use crate::link::CoordinatorLink;
@@ -30,8 +37,13 @@ use crate::pe::{LoopExit, PeCommand, Reentry};
 const IDLE_WAIT: Duration = Duration::from_millis(100);
 /// How often a node in a rescale looks at its aborting flag.
 const BUSY_WAIT: Duration = Duration::from_millis(5);
-/// Commits node 0 tries when newcomers vanish between query and commit.
+/// Questions node 0 asks the coordinator in one rescale (newcomers
+/// vanishing between query and commit, connections ending under them).
 const COMMIT_TRIES: u32 = 3;
+/// How often node 0 looks for the rejoined coordinator connection.
+const REJOIN_POLL: Duration = Duration::from_millis(10);
+/// Pause between two asks for the coordinator's view.
+const ASK_PAUSE: Duration = Duration::from_millis(50);
 
 /// What a newcomer's wait for admission ended with.
 pub(crate) type Admitted = Result<NodeId, Failure>;
@@ -56,6 +68,9 @@ pub(crate) struct Shell {
     told_aborting: bool,
     /// The tracing spans of the rescale under way.
     spans: RescaleSpans,
+    /// The coordinator connection that last ended under a question: not
+    /// asked again (a rejoin replaces it).
+    lost: Option<Arc<Client>>,
 }
 
 impl Shell {
@@ -77,6 +92,7 @@ impl Shell {
             admitted: None,
             told_aborting: false,
             spans: RescaleSpans::default(),
+            lost: None,
         }
     }
 
@@ -268,12 +284,11 @@ impl Shell {
             }
             Action::StageEnded(stage) => self.stage_ended(stage),
             Action::QueryPending { epoch } => {
-                let answer = self
-                    .client
-                    .settled(step)
+                let client = self.coordinator(step);
+                let answer = client
                     .query_pending(epoch, step)
                     .map(|p| p.len() as u32)
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| self.unanswered(&client, e));
                 self.answers.push_back(Event::Pending(answer));
             }
             Action::Commit {
@@ -281,15 +296,21 @@ impl Shell {
                 remove,
                 admit,
             } => {
-                let answer = match self.client.settled(step).commit(epoch, remove, admit, step) {
+                let client = self.coordinator(step);
+                let answer = match client.commit(epoch, remove, admit, step) {
                     Ok(view) => Ok(view),
                     Err(ClientError::Server {
                         code: ErrorCode::InvalidCommit,
                         message,
-                    }) => Err(CommitRefusal::NewcomerGone(message)),
-                    Err(e) => Err(CommitRefusal::Other(e.to_string())),
+                    }) => Err(Unanswered::NewcomerGone(message)),
+                    Err(e) => Err(self.unanswered(&client, e)),
                 };
                 self.answers.push_back(Event::Committed(answer));
+            }
+            Action::AskView { epoch } => {
+                debug!(epoch, "asking the coordinator's view for the commit's outcome");
+                let answer = self.view_now(step);
+                self.answers.push_back(Event::ViewNow(answer));
             }
             Action::Install { view, me } => {
                 let epoch = view.epoch;
@@ -370,6 +391,67 @@ impl Shell {
                 debug!(lost, uid, "the coordinator reported a member lost");
                 node.lose_peer(uid, "the coordinator reported it gone");
             }
+        }
+    }
+
+    /// The member connection to ask the coordinator over: the link's
+    /// current one once it is connected and is not the one that ended
+    /// under the last question (the node's watcher rejoins meanwhile).
+    /// Waits up to `bound`; then the current one, whose use fails clearly.
+    fn coordinator(&self, bound: Duration) -> Arc<Client> {
+        let deadline = Instant::now() + bound;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let client = self.client.settled(left);
+            let ended = self
+                .lost
+                .as_ref()
+                .is_some_and(|lost| Arc::ptr_eq(lost, &client));
+            if !ended || left.is_zero() {
+                return client;
+            }
+            std::thread::sleep(REJOIN_POLL.min(left));
+        }
+    }
+
+    /// What an error of `client` means to the driver: a refusal, a lost
+    /// connection (remembered, so the next question waits for the rejoined
+    /// one), or no answer.
+    fn unanswered(&mut self, client: &Arc<Client>, e: ClientError) -> Unanswered {
+        match e {
+            ClientError::Server { code, message } => {
+                Unanswered::Refused(format!("{code:?}: {message}"))
+            }
+            e @ (ClientError::Disconnected | ClientError::Io(_)) => {
+                self.lost = Some(client.clone());
+                Unanswered::Lost(e.to_string())
+            }
+            e => Unanswered::NoAnswer(e.to_string()),
+        }
+    }
+
+    /// Node 0, after the connection ended under its commit: the
+    /// coordinator's view, asked over the rejoined connection (a restarted
+    /// coordinator holds the view node 0 restored it with), within `bound`.
+    fn view_now(&mut self, bound: Duration) -> Result<View, String> {
+        let deadline = Instant::now() + bound;
+        let mut last = "no connection came back".to_owned();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "the coordinator at {} did not answer within {bound:?} (last: {last})",
+                    self.client.addr()
+                ));
+            }
+            let client = self.coordinator(left);
+            let left = deadline.saturating_duration_since(Instant::now());
+            match client.query_view(left) {
+                Ok((Some(view), _)) => return Ok(view),
+                Ok((None, _)) => last = "it holds no view yet".to_owned(),
+                Err(e) => last = self.unanswered(&client, e).message().to_owned(),
+            }
+            std::thread::sleep(ASK_PAUSE.min(left));
         }
     }
 

@@ -64,14 +64,35 @@ impl Counts {
     }
 }
 
-/// Why node 0's commit was refused.
+/// Why node 0's question to the coordinator (the query for newcomers or
+/// the commit) got no answer it can use.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum CommitRefusal {
-    /// The coordinator had fewer newcomers than asked for: one vanished
-    /// between the query and the commit. Worth asking again.
+pub(crate) enum Unanswered {
+    /// The commit asked for more newcomers than the coordinator had: one
+    /// vanished between the query and the commit. Worth asking again.
     NewcomerGone(String),
-    /// Anything else.
-    Other(String),
+    /// The coordinator refused it (its code and message).
+    Refused(String),
+    /// The connection ended before the answer came (the coordinator was
+    /// lost, or restarted). For a commit, whether the coordinator carried
+    /// it out is not known: node 0 asks for the coordinator's view to
+    /// learn it ([`Action::AskView`]).
+    Lost(String),
+    /// No usable answer on a live connection (it timed out, or was not a
+    /// frame of the protocol).
+    NoAnswer(String),
+}
+
+impl Unanswered {
+    /// What went wrong, as the client said it.
+    pub(crate) fn message(&self) -> &str {
+        match self {
+            Unanswered::NewcomerGone(m)
+            | Unanswered::Refused(m)
+            | Unanswered::Lost(m)
+            | Unanswered::NoAnswer(m) => m,
+        }
+    }
 }
 
 /// What the shell tells the driver.
@@ -98,9 +119,12 @@ pub(crate) enum Event {
     /// A notice from the coordinator.
     Coordinator(ServerMsg),
     /// Answer to [`Action::QueryPending`]: newcomers waiting.
-    Pending(Result<u32, String>),
+    Pending(Result<u32, Unanswered>),
     /// Answer to [`Action::Commit`].
-    Committed(Result<View, CommitRefusal>),
+    Committed(Result<View, Unanswered>),
+    /// Answer to [`Action::AskView`]: the coordinator's view now, or why
+    /// it could not be learned within the bound.
+    ViewNow(Result<View, String>),
     /// Answer to [`Action::Install`]: the installed topology.
     Installed(Result<Arc<Topology>, String>),
     /// An [`Action::Send`] failed.
@@ -153,6 +177,15 @@ pub(crate) enum Action {
         remove: Vec<NodeId>,
         /// Newcomers admitted.
         admit: u32,
+    },
+    /// Node 0, after the coordinator connection ended under its commit:
+    /// ask the coordinator (the same one reached again, or the one the
+    /// launcher restarted and this node restores) for its current view,
+    /// to learn whether the commit was made. Answered by
+    /// [`Event::ViewNow`].
+    AskView {
+        /// The epoch being left.
+        epoch: u64,
     },
     /// Reconcile endpoints with `view`, in which this node is `me`, and
     /// install it.
@@ -242,6 +275,9 @@ pub(crate) enum Step {
     Pending,
     /// Node 0: the commit.
     Commit,
+    /// Node 0: the commit's outcome, asked of the coordinator after the
+    /// connection ended under the commit.
+    CommitOutcome,
     /// A survivor: the committed view from node 0.
     NewView,
     /// Reconciling endpoints with the committed view.
@@ -279,6 +315,9 @@ impl fmt::Display for Step {
             Step::Die => f.write_str("Die from the coordinator"),
             Step::Pending => f.write_str("the newcomers waiting at the coordinator"),
             Step::Commit => f.write_str("the commit"),
+            Step::CommitOutcome => f.write_str(
+                "the commit's outcome (the coordinator connection ended before its answer)",
+            ),
             Step::NewView => f.write_str("the new view from node 0"),
             Step::Reconcile { epoch } => write!(f, "reconciling endpoints with epoch {epoch}"),
             Step::BarrierReady => f.write_str("the barrier (children ready)"),
@@ -341,6 +380,31 @@ pub(crate) enum Cause {
     /// The coordinator refused the commit.
     #[error("the coordinator refused the commit: {0}")]
     Refused(String),
+    /// The commit got no answer on a live connection.
+    #[error("the coordinator did not answer the commit: {0}")]
+    NoAnswer(String),
+    /// The coordinator connection ended under the commit, and the tries
+    /// to learn its outcome or to commit again ran out.
+    #[error("the coordinator connection ended under the commit {tries} times: {last}")]
+    LostAgain {
+        /// Commits tried.
+        tries: u32,
+        /// The last loss.
+        last: String,
+    },
+    /// The coordinator's view could not be read after the connection
+    /// ended under the commit: whether it was made is unknown.
+    #[error("whether the commit was made could not be learned: {0}")]
+    Unlearned(String),
+    /// The coordinator's view is neither the one left nor one this commit
+    /// could have made.
+    #[error("the coordinator's view (epoch {epoch}) is not the one this rescale left (epoch {left}) nor the commit it asked for")]
+    Diverged {
+        /// The coordinator's epoch.
+        epoch: u64,
+        /// The epoch the rescale leaves.
+        left: u64,
+    },
     /// This node is not in the committed view.
     #[error("this node (uid {uid}) is not in the committed view")]
     NotInView {

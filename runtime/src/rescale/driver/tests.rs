@@ -105,6 +105,17 @@ struct Faults {
     refuse_commit: bool,
     /// Newcomers that vanish right after node 0's first query.
     vanish_after_query: usize,
+    /// Node 0's connection ends under this many of its first queries
+    /// (before the coordinator answers).
+    lose_queries: u32,
+    /// Node 0's connection ends under this many of its first commits,
+    /// before the coordinator read them (nothing is committed).
+    lose_commits: u32,
+    /// Node 0's connection ends under its first commit after the
+    /// coordinator made it (Die and Integrate sent, the answer lost).
+    lose_after_made: bool,
+    /// Node 0 cannot learn the coordinator's view.
+    view_unreachable: bool,
 }
 
 struct Sim {
@@ -120,6 +131,11 @@ struct Sim {
     faults: Faults,
     killed: bool,
     queried: bool,
+    /// Node 0's queries, commits and asks for the view, as the
+    /// coordinator saw them (lost ones included).
+    queries: u32,
+    commits: u32,
+    views_asked: u32,
 }
 
 impl Sim {
@@ -170,6 +186,9 @@ impl Sim {
             faults: Faults::default(),
             killed: false,
             queried: false,
+            queries: 0,
+            commits: 0,
+            views_asked: 0,
         }
     }
 
@@ -348,6 +367,12 @@ impl Sim {
                 Action::StageEnded(s) => self.nodes.get_mut(&uid).expect("node").stages.push(s),
                 Action::QueryPending { epoch } => {
                     assert_eq!(epoch, self.view.epoch);
+                    self.queries += 1;
+                    if self.queries <= self.faults.lose_queries {
+                        let lost = Unanswered::Lost("the connection is closed".into());
+                        answers.push_back(Event::Pending(Err(lost)));
+                        continue;
+                    }
                     let n = self.pending.len() as u32;
                     if !self.queried {
                         self.queried = true;
@@ -363,7 +388,27 @@ impl Sim {
                     remove,
                     admit,
                 } => {
-                    answers.push_back(Event::Committed(self.commit(epoch, &remove, admit)));
+                    self.commits += 1;
+                    let lost = || Err(Unanswered::Lost("the connection is closed".into()));
+                    let answer = if self.commits <= self.faults.lose_commits {
+                        lost()
+                    } else if self.commits == 1 && self.faults.lose_after_made {
+                        self.commit(epoch, &remove, admit).and_then(|_| lost())
+                    } else {
+                        self.commit(epoch, &remove, admit)
+                    };
+                    answers.push_back(Event::Committed(answer));
+                }
+                Action::AskView { epoch } => {
+                    assert_eq!(uid, 100, "node 0 asks");
+                    assert!(epoch == self.view.epoch || epoch + 1 == self.view.epoch);
+                    self.views_asked += 1;
+                    let answer = if self.faults.view_unreachable {
+                        Err("the coordinator did not answer within 2s".into())
+                    } else {
+                        Ok(self.view.clone())
+                    };
+                    answers.push_back(Event::ViewNow(answer));
                 }
                 Action::Install { view, me } => {
                     let node = self.nodes.get_mut(&uid).expect("node");
@@ -485,15 +530,15 @@ impl Sim {
         }
     }
 
-    fn commit(&mut self, epoch: u64, remove: &[NodeId], admit: u32) -> Result<View, CommitRefusal> {
+    fn commit(&mut self, epoch: u64, remove: &[NodeId], admit: u32) -> Result<View, Unanswered> {
         if self.faults.refuse_commit {
-            return Err(CommitRefusal::Other("refused by the scenario".into()));
+            return Err(Unanswered::Refused("refused by the scenario".into()));
         }
         if epoch != self.view.epoch {
-            return Err(CommitRefusal::Other(format!("stale epoch {epoch}")));
+            return Err(Unanswered::Refused(format!("stale epoch {epoch}")));
         }
         if admit as usize > self.pending.len() {
-            return Err(CommitRefusal::NewcomerGone(format!(
+            return Err(Unanswered::NewcomerGone(format!(
                 "{admit} newcomers asked for, {} waiting",
                 self.pending.len()
             )));
@@ -1017,6 +1062,96 @@ fn newcomers_all_vanishing_leave_a_commit_without_them() {
     assert_eq!(sim.members(), vec![100, 101]);
 }
 
+/// The coordinator connection ends under node 0's commit before the
+/// coordinator read it (it was lost, and restarted: node 0 restored it
+/// with the view it left). Node 0 asks the view, finds the epoch it left,
+/// and commits again: the rescale completes, once, everywhere.
+#[test]
+fn a_commit_lost_before_the_coordinator_read_it_is_made_again() {
+    let mut sim = Sim::new(&[1, 2, 1, 1], 1, DrainMode::Tree, 21);
+    sim.faults.lose_commits = 1;
+    sim.traffic(2);
+    sim.rescale(vec![2], 1);
+    sim.run();
+    assert_rescaled(&sim, &uids(4), &[102], 8);
+    assert_eq!(sim.members(), vec![100, 101, 103, 1000]);
+    assert_eq!((sim.commits, sim.views_asked), (2, 1));
+    assert_eq!(sim.queries, 2, "newcomers are asked for again before the second commit");
+}
+
+/// The coordinator made node 0's commit (the departing node got its Die,
+/// the newcomer its Integrate) but the connection ended before the
+/// answer: node 0 learns the outcome from the view (the next epoch, as
+/// its commit makes it) and goes on with it, without a second commit.
+#[test]
+fn a_commit_made_before_its_connection_ended_is_learned_not_made_twice() {
+    let mut sim = Sim::new(&[1, 1, 1], 1, DrainMode::Tree, 22);
+    sim.faults.lose_after_made = true;
+    sim.traffic(2);
+    sim.rescale(vec![1], 1);
+    sim.run();
+    assert_rescaled(&sim, &uids(3), &[101], 8);
+    assert_eq!(sim.members(), vec![100, 102, 1000]);
+    assert_eq!((sim.commits, sim.views_asked), (1, 1));
+}
+
+/// A query for newcomers whose connection ended is asked again: it
+/// changes nothing at the coordinator.
+#[test]
+fn a_query_lost_with_its_connection_is_asked_again() {
+    let mut sim = Sim::new(&[1, 1], 2, DrainMode::AllToAll, 23);
+    sim.faults.lose_queries = 1;
+    sim.rescale(vec![], 2);
+    sim.run();
+    assert_rescaled(&sim, &uids(2), &[], 8);
+    assert_eq!((sim.queries, sim.commits), (2, 1));
+}
+
+/// When node 0 cannot learn the outcome, the rescale fails everywhere,
+/// within the bound, naming the step and saying what is unknown: never
+/// "refused", and no node guesses.
+#[test]
+fn a_commit_whose_outcome_cannot_be_learned_fails_naming_the_step() {
+    let mut sim = Sim::new(&[1, 1, 1], 0, DrainMode::Tree, 24);
+    sim.faults.lose_commits = 1;
+    sim.faults.view_unreachable = true;
+    sim.traffic(1);
+    sim.rescale(vec![2], 0);
+    sim.run();
+    let failures = assert_failed_everywhere(&sim, &uids(3));
+    let zero = failures
+        .iter()
+        .find(|f| f.step == Step::CommitOutcome)
+        .expect("node 0 failed learning the outcome");
+    let text = zero.to_string();
+    assert!(text.contains("could not be learned"), "{text}");
+    assert!(text.contains("did not answer within"), "{text}");
+    assert!(!text.contains("refused"), "{text}");
+    assert_eq!(sim.view.epoch, 7, "nothing was committed");
+}
+
+/// Connections ending under every commit: node 0 gives up after its tries
+/// and says how often.
+#[test]
+fn connections_ending_under_every_commit_end_the_rescale_after_the_tries() {
+    let mut sim = Sim::new(&[1, 1], 0, DrainMode::Tree, 25);
+    sim.faults.lose_commits = u32::MAX;
+    sim.rescale(vec![1], 0);
+    sim.run();
+    let failures = assert_failed_everywhere(&sim, &uids(2));
+    let zero = failures
+        .iter()
+        .find(|f| f.step == Step::Commit)
+        .expect("node 0 failed its commit");
+    assert!(
+        zero.to_string()
+            .contains("the coordinator connection ended under the commit 3 times"),
+        "{zero}"
+    );
+    assert_eq!((sim.commits, sim.views_asked), (3, 3));
+    assert_eq!(sim.view.epoch, 7, "nothing was committed");
+}
+
 #[test]
 fn late_frames_of_the_old_epoch_are_dropped_not_taken() {
     let mut sim = Sim::new(&[1, 1, 1], 0, DrainMode::Tree, 9);
@@ -1114,6 +1249,9 @@ enum Fault {
     Kill { victim: usize, at: u8 },
     Silent { victim: usize },
     Refuse,
+    /// Node 0's connection ends under its first commit, before the
+    /// coordinator read it (`made` false) or after it made it.
+    LoseCommit { made: bool },
 }
 
 fn fault() -> impl Strategy<Value = Fault> {
@@ -1122,6 +1260,7 @@ fn fault() -> impl Strategy<Value = Fault> {
         2 => (0usize..8, 0u8..6).prop_map(|(victim, at)| Fault::Kill { victim, at }),
         1 => (0usize..8).prop_map(|victim| Fault::Silent { victim }),
         1 => Just(Fault::Refuse),
+        1 => any::<bool>().prop_map(|made| Fault::LoseCommit { made }),
     ]
 }
 
@@ -1179,6 +1318,8 @@ fn interleaving_case(
             sim.faults.silent = Some((before[victim % n], all));
         }
         Fault::Refuse => sim.faults.refuse_commit = true,
+        Fault::LoseCommit { made: false } => sim.faults.lose_commits = 1,
+        Fault::LoseCommit { made: true } => sim.faults.lose_after_made = true,
     }
     sim.traffic(traffic);
     sim.rescale(remove.clone(), admit);
@@ -1192,7 +1333,8 @@ fn interleaving_case(
     if succeeded {
         assert_rescaled(&sim, &before, &removed, 8);
     } else {
-        let trouble = !matches!(fault, Fault::None);
+        // A connection lost under the commit is recovered from.
+        let trouble = !matches!(fault, Fault::None | Fault::LoseCommit { .. });
         prop_assert!(
             trouble,
             "a rescale without a fault failed: {:?}",

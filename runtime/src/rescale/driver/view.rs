@@ -1,14 +1,16 @@
 //! The driver's new-view stages (steps 3 to 6 of `driver.rs`): node 0's
-//! query and commit, the committed view installed on every node, and the
-//! barrier of its node tree that ends the rescale (or a newcomer's
-//! admission).
+//! query and commit (and, when the coordinator connection ended under the
+//! commit, learning its outcome), the committed view installed on every
+//! node, and the barrier of its node tree that ends the rescale (or a
+//! newcomer's admission).
 //!
 //! May touch: the driver's state. No I/O.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use ductile_coordinator::proto::View;
+use ductile_coordinator::proto::{NodeId, View};
+use tracing::info;
 
 use super::{
     Action, BarrierWait, Cause, ControlFrame, Counts, Driver, Rescale, Stage, State, Step,
@@ -50,6 +52,77 @@ impl Driver {
         });
         self.wait(now, Step::Commit, self.cfg.step);
         self.set(State::Commit { r, tries, admit });
+    }
+
+    /// Node 0: the commit was made; `view` is its answer. Sends it to the
+    /// survivors and installs it.
+    pub(super) fn committed(
+        &mut self,
+        r: Box<Rescale>,
+        view: View,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        out.push(Action::StageEnded(Stage::Commit));
+        let epoch = r.old.epoch();
+        for (node, next) in r.order.plan.node_map.iter().enumerate() {
+            if node != 0 && next.is_some() {
+                out.push(Action::Send {
+                    to: node as NodeId,
+                    epoch,
+                    frame: ControlFrame::View(view.clone()),
+                });
+            }
+        }
+        self.install(Some(r), view, now, out);
+    }
+
+    /// Node 0 learned the coordinator's view after the connection ended
+    /// under commit number `tries` (`lost` said how). The next epoch, as
+    /// this commit would make it, is the commit's answer: it was made. The
+    /// epoch left: nothing was committed (the connection ended before the
+    /// coordinator read it, or a restarted coordinator was restored with
+    /// the view left), and the plan is as valid as it was, so node 0
+    /// commits again, asking for newcomers first. Anything else ends the
+    /// rescale: node 0 does not guess.
+    pub(super) fn outcome(
+        &mut self,
+        r: Box<Rescale>,
+        tries: u32,
+        lost: String,
+        answer: &Result<View, String>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let left = r.old.epoch();
+        match answer {
+            Err(e) => self.fail(Step::CommitOutcome, Cause::Unlearned(e.clone()), out),
+            Ok(view) if view.epoch == left + 1 && made_by(&r, view) => {
+                info!(
+                    epoch = view.epoch,
+                    "the commit was made before the coordinator connection ended; going on with its view"
+                );
+                self.committed(r, view.clone(), now, out);
+            }
+            Ok(view) if view.epoch == left && tries < self.cfg.commit_tries => {
+                info!(
+                    epoch = left,
+                    "nothing was committed before the coordinator connection ended; committing again"
+                );
+                self.query(r, tries + 1, now, out);
+            }
+            Ok(view) if view.epoch == left => {
+                let cause = Cause::LostAgain { tries, last: lost };
+                self.fail(Step::Commit, cause, out);
+            }
+            Ok(view) => {
+                let cause = Cause::Diverged {
+                    epoch: view.epoch,
+                    left,
+                };
+                self.fail(Step::CommitOutcome, cause, out);
+            }
+        }
     }
 
     /// The committed view: reconcile endpoints and install it.
@@ -150,4 +223,18 @@ impl Driver {
         self.counts = Counts::default();
         self.set(State::Running { stopped: 0 });
     }
+}
+
+/// Whether `view` is what the commit of `r` makes of the view it leaves:
+/// every member keeps the id the plan gives it, or is gone when it leaves,
+/// and the others are at most the newcomers asked for.
+fn made_by(r: &Rescale, view: &View) -> bool {
+    let map = &r.order.plan.node_map;
+    let old = &r.old;
+    let planned = (0..old.num_nodes()).all(|n| {
+        let now = view.by_uid(old.uid_of(n)).map(|m| m.node);
+        map.get(n as usize).copied().flatten() == now
+    });
+    let kept = map.iter().flatten().count();
+    planned && view.members.len() <= kept + r.order.admit as usize
 }
