@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+#[path = "support/kubernetes_validate.rs"]
+mod kubernetes_validate;
+
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -165,32 +168,17 @@ fn crd_carries_the_cel_rules_and_scale_selector() {
 
 /// `kubernetes-validate` (PyPI) checks the CRD and the install bundle against
 /// the Kubernetes API schemas of the oldest and newest versions the chart
-/// supports, strict, offline. It never skips: `scripts/test` installs it
-/// (`scripts/install-kubernetes-validate`, into target/k8s-tools/); a
-/// checkout without it fails here, naming that script.
+/// supports, strict, offline; it never skips (`support/kubernetes_validate.rs`).
 #[test]
 fn kubernetes_validate_accepts_the_crd_and_install_bundle() {
     let root = repo_root();
-    let installed = root.join("target/k8s-tools/bin/kubernetes-validate");
-    let program = if installed.exists() {
-        installed.into_os_string()
-    } else {
-        "kubernetes-validate".into()
-    };
-    for version in ["1.30.0", "1.35.0"] {
-        let out = std::process::Command::new(&program)
-            .current_dir(&root)
-            .args(["-k", version, "--strict", "--quiet"])
-            .args(["crds/elasticjob.yaml", "manifests/install.yaml"])
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("kubernetes-validate: {e}; run scripts/install-kubernetes-validate")
-            });
-        assert!(
-            out.status.success(),
-            "kubernetes-validate -k {version} failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let files = [
+        Path::new("crds/elasticjob.yaml"),
+        Path::new("manifests/install.yaml"),
+    ];
+    for version in kubernetes_validate::VERSIONS {
+        if let Err(report) = kubernetes_validate::validate(&root, version, &files) {
+            panic!("{report}");
+        }
     }
 }

@@ -226,6 +226,7 @@ impl Metrics {
         m.rescale_requested("r");
         m.rescale_committed("r");
         m.rescale_failed("r");
+        m.job_ended("Failed");
         m.notice_to_commit_for("m", 1.0);
         exposition::series_names(&m.registry.gather())
     }
