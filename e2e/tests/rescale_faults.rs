@@ -345,22 +345,12 @@ fn a_departing_node_killed_after_its_hand_over_fails_the_job_naming_it() {
 
 /// The coordinator is killed (SIGKILL) while node 0 commits: node 0's
 /// question sits unread when it dies. The launcher restarts it, node 0
-/// restores it, the other nodes reattach; the rescale either completes or
-/// is refused with an error, and the job finishes with the checksum of an
-/// uninterrupted run.
-///
-/// Ignored: today node 0 fails the rescale when the coordinator connection
-/// ends under its commit ("rescale failed in stage commit: the commit: the
-/// coordinator refused the commit: the coordinator connection is closed;
-/// ending the job") instead of waiting for its link to rejoin the restarted
-/// coordinator (which it restores with its view, in which nothing was
-/// committed) and asking again. The job ends cleanly (exit 1, no result),
-/// but it should have gone on. The fix belongs to the rescale layer
-/// (`runtime/src/rescale/shell.rs`, `Action::QueryPending`/`Action::Commit`
-/// on a closed client); issue 15. It still runs, and shows the gap, with
-/// `cargo test --release -p ductile-e2e --test rescale_faults -- --ignored`.
+/// restores it with the view it left, the other nodes reattach; node 0,
+/// whose commit lost its connection, asks the restored coordinator's view,
+/// finds nothing committed and commits again: the rescale completes (node
+/// 3 leaves, the tool gets its report) and the job finishes with the
+/// checksum of an uninterrupted run.
 #[test]
-#[ignore = "node 0 fails a rescale whose commit loses the coordinator instead of retrying on the restarted one (runtime/src/rescale/shell.rs; issue 15)"]
 fn the_coordinator_killed_in_the_commit_leaves_the_job_whole() {
     let spec = ductile_e2e::jacobi_args(ITERS);
     let want = reference(&spec);
@@ -375,20 +365,24 @@ fn the_coordinator_killed_in_the_commit_leaves_the_job_whole() {
         job.stderr()
     );
     let (tool_code, tool_out, tool_err) = tool_result(held.tool, WAIT);
+    assert_eq!(
+        tool_code,
+        Some(0),
+        "the rescale did not complete\n{tool_out}\n{tool_err}\n--- job\n{}",
+        job.stderr()
+    );
+    let report: Value = serde_json::from_str(&tool_out).expect("JSON report");
+    assert_eq!(report["removed"], serde_json::json!([3]), "{report}");
     let status = job.control().status().expect("status after the restart");
     let now: Vec<u32> = status.members.iter().map(|m| m.pid).collect();
-    if tool_code == Some(0) {
-        let report: Value = serde_json::from_str(&tool_out).expect("JSON report");
-        assert_eq!(report["removed"], serde_json::json!([3]), "{report}");
-        assert_eq!(now, pids[..3], "the rescale completed: node 3 left");
-        assert!(eventually(WAIT, || !alive(pids[3])), "node 3 was removed but runs");
-    } else {
-        assert!(
-            !tool_err.trim().is_empty(),
-            "the tool failed without saying why"
-        );
-        assert_eq!(now, pids, "the rescale was refused: nobody left");
-    }
+    assert_eq!(now, pids[..3], "the rescale completed: node 3 left");
+    assert!(eventually(WAIT, || !alive(pids[3])), "node 3 was removed but runs");
+    let log = job.stderr();
+    assert!(
+        log.contains("nothing was committed before the coordinator connection ended; committing again"),
+        "node 0 did not learn the commit's outcome from the restored coordinator\n{log}"
+    );
+    assert!(!log.contains("refused the commit"), "a lost connection reported as a refusal\n{log}");
     // The job is sound: a rescale works after the restart.
     let again = job.spawn_ductile(&["shrink", "--nodes", "1"]);
     let (again_code, again_out, again_err) = tool_result(again, WAIT);
