@@ -4,6 +4,7 @@
 //! The binaries must be built first (`cargo build --release --workspace
 //! --bins`); `scripts/test` does that before it runs the tests.
 
+pub mod background;
 pub mod flood;
 
 use std::path::PathBuf;
@@ -128,6 +129,41 @@ pub fn jacobi_args(iters: u32) -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect()
+}
+
+/// The checksum of a 1-node, 1-PE Jacobi2D run of `spec`: what every
+/// rescaled, migrated or recovered run of the same spec must print.
+/// Computed once per spec and test process.
+pub fn reference_checksum(spec: &[String]) -> String {
+    static KNOWN: std::sync::Mutex<Vec<(Vec<String>, String)>> = std::sync::Mutex::new(Vec::new());
+    if let Some((_, sum)) = KNOWN
+        .lock()
+        .expect("reference lock")
+        .iter()
+        .find(|(s, _)| s == spec)
+    {
+        return sum.clone();
+    }
+    let args: Vec<&str> = spec.iter().map(String::as_str).collect();
+    let job = run(1, 1, "jacobi2d", &args);
+    job.expect_code(0, "jacobi2d reference");
+    let sum = job
+        .value("checksum")
+        .unwrap_or_else(|| panic!("no checksum in the reference run\n{}", job.stdout));
+    KNOWN
+        .lock()
+        .expect("reference lock")
+        .push((spec.to_vec(), sum.clone()));
+    sum
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`, `-KILL`...) to `pid` with kill(1).
+pub fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(st.success(), "kill {sig} {pid} failed");
 }
 
 /// Whether a process with this pid still exists.

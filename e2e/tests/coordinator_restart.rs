@@ -5,160 +5,36 @@
 //! as if nothing happened (exit 0, the checksum of a 1-node run) and
 //! `job.json` must record the restart.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use ductile_e2e::{alive, bin, collect, eventually, run};
+use ductile_e2e::background::{Background, Finished, WAIT};
+use ductile_e2e::{alive, eventually, reference_checksum, signal};
 use serde_json::Value;
 
-const WAIT: Duration = Duration::from_secs(60);
-
-/// A job running in the background under `ductile run`, its output
-/// collected as it comes (so a test can wait for a line).
-struct Running {
-    child: Option<Child>,
-    state: tempfile::TempDir,
-    stdout: Arc<Mutex<String>>,
-    stderr: Arc<Mutex<String>>,
+/// Kills the coordinator with SIGKILL while the job runs; returns its pid.
+fn kill_coordinator(job: &mut Background) -> u32 {
+    let pid = coordinator_pid(&job.record());
+    assert!(alive(pid), "the coordinator (pid {pid}) is not running");
+    assert!(
+        job.running(),
+        "the job ended before the test could kill its coordinator"
+    );
+    signal(pid, "-KILL");
+    pid
 }
 
-impl Running {
-    fn start(nodes: u32, args: &[String]) -> Running {
-        Self::start_with(nodes, &[], args)
-    }
-
-    /// As [`Running::start`], with extra `ductile run` flags.
-    fn start_with(nodes: u32, flags: &[&str], args: &[String]) -> Running {
-        let state = tempfile::tempdir().expect("temp dir");
-        let mut child = Command::new(bin("ductile"))
-            .arg("run")
-            .args(["--nodes", &nodes.to_string()])
-            .arg("--state-dir")
-            .arg(state.path())
-            .args(["--timeout", "300"])
-            .args(flags)
-            .arg("--")
-            .arg(bin("jacobi2d"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning ductile run");
-        let stdout = collect(child.stdout.take().expect("stdout"));
-        let stderr = collect(child.stderr.take().expect("stderr"));
-        let job = Running {
-            child: Some(child),
-            state,
-            stdout,
-            stderr,
-        };
-        assert!(
-            eventually(WAIT, || job.path("control.addr").exists()),
-            "the job never published its control endpoint\n{}",
-            job.stderr()
-        );
-        job
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.state.path().join(name)
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().expect("output lock").clone()
-    }
-
-    fn record(&self) -> Value {
-        record(self.state.path())
-    }
-
-    fn running(&mut self) -> bool {
-        let child = self.child.as_mut().expect("running");
-        child.try_wait().expect("try_wait").is_none()
-    }
-
-    /// Kills the coordinator with SIGKILL while the job runs; returns its pid.
-    fn kill_coordinator(&mut self) -> u32 {
-        let pid = coordinator_pid(&self.record());
-        assert!(alive(pid), "the coordinator (pid {pid}) is not running");
-        assert!(
-            self.running(),
-            "the job ended before the test could kill its coordinator"
-        );
-        let killed = Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status()
-            .expect("running kill");
-        assert!(killed.success(), "kill -KILL {pid} failed");
-        pid
-    }
-
-    /// Waits until the launcher recorded a coordinator other than `old`
-    /// listening again; returns the new pid.
-    fn wait_for_restart(&self, old: u32) -> u32 {
-        let mut pid = 0;
-        let back = eventually(WAIT, || {
-            let record = self.record();
-            pid = coordinator_pid(&record);
-            pid != old
-                && restarts(&record)
-                    .iter()
-                    .any(|r| r["pid"].as_u64() == Some(pid as u64))
-        });
-        assert!(back, "the coordinator was not restarted\n{}", self.stderr());
-        pid
-    }
-
-    /// Runs `ductile ARGS --state-dir D --json`; returns its JSON output.
-    fn ductile(&self, args: &[&str]) -> Value {
-        let out = Command::new(bin("ductile"))
-            .args(args)
-            .arg("--state-dir")
-            .arg(self.state.path())
-            .arg("--json")
-            .output()
-            .expect("running ductile");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "ductile {args:?} failed ({:?})\n{stdout}\n{}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
-    }
-
-    /// Waits for the job to end; returns `ductile run`'s code, stdout,
-    /// stderr, and the final `job.json`.
-    fn finish(mut self) -> (Option<i32>, String, String, Value) {
-        let mut child = self.child.take().expect("running");
-        let status = child.wait().expect("waiting for ductile run");
-        // The collectors end with the pipes; give them a moment to take the rest.
-        let (stdout, stderr) = (Arc::clone(&self.stdout), Arc::clone(&self.stderr));
-        eventually(Duration::from_secs(5), || {
-            Arc::strong_count(&stdout) == 1 && Arc::strong_count(&stderr) == 1
-        });
-        let stdout = stdout.lock().expect("output lock").clone();
-        let stderr = stderr.lock().expect("output lock").clone();
-        (status.code(), stdout, stderr, self.record())
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn record(dir: &Path) -> Value {
-    let text = std::fs::read_to_string(dir.join("job.json")).expect("job.json");
-    serde_json::from_str(&text).expect("job.json is JSON")
+/// Waits until the launcher recorded a coordinator other than `old`
+/// listening again; returns the new pid.
+fn wait_for_restart(job: &Background, old: u32) -> u32 {
+    let mut pid = 0;
+    let back = eventually(WAIT, || {
+        let record = job.record();
+        pid = coordinator_pid(&record);
+        pid != old
+            && restarts(&record)
+                .iter()
+                .any(|r| r["pid"].as_u64() == Some(pid as u64))
+    });
+    assert!(back, "the coordinator was not restarted\n{}", job.stderr());
+    pid
 }
 
 fn coordinator_pid(record: &Value) -> u32 {
@@ -172,27 +48,6 @@ fn restarts(record: &Value) -> Vec<Value> {
         .as_array()
         .cloned()
         .unwrap_or_default()
-}
-
-fn checksum(stdout: &str) -> String {
-    ductile_e2e::last_value(stdout, "checksum")
-        .unwrap_or_else(|| panic!("no checksum in\n{stdout}"))
-}
-
-/// The checksum of a 1-node run of the same spec (computed once per spec:
-/// the tests of this file run in one process).
-fn reference(args: &[String]) -> String {
-    static KNOWN: Mutex<Vec<(Vec<String>, String)>> = Mutex::new(Vec::new());
-    let mut known = KNOWN.lock().expect("reference lock");
-    if let Some((_, sum)) = known.iter().find(|(spec, _)| spec == args) {
-        return sum.clone();
-    }
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let job = run(1, 1, "jacobi2d", &argv);
-    job.expect_code(0, "jacobi2d reference");
-    let sum = checksum(&job.stdout);
-    known.push((args.to_vec(), sum.clone()));
-    sum
 }
 
 /// Long enough for a test to kill the coordinator, see it restarted and
@@ -228,13 +83,13 @@ fn assert_one_restart(record: &Value, old: u32, new: u32) {
 #[test]
 fn a_job_goes_on_after_its_coordinator_is_killed() {
     let spec = ductile_e2e::jacobi_args(20_000);
-    let want = reference(&spec);
-    let mut job = Running::start(3, &spec);
-    let old = job.kill_coordinator();
-    let new = job.wait_for_restart(old);
-    let (code, stdout, stderr, record) = job.finish();
-    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
-    assert_eq!(checksum(&stdout), want, "checksum changed\n{stderr}");
+    let want = reference_checksum(&spec);
+    let mut job = Background::launch(3, "jacobi2d", &spec).start();
+    let old = kill_coordinator(&mut job);
+    let new = wait_for_restart(&job, old);
+    let end = job.finish();
+    end.completes_with(&want);
+    let Finished { stderr, record, .. } = end;
     assert_one_restart(&record, old, new);
     assert!(
         stderr.contains(&format!("the coordinator (pid {old}) was killed by signal 9 (SIGKILL) while the job was running; restarting it on")),
@@ -249,12 +104,12 @@ fn a_job_goes_on_after_its_coordinator_is_killed() {
 #[test]
 fn status_and_a_shrink_work_after_a_coordinator_restart() {
     let spec = ductile_e2e::jacobi_args(LONG);
-    let want = reference(&spec);
-    let mut job = Running::start(3, &spec);
+    let want = reference_checksum(&spec);
+    let mut job = Background::launch(3, "jacobi2d", &spec).start();
     let before = job.ductile(&["status"]);
     assert_eq!(member_pids(&before).len(), 3, "{before}");
-    let old = job.kill_coordinator();
-    let new = job.wait_for_restart(old);
+    let old = kill_coordinator(&mut job);
+    let new = wait_for_restart(&job, old);
     // Every node rejoins the new coordinator: node 0 restores it, nodes 1
     // and 2 reattach (each says so on stderr).
     assert!(
@@ -273,18 +128,19 @@ fn status_and_a_shrink_work_after_a_coordinator_restart() {
     assert_eq!(report["removed"], serde_json::json!([2]), "{report}");
     let shrunk = job.ductile(&["status"]);
     assert_eq!(member_pids(&shrunk), member_pids(&before)[..2], "{shrunk}");
-    let (code, stdout, stderr, record) = job.finish();
-    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
-    assert_eq!(checksum(&stdout), want, "checksum changed\n{stderr}");
-    assert_one_restart(&record, old, new);
+    let end = job.finish();
+    end.completes_with(&want);
+    assert_one_restart(&end.record, old, new);
 }
 
 #[test]
 fn a_coordinator_lost_once_too_often_fails_the_job_and_stops_it() {
     let spec = ductile_e2e::jacobi_args(LONG);
-    let mut job = Running::start_with(3, &["--coordinator-restarts", "1"], &spec);
-    let first = job.kill_coordinator();
-    let second = job.wait_for_restart(first);
+    let mut job = Background::launch(3, "jacobi2d", &spec)
+        .flags(&["--coordinator-restarts", "1"])
+        .start();
+    let first = kill_coordinator(&mut job);
+    let second = wait_for_restart(&job, first);
     assert!(
         eventually(WAIT, || job
             .stderr()
@@ -294,9 +150,14 @@ fn a_coordinator_lost_once_too_often_fails_the_job_and_stops_it() {
         "not every node rejoined the restarted coordinator\n{}",
         job.stderr()
     );
-    let killed = job.kill_coordinator();
+    let killed = kill_coordinator(&mut job);
     assert_eq!(killed, second);
-    let (code, stdout, stderr, record) = job.finish();
+    let Finished {
+        code,
+        stdout,
+        stderr,
+        record,
+    } = job.finish();
     assert_eq!(code, Some(1), "the job did not fail\n{stdout}\n{stderr}");
     assert!(
         stderr.contains("ductile: the coordinator was killed by signal 9 (SIGKILL) at"),
@@ -321,7 +182,7 @@ fn a_coordinator_lost_once_too_often_fails_the_job_and_stops_it() {
 
 /// Asks the launcher, through its request channel, to start one newcomer;
 /// returns its pid.
-fn spawn_newcomer(job: &Running) -> u32 {
+fn spawn_newcomer(job: &Background) -> u32 {
     use std::io::{BufRead, BufReader, Write};
     let mut socket = std::os::unix::net::UnixStream::connect(job.path("launcher.sock"))
         .expect("connecting to the launcher");
@@ -353,8 +214,8 @@ fn pending_pids(status: &Value) -> Vec<u64> {
 #[test]
 fn a_waiting_newcomer_registers_again_and_is_admitted_after_a_restart() {
     let spec = ductile_e2e::jacobi_args(LONG);
-    let want = reference(&spec);
-    let mut job = Running::start(3, &spec);
+    let want = reference_checksum(&spec);
+    let mut job = Background::launch(3, "jacobi2d", &spec).start();
     let newcomer = spawn_newcomer(&job) as u64;
     assert!(
         eventually(WAIT, || pending_pids(&job.ductile(&["status"]))
@@ -362,8 +223,8 @@ fn a_waiting_newcomer_registers_again_and_is_admitted_after_a_restart() {
         "the newcomer never registered\n{}",
         job.stderr()
     );
-    let old = job.kill_coordinator();
-    let new = job.wait_for_restart(old);
+    let old = kill_coordinator(&mut job);
+    let new = wait_for_restart(&job, old);
     assert!(
         eventually(WAIT, || {
             let err = job.stderr();
@@ -393,9 +254,9 @@ fn a_waiting_newcomer_registers_again_and_is_admitted_after_a_restart() {
     let members = member_pids(&job.ductile(&["status"]));
     assert_eq!(members.len(), 4);
     assert_eq!(members[3], newcomer);
-    let (code, stdout, stderr, record) = job.finish();
-    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
-    assert_eq!(checksum(&stdout), want, "checksum changed\n{stderr}");
-    assert_one_restart(&record, old, new);
+    let end = job.finish();
+    end.completes_with(&want);
+    assert_one_restart(&end.record, old, new);
+    let record = end.record;
     assert_eq!(record["newcomers"][0]["admitted"], true, "{record}");
 }

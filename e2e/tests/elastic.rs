@@ -4,192 +4,12 @@
 //! the launcher. Every test checks that survivors are the same processes
 //! (pids) and that the result does not depend on the rescales.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
 use ductile_coordinator::control::{ControlClient, ControlError};
 use ductile_coordinator::proto::Member;
 use ductile_coordinator::{Client, Secret};
-use ductile_e2e::{alive, bin, eventually, run};
+use ductile_e2e::background::{Background, WAIT};
+use ductile_e2e::{alive, eventually, reference_checksum};
 use serde_json::Value;
-
-const WAIT: Duration = Duration::from_secs(60);
-
-/// A job running in the background under `ductile run`.
-struct Running {
-    child: Option<Child>,
-    state: tempfile::TempDir,
-    pes: u32,
-    program: PathBuf,
-    args: Vec<String>,
-    /// Newcomers this test started itself (not through the launcher).
-    strays: Vec<Child>,
-}
-
-impl Running {
-    fn start(nodes: u32, pes: u32, program: &str, args: &[&str]) -> Running {
-        let state = tempfile::tempdir().expect("temp dir");
-        let child = Command::new(bin("ductile"))
-            .arg("run")
-            .args([
-                "--nodes",
-                &nodes.to_string(),
-                "--pes-per-node",
-                &pes.to_string(),
-            ])
-            .arg("--state-dir")
-            .arg(state.path())
-            .args(["--timeout", "300"])
-            .arg("--")
-            .arg(bin(program))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning ductile run");
-        let job = Running {
-            child: Some(child),
-            state,
-            pes,
-            program: bin(program),
-            args: args.iter().map(|s| s.to_string()).collect(),
-            strays: Vec::new(),
-        };
-        assert!(
-            eventually(WAIT, || job.path("control.addr").exists()),
-            "the job never published its control endpoint"
-        );
-        job
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.state.path().join(name)
-    }
-
-    fn read(&self, name: &str) -> String {
-        std::fs::read_to_string(self.path(name))
-            .unwrap_or_else(|e| panic!("reading {name}: {e}"))
-            .trim()
-            .to_string()
-    }
-
-    fn secret(&self) -> Secret {
-        Secret::from_hex(&self.read("secret")).expect("the state directory holds the secret")
-    }
-
-    fn control(&self) -> ControlClient {
-        ControlClient::connect(&self.read("control.addr"), &self.secret(), WAIT)
-            .expect("connecting to the control endpoint")
-    }
-
-    fn members(&self) -> Vec<Member> {
-        self.control().status().expect("status").members
-    }
-
-    /// Runs a `ductile` rescale subcommand with `--json`; returns the report.
-    fn ductile(&self, args: &[&str]) -> Value {
-        let out = Command::new(bin("ductile"))
-            .args(args)
-            .arg("--state-dir")
-            .arg(self.state.path())
-            .args(["--json", "--timeout", "120"])
-            .output()
-            .expect("running ductile");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "ductile {args:?} failed ({:?})\n{stdout}\n{}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
-    }
-
-    /// Runs a `ductile` command that must fail (exit 1); its stderr.
-    fn ductile_fails(&self, args: &[&str]) -> String {
-        let out = Command::new(bin("ductile"))
-            .args(args)
-            .arg("--state-dir")
-            .arg(self.state.path())
-            .output()
-            .expect("running ductile");
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(
-            out.status.code(),
-            Some(1),
-            "ductile {args:?} should fail\n{}\n{stderr}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        stderr
-    }
-
-    /// Starts `k` newcomer processes of the job's program outside the
-    /// launcher and waits until the coordinator lists them as pending.
-    fn start_strays(&mut self, k: usize) {
-        let before = self.control().status().expect("status").pending.len();
-        for _ in 0..k {
-            let child = Command::new(&self.program)
-                .args(&self.args)
-                .env("DUCTILE_COORDINATOR", self.read("coordinator.addr"))
-                .env("DUCTILE_SECRET", self.secret().to_hex())
-                .env("DUCTILE_ROLE", "newcomer")
-                .env("DUCTILE_PES", self.pes.to_string())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn()
-                .expect("spawning a newcomer");
-            self.strays.push(child);
-        }
-        assert!(
-            eventually(WAIT, || self
-                .control()
-                .status()
-                .expect("status")
-                .pending
-                .len()
-                >= before + k),
-            "newcomers never registered"
-        );
-    }
-
-    /// Waits for the job to end; returns `ductile run`'s code, stdout, stderr.
-    fn finish(mut self) -> (Option<i32>, String, String) {
-        let out = self
-            .child
-            .take()
-            .expect("running")
-            .wait_with_output()
-            .expect("waiting for ductile run");
-        for mut n in std::mem::take(&mut self.strays) {
-            let _ = n.wait();
-        }
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for n in &mut self.strays {
-            let _ = n.kill();
-            let _ = n.wait();
-        }
-    }
-}
-
-fn checksum(stdout: &str) -> String {
-    ductile_e2e::last_value(stdout, "checksum")
-        .unwrap_or_else(|| panic!("no checksum in\n{stdout}"))
-}
 
 fn pids(members: &[Member]) -> Vec<u32> {
     members.iter().map(|m| m.pid).collect()
@@ -203,40 +23,31 @@ fn num(report: &Value, key: &str) -> u64 {
 
 /// Ends an `elastic_probe` job, which must exit 0; its stdout and its
 /// `probe ok ...` line.
-fn probe_verdict(job: Running) -> (String, String) {
-    let (code, stdout, stderr) = job.finish();
-    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    let ok = stdout
+fn probe_verdict(job: Background) -> (String, String) {
+    let end = job.finish();
+    assert_eq!(end.code, Some(0), "{}\n{}", end.stdout, end.stderr);
+    let ok = end
+        .stdout
         .lines()
         .find(|l| l.starts_with("probe ok"))
-        .unwrap_or_else(|| panic!("no verdict\n{stdout}\n{stderr}"))
+        .unwrap_or_else(|| panic!("no verdict\n{}\n{}", end.stdout, end.stderr))
         .to_string();
-    (stdout, ok)
+    (end.stdout, ok)
 }
 
-fn reference(args: &[String]) -> String {
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let job = run(1, 1, "jacobi2d", &args);
-    job.expect_code(0, "jacobi2d reference");
-    checksum(&job.stdout)
-}
-
-fn start_jacobi(nodes: u32, pes: u32, args: &[String]) -> Running {
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Running::start(nodes, pes, "jacobi2d", &args)
+fn start_jacobi(nodes: u32, pes: u32, args: &[String]) -> Background {
+    Background::launch(nodes, "jacobi2d", args).pes(pes).start()
 }
 
 /// Ends the job and checks it completed with the reference checksum.
-fn completes_with(job: Running, want: &str) {
-    let (code, stdout, stderr) = job.finish();
-    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
-    assert_eq!(checksum(&stdout), want, "checksum changed\n{stderr}");
+fn completes_with(job: Background, want: &str) {
+    job.finish().completes_with(want);
 }
 
 #[test]
 fn shrink_four_to_three_keeps_survivors_and_the_checksum() {
     let spec = ductile_e2e::jacobi_args(12_000);
-    let want = reference(&spec);
+    let want = reference_checksum(&spec);
     let job = start_jacobi(4, 1, &spec);
     let before = job.members();
     let report = job.ductile(&["shrink", "--remove", "2"]);
@@ -258,7 +69,7 @@ fn shrink_four_to_three_keeps_survivors_and_the_checksum() {
 #[test]
 fn expand_three_to_four_admits_a_newcomer_that_adopts_the_job() {
     let spec = ductile_e2e::jacobi_args(12_000);
-    let want = reference(&spec);
+    let want = reference_checksum(&spec);
     let job = start_jacobi(3, 1, &spec);
     let before = job.members();
     let report = job.ductile(&["expand", "--nodes", "1"]);
@@ -278,7 +89,7 @@ fn expand_three_to_four_admits_a_newcomer_that_adopts_the_job() {
 #[test]
 fn one_rescale_removes_two_nodes_and_admits_two() {
     let spec = ductile_e2e::jacobi_args(12_000);
-    let want = reference(&spec);
+    let want = reference_checksum(&spec);
     let job = start_jacobi(4, 2, &spec);
     let before = job.members();
     let report = job.ductile(&["rescale", "--remove", "1,2", "--add", "2"]);
@@ -299,7 +110,7 @@ fn one_rescale_removes_two_nodes_and_admits_two() {
 #[test]
 fn twenty_shrinks_and_expands_in_one_run() {
     let spec = ductile_e2e::jacobi_args(60_000);
-    let want = reference(&spec);
+    let want = reference_checksum(&spec);
     let job = start_jacobi(3, 1, &spec);
     let first = job.members();
     let mut epoch = 1;
@@ -320,12 +131,10 @@ fn twenty_shrinks_and_expands_in_one_run() {
 #[test]
 fn a_newcomer_that_dies_before_admission_is_dropped_not_fatal() {
     let spec = ductile_e2e::jacobi_args(12_000);
-    let want = reference(&spec);
+    let want = reference_checksum(&spec);
     let mut job = start_jacobi(2, 1, &spec);
     job.start_strays(2);
-    let victim = job.strays[0].id();
-    job.strays[0].kill().expect("killing a waiting newcomer");
-    let _ = job.strays[0].wait();
+    let victim = job.kill_stray(0);
     assert!(
         eventually(WAIT, || job
             .control()
@@ -356,7 +165,7 @@ fn a_newcomer_that_dies_before_admission_is_dropped_not_fatal() {
 #[test]
 fn strangers_are_refused_and_change_nothing() {
     let spec = ductile_e2e::jacobi_args(8_000);
-    let want = reference(&spec);
+    let want = reference_checksum(&spec);
     let job = start_jacobi(3, 1, &spec);
     job.ductile(&["shrink", "--nodes", "1"]);
     // The control endpoint refuses a wrong secret.
@@ -389,7 +198,9 @@ fn strangers_are_refused_and_change_nothing() {
 
 #[test]
 fn groups_nodegroups_and_readonly_follow_every_rescale() {
-    let job = Running::start(3, 2, "elastic_probe", &["--rounds", "30000"]);
+    let job = Background::launch(3, "elastic_probe", &["--rounds", "30000"])
+        .pes(2)
+        .start();
     let first = job.members();
     job.ductile(&["expand", "--nodes", "1"]);
     job.ductile(&["shrink", "--remove", "1"]);
@@ -430,7 +241,7 @@ fn groups_nodegroups_and_readonly_follow_every_rescale() {
 fn restart_mode_replaces_every_process_and_keeps_the_checksum() {
     let mut spec = ductile_e2e::jacobi_args(12_000);
     spec.extend(["--lb-every", "10"].map(String::from));
-    let want = reference(&spec);
+    let want = reference_checksum(&spec);
     let job = start_jacobi(3, 1, &spec);
     let first = pids(&job.members());
     let report = job.ductile(&["shrink", "--nodes", "1", "--mode", "restart"]);
@@ -462,9 +273,9 @@ fn restart_mode_replaces_every_process_and_keeps_the_checksum() {
     assert_eq!(report["admitted"], serde_json::json!([2, 3]), "{report}");
     assert_eq!(report["relaunched"], true, "{report}");
     assert_eq!(job.members().len(), 4);
-    let (code, stdout, stderr) = job.finish();
-    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
-    assert_eq!(checksum(&stdout), want, "checksum changed\n{stderr}");
+    let end = job.finish();
+    end.completes_with(&want);
+    let stdout = end.stdout;
     // The timer is carried by the checkpoint: the seconds count from the
     // first start, not from the last relaunch (or zero).
     let seconds: f64 = stdout
@@ -480,12 +291,13 @@ fn restart_mode_replaces_every_process_and_keeps_the_checksum() {
 /// sees exactly the job's members, and the program's rescale callback runs.
 #[test]
 fn restart_mode_restores_groups_nodegroups_and_readonly() {
-    let job = Running::start(
+    let job = Background::launch(
         3,
-        2,
         "elastic_probe",
         &["--rounds", "20000", "--sync-every", "20"],
-    );
+    )
+    .pes(2)
+    .start();
     let report = job.ductile(&["shrink", "--nodes", "1", "--mode", "restart"]);
     assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (6, 4));
     let report = job.ductile(&["expand", "--nodes", "2", "--mode", "restart"]);
@@ -510,7 +322,7 @@ fn restart_mode_restores_groups_nodegroups_and_readonly() {
 #[test]
 fn a_restart_that_finds_no_sync_point_is_withdrawn_and_the_job_goes_on() {
     let spec = ductile_e2e::jacobi_args(40_000);
-    let want = reference(&spec);
+    let want = reference_checksum(&spec);
     let job = start_jacobi(3, 1, &spec);
     let first = pids(&job.members());
     let stderr = job.ductile_fails(&[
@@ -532,7 +344,7 @@ fn a_restart_that_finds_no_sync_point_is_withdrawn_and_the_job_goes_on() {
     );
     assert_eq!(pids(&job.members()), first, "the job was relaunched");
     assert!(
-        !job.state.path().join("ckpt").exists(),
+        !job.path("ckpt").exists(),
         "the withdrawn checkpoint's directory was left behind"
     );
     let report = job.ductile(&["shrink", "--nodes", "1"]);

@@ -8,19 +8,13 @@
 //! that stops itself before it becomes the program, so a test decides when
 //! a newcomer registers.
 
-use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use ductile_coordinator::control::ControlClient;
 use ductile_coordinator::proto::Member;
-use ductile_coordinator::Secret;
-use ductile_e2e::{alive, bin, eventually, run};
+use ductile_e2e::background::{report, Background, WAIT};
+use ductile_e2e::{alive, eventually, reference_checksum, signal};
 use serde_json::Value;
-
-const WAIT: Duration = Duration::from_secs(60);
 
 /// A shell wrapper that stops a newcomer (SIGSTOP to itself, same pid as
 /// the program it then becomes) until the test continues it.
@@ -28,131 +22,21 @@ const HOLD_NEWCOMERS: &str = "#!/bin/sh\n\
 if [ \"$DUCTILE_ROLE\" = newcomer ]; then kill -STOP $$; fi\n\
 exec \"$@\"\n";
 
-/// A job running in the background under `ductile run`.
-struct Job {
-    child: Option<Child>,
-    state: tempfile::TempDir,
-}
-
-impl Job {
-    /// Starts `jacobi2d spec` on `nodes` x 1 PE; newcomers stop themselves
-    /// when `hold_newcomers`.
-    fn start(nodes: u32, spec: &[String], hold_newcomers: bool) -> Job {
-        Job::start_with(nodes, spec, hold_newcomers, &[])
+/// Starts `jacobi2d spec` on `nodes` x 1 PE with `env` for every process;
+/// newcomers stop themselves when `hold_newcomers`.
+fn start(nodes: u32, spec: &[String], hold_newcomers: bool, env: &[(&str, &str)]) -> Background {
+    let state = tempfile::tempdir().expect("temp dir");
+    let mut launch = Background::launch(nodes, "jacobi2d", spec);
+    if hold_newcomers {
+        let wrapper = state.path().join("hold.sh");
+        std::fs::write(&wrapper, HOLD_NEWCOMERS).expect("wrapper");
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        launch = launch.prefix(&wrapper);
     }
-
-    /// As [`Job::start`], with environment variables for every process.
-    fn start_with(nodes: u32, spec: &[String], hold_newcomers: bool, env: &[(&str, &str)]) -> Job {
-        let state = tempfile::tempdir().expect("temp dir");
-        let mut command: Vec<PathBuf> = Vec::new();
-        if hold_newcomers {
-            let wrapper = state.path().join("hold.sh");
-            let mut f = std::fs::File::create(&wrapper).expect("wrapper");
-            f.write_all(HOLD_NEWCOMERS.as_bytes()).expect("wrapper");
-            drop(f);
-            std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
-                .expect("chmod");
-            command.push(wrapper);
-        }
-        command.push(bin("jacobi2d"));
-        let child = Command::new(bin("ductile"))
-            .args(["run", "--nodes", &nodes.to_string(), "--pes-per-node", "1"])
-            .arg("--state-dir")
-            .arg(state.path())
-            .args(["--timeout", "300", "--"])
-            .args(&command)
-            .args(spec)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawning ductile run");
-        let job = Job {
-            child: Some(child),
-            state,
-        };
-        assert!(
-            eventually(WAIT, || job.path("control.addr").exists()),
-            "the job never published its control endpoint"
-        );
-        job
+    for (k, v) in env {
+        launch = launch.env(k, v);
     }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.state.path().join(name)
-    }
-
-    fn read(&self, name: &str) -> String {
-        std::fs::read_to_string(self.path(name))
-            .unwrap_or_else(|e| panic!("reading {name}: {e}"))
-            .trim()
-            .to_string()
-    }
-
-    fn control(&self) -> ControlClient {
-        let secret = Secret::from_hex(&self.read("secret")).expect("secret");
-        ControlClient::connect(&self.read("control.addr"), &secret, WAIT)
-            .expect("connecting to the control endpoint")
-    }
-
-    fn members(&self) -> Vec<Member> {
-        self.control().status().expect("status").members
-    }
-
-    /// A `ductile` subcommand against this job, started in the background.
-    fn spawn_ductile(&self, args: &[&str]) -> Child {
-        Command::new(bin("ductile"))
-            .args(args)
-            .arg("--state-dir")
-            .arg(self.state.path())
-            .args(["--json", "--timeout", "120"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running ductile")
-    }
-
-    /// A `ductile` subcommand that must succeed; its JSON report.
-    fn ductile(&self, args: &[&str]) -> Value {
-        report(self.spawn_ductile(args).wait_with_output().expect("ductile"))
-    }
-
-    /// Waits for the job to end; `ductile run`'s code, stdout, stderr.
-    fn finish(mut self) -> (Option<i32>, String, String) {
-        let out = self
-            .child
-            .take()
-            .expect("running")
-            .wait_with_output()
-            .expect("waiting for ductile run");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn report(out: Output) -> Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "ductile failed ({:?})\n{stdout}\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+    launch.state(state).start()
 }
 
 fn uids(members: &[Member]) -> Vec<u64> {
@@ -168,7 +52,7 @@ fn proc_state(pid: u32) -> Option<char> {
 
 /// Waits for a newcomer the launcher started (listed in `job.json`) that is
 /// not in `seen` and has stopped itself; its pid.
-fn held_newcomer(job: &Job, seen: &[u32]) -> u32 {
+fn held_newcomer(job: &Background, seen: &[u32]) -> u32 {
     let mut found = None;
     let ok = eventually(WAIT, || {
         let Ok(text) = std::fs::read_to_string(job.path("job.json")) else {
@@ -195,32 +79,6 @@ fn held_newcomer(job: &Job, seen: &[u32]) -> u32 {
     found.expect("found")
 }
 
-fn signal(pid: u32, sig: &str) {
-    let st = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(st.success(), "kill {sig} {pid}");
-}
-
-fn checksum(stdout: &str) -> String {
-    ductile_e2e::last_value(stdout, "checksum")
-        .unwrap_or_else(|| panic!("no checksum in\n{stdout}"))
-}
-
-fn reference(spec: &[String]) -> String {
-    let args: Vec<&str> = spec.iter().map(String::as_str).collect();
-    let job = run(1, 1, "jacobi2d", &args);
-    job.expect_code(0, "jacobi2d reference");
-    checksum(&job.stdout)
-}
-
-fn completes_with(job: Job, want: &str) {
-    let (code, stdout, stderr) = job.finish();
-    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
-    assert_eq!(checksum(&stdout), want, "checksum changed\n{stderr}");
-}
-
 /// Issue 15, item 1: tool A asks to remove node 2 and admit a newcomer;
 /// while A's newcomer is held (so A has not asked node 0 yet), tool B
 /// removes node 1, which renumbers node 3 as node 2. A's request names the
@@ -231,8 +89,8 @@ fn completes_with(job: Job, want: &str) {
 #[test]
 fn a_request_computed_against_an_old_view_is_refused_not_misapplied() {
     let spec = ductile_e2e::jacobi_args(40_000);
-    let want = reference(&spec);
-    let job = Job::start(4, &spec, true);
+    let want = reference_checksum(&spec);
+    let job = start(4, &spec, true, &[]);
     let first = job.members();
     assert_eq!(first.len(), 4);
 
@@ -269,14 +127,14 @@ fn a_request_computed_against_an_old_view_is_refused_not_misapplied() {
     let d = job.ductile(&["shrink", "--nodes", "1"]);
     assert_eq!(d["epoch"].as_u64(), Some(3), "{d}");
     signal(held, "-CONT");
-    let c = report(c.wait_with_output().expect("tool C"));
+    let c = report(&["expand"], c.wait_with_output().expect("tool C"));
     assert_eq!(c["epoch_before"].as_u64(), Some(3), "{c}");
     assert_eq!(c["admitted"], serde_json::json!([2]), "{c}");
     let now = job.members();
     assert_eq!(now.len(), 3);
     assert_eq!(now[2].pid, held, "the held newcomer was admitted");
     assert_eq!(uids(&now[..2]), vec![first[0].uid, first[2].uid]);
-    completes_with(job, &want);
+    job.finish().completes_with(&want);
 }
 
 /// Issue 15, item 2: with a node stopped (SIGSTOP), a shrink cannot
@@ -287,8 +145,8 @@ fn a_request_computed_against_an_old_view_is_refused_not_misapplied() {
 #[test]
 fn a_stopped_node_gets_the_evacuate_stage_abandoned_not_stalled() {
     let spec = ductile_e2e::jacobi_args(30_000);
-    let want = reference(&spec);
-    let job = Job::start_with(
+    let want = reference_checksum(&spec);
+    let job = start(
         4,
         &spec,
         false,
@@ -317,7 +175,7 @@ fn a_stopped_node_gets_the_evacuate_stage_abandoned_not_stalled() {
     // The job is sound: the same shrink now goes through.
     let r = job.ductile(&["shrink", "--remove", "2"]);
     assert_eq!(r["epoch"].as_u64(), Some(2), "{r}");
-    completes_with(job, &want);
+    job.finish().completes_with(&want);
 }
 
 /// Issue 15, item 4: strangers flood the job's coordinator — idle
@@ -330,15 +188,10 @@ fn a_stopped_node_gets_the_evacuate_stage_abandoned_not_stalled() {
 fn a_flood_of_strangers_at_the_coordinator_does_not_stop_an_expand() {
     use ductile_e2e::flood::{fds_and_threads, Flood, Peak};
     let spec = ductile_e2e::jacobi_args(30_000);
-    let want = reference(&spec);
-    let job = Job::start(2, &spec, false);
+    let want = reference_checksum(&spec);
+    let job = start(2, &spec, false, &[]);
     assert_eq!(job.members().len(), 2);
-    let record: Value = serde_json::from_str(&job.read("job.json")).expect("job.json");
-    let pid = record["coordinator"]["pid"].as_u64().expect("coordinator pid") as u32;
-    let addr = record["coordinator"]["addr"]
-        .as_str()
-        .expect("coordinator addr")
-        .to_owned();
+    let (pid, addr) = job.coordinator();
     let (base_fds, base_threads) = fds_and_threads(pid);
 
     // Three threads holding up to 150 idle connections each, one sending
@@ -366,5 +219,5 @@ fn a_flood_of_strangers_at_the_coordinator_does_not_stop_an_expand() {
         worst_threads <= base_threads + 2,
         "the coordinator's threads grew with the flood: {worst_threads} (before: {base_threads})"
     );
-    completes_with(job, &want);
+    job.finish().completes_with(&want);
 }
