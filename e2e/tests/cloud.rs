@@ -161,6 +161,98 @@ fn a_notice_handled_by_checkpoint_and_relaunch_keeps_the_checksum() {
     assert!(committed.iter().all(|m| m["detail"].as_str().is_some_and(|d| d.starts_with("relaunched from a checkpoint"))), "{stdout}");
     let last = rec["samples"].as_array().and_then(|s| s.last()).expect("samples").clone();
     assert_eq!(last["onDemand"].as_u64().unwrap() + last["spot"].as_u64().unwrap(), 4, "{stdout}");
+    // With rebalancing: the emergency shrink (4 PEs to 3) left the blocks
+    // of the removed PE on PE 0, and the restored job's first step moved them.
+    let emergency = committed_rescales(&record, "Emergency");
+    assert!(emergency.iter().all(|r| r["migrations"].as_u64() > Some(0)), "{emergency:?}\n{stdout}");
+    assert!(rec["checksum"].is_string(), "{stdout}");
+    assert_eq!(rec["checksum"], rec["referenceChecksum"], "{stdout}");
+    nothing_left(&r.state(), &record);
+}
+
+/// The rescales of `reason` that committed.
+fn committed_rescales<'a>(record: &'a serde_json::Value, reason: &str) -> Vec<&'a serde_json::Value> {
+    record["record"]["rescales"]
+        .as_array()
+        .expect("rescales")
+        .iter()
+        .filter(|r| r["reason"] == reason && r["epoch"].is_u64())
+        .collect()
+}
+
+#[test]
+fn a_notice_handled_by_a_restart_without_rebalancing_keeps_the_checksum() {
+    // `--mode restart-no-lb`: relaunched like `restart`, but the restored
+    // job resumes the restore's placement (`+lb-restore off`): no element
+    // moves, and the result is still the uninterrupted run's.
+    let r = rehearse_with(2500, "  - { at: 60, interruption: rehearsal-3, deadline: 120 }\n", &["--mode", "restart-no-lb"]);
+    let record = r.record();
+    let stdout = r.stdout();
+    assert_eq!(r.out.status.code(), Some(0), "ductile cloud failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.out.stderr));
+    let (summary, rec) = (&record["summary"], &record["record"]);
+    assert_eq!(rec["mode"], "restart-no-lb", "{stdout}");
+    assert_eq!(summary["committedByReason"]["Emergency"], 1, "{stdout}");
+    assert_eq!(summary["failed"], 0, "{stdout}");
+    assert_eq!(summary["noticesHandled"], serde_json::json!([1, 1]), "{stdout}");
+    assert_eq!(summary["lost"], 0, "{stdout}");
+    let committed = marks(&record, "committed");
+    assert!(!committed.is_empty(), "{stdout}");
+    assert!(
+        committed.iter().all(|m| m["detail"].as_str().is_some_and(|d| d.starts_with("relaunched from a checkpoint without rebalancing"))),
+        "{stdout}"
+    );
+    let rescales = rec["rescales"].as_array().expect("rescales");
+    assert!(rescales.iter().all(|r| r["migrations"] == 0), "{rescales:?}");
+    // The restored job said it ran no balancing step.
+    let restored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(r.state().join("ckpt/restored.json")).expect("restored.json")).expect("JSON");
+    assert_eq!(restored["balanced"], false, "{restored}");
+    assert!(rec["checksum"].is_string(), "{stdout}");
+    assert_eq!(rec["checksum"], rec["referenceChecksum"], "{stdout}");
+    nothing_left(&r.state(), &record);
+}
+
+#[test]
+fn a_notice_handled_by_a_kill_and_a_relaunch_from_the_last_periodic_checkpoint_keeps_the_checksum() {
+    // `--mode checkpoint-restart`: a disk checkpoint every 25 simulated
+    // seconds; the notice's emergency rescale kills every process and
+    // relaunches the job from the last one, redoing the work since.
+    let r = rehearse_with(
+        2500,
+        "  - { at: 60, interruption: rehearsal-3, deadline: 120 }\n",
+        &["--mode", "checkpoint-restart", "--checkpoint-every", "25"],
+    );
+    let record = r.record();
+    let stdout = r.stdout();
+    assert_eq!(r.out.status.code(), Some(0), "ductile cloud failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.out.stderr));
+    let (summary, rec) = (&record["summary"], &record["record"]);
+    assert_eq!(rec["mode"], "checkpoint-restart", "{stdout}");
+    // Checkpoints were written before the notice came.
+    let notice = marks(&record, "notice")[0]["sim"].as_f64().expect("notice time");
+    let checkpoints = rec["checkpoints"].as_array().expect("checkpoints");
+    assert!(checkpoints.iter().any(|c| c["sim"].as_f64() < Some(notice)), "{stdout}");
+    assert_eq!(summary["committedByReason"]["Emergency"], 1, "{stdout}");
+    assert_eq!(summary["failed"], 0, "{stdout}");
+    assert_eq!(summary["noticesHandled"], serde_json::json!([1, 1]), "{stdout}");
+    assert_eq!(summary["lost"], 0, "{stdout}");
+    // Every rescale was a kill and a relaunch from a checkpoint, with work to redo.
+    let emergency = committed_rescales(&record, "Emergency");
+    assert!(emergency.iter().all(|r| r["redoneS"].as_f64() > Some(0.0)), "{emergency:?}");
+    let killed = marks(&record, "killed");
+    let committed = marks(&record, "committed");
+    assert_eq!(killed.len(), committed.len(), "{stdout}");
+    assert!(killed.iter().all(|m| m["detail"].as_str().is_some_and(|d| d.contains("ckpt-periodic"))), "{stdout}");
+    assert!(committed.iter().all(|m| m["detail"].as_str().is_some_and(|d| d.starts_with("killed and relaunched from the last checkpoint"))), "{stdout}");
+    // The killed processes are gone, and so are the checkpoints.
+    for m in &killed {
+        let detail = m["detail"].as_str().unwrap();
+        let pids = detail.split("pids ").nth(1).and_then(|t| t.split(')').next()).expect("pids in the mark");
+        for pid in pids.split(',') {
+            let pid: u32 = pid.parse().expect("a pid");
+            assert!(!alive(pid), "killed pid {pid} still runs");
+        }
+    }
+    assert!(!r.state().join("ckpt-periodic").exists(), "the periodic checkpoints were left behind");
     assert!(rec["checksum"].is_string(), "{stdout}");
     assert_eq!(rec["checksum"], rec["referenceChecksum"], "{stdout}");
     nothing_left(&r.state(), &record);

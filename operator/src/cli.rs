@@ -320,6 +320,11 @@ pub struct RunArgs {
     /// port; the address is written to metrics.addr in the state directory).
     #[arg(long, value_name = "PORT")]
     pub metrics_port: Option<u16>,
+    /// Start the job from this checkpoint directory (written by a
+    /// checkpoint through node 0's control endpoint) instead of running
+    /// main, at this run's size: node 0 restores every chare and balances.
+    #[arg(long, value_name = "DIR")]
+    pub restore: Option<PathBuf>,
     /// The program every node runs, and its arguments (after `--`). The
     /// program's own flags follow it; a flag before it is `ductile run`'s
     /// (an unknown one is refused, not taken for the program).

@@ -7,6 +7,7 @@
 //! | `+lb NAME` | load-balancing strategy for `at_sync` steps (`Greedy`, `GreedyRefine`, `Refine`, `Rotate`, `Null`, and the `...RateAware` variants); default `Null` |
 //! | `+lb-params K=V,...` | strategy parameters, e.g. `tolerance=1.1` |
 //! | `+lb-rescale NAME` | strategy of the steps a rescale runs (evacuation, populating newcomers); default `Contiguous` (one run of consecutive elements per PE: keeps neighbours together) |
+//! | `+lb-restore on\|off` | a job restored from a checkpoint (`DUCTILE_RESTORE`) first runs the step the checkpoint interrupted: `on` (default) balances it with `+lb-rescale`'s strategy, `off` resumes the elements where the restore put them (array elements round-robin by their old PE), the papers' restart without rebalancing |
 //! | `--newcomer`, `--coordinator ADDR` | join a running job as a newcomer (same as `DUCTILE_ROLE=newcomer`, `DUCTILE_COORDINATOR`); the secret still comes from `DUCTILE_SECRET`/`DUCTILE_SECRET_FILE` |
 //! | `+lb-dump DIR` | write each step's statistics to `DIR/lb-<coll>-<step>.json` (and the plan the strategy made to `...plan.json`) for offline replay |
 //! | `+lb-report` | print one `lb step=...` line per step on PE 0's stdout |
@@ -55,6 +56,9 @@ pub struct Options {
     pub lb_smoothing: f64,
     /// `+lb-min-gain G`: the makespan fraction a plan must gain to be carried out.
     pub lb_min_gain: f64,
+    /// `+lb-restore on|off`: whether a restored job's first step balances
+    /// (with [`Options::rescale_strategy`]) or resumes the restore's placement.
+    pub lb_restore: bool,
 }
 
 impl Default for Options {
@@ -74,6 +78,7 @@ impl Default for Options {
             pe_affinity: crate::affinity::Affinity::Auto,
             lb_smoothing: lb::steady::DEFAULT_SMOOTHING,
             lb_min_gain: lb::steady::DEFAULT_MIN_GAIN,
+            lb_restore: true,
         }
     }
 }
@@ -151,8 +156,16 @@ pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
                 }
                 opts.rescale_strategy = Arc::from(lb::by_name(&name, Params::default()).map_err(|e| e.to_string())?);
             }
+            "lb-restore" => {
+                let v = value("on or off")?;
+                opts.lb_restore = match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(format!("+lb-restore: `{v}` is not on or off")),
+                };
+            }
             other => {
-                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +lb-smoothing, +lb-min-gain, +lb-rescale, +pe-affinity, +pe-speed, +link-delay-us)"))
+                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +lb-smoothing, +lb-min-gain, +lb-rescale, +lb-restore, +pe-affinity, +pe-speed, +link-delay-us)"))
             }
         }
     }
@@ -236,6 +249,15 @@ mod tests {
         let (o, _) = parse(args(&["+link-delay-us=1500"])).unwrap();
         assert_eq!(o.link_delay, std::time::Duration::from_micros(1500));
         assert!(parse(args(&["+link-delay-us", "-3"])).is_err());
+        assert!(Options::default().lb_restore);
+        let (o, rest) = parse(args(&["+lb-restore", "off", "--iters", "3"])).unwrap();
+        assert!(!o.lb_restore);
+        assert_eq!(rest, args(&["--iters", "3"]));
+        let (o, _) = parse(args(&["+lb-restore=on"])).unwrap();
+        assert!(o.lb_restore);
+        assert!(parse(args(&["+lb-restore", "maybe"]))
+            .unwrap_err()
+            .contains("on or off"));
     }
 
     #[test]

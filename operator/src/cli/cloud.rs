@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{parse_secs, say, Mode, EXIT_USAGE};
-use crate::cloud::driver::RunOptions;
+use super::{parse_secs, say, EXIT_USAGE};
+use crate::cloud::driver::{Mode, RunOptions};
 use crate::cloud::{rehearse, CloudError, Loaded};
 use crate::state::resolve_state_dir;
 
@@ -38,11 +38,19 @@ pub struct CloudArgs {
     #[arg(long)]
     pub check: bool,
     /// How the policy's rescales are carried out. `live`: the running
-    /// processes are reconfigured (the product). `restart`: checkpoint at
-    /// the next sync point, end every process, relaunch at the new size
-    /// (the baseline; needs `network: loopback`).
+    /// processes are reconfigured (the product). The papers' baselines
+    /// (each needs `network: loopback`): `restart`: checkpoint at the next
+    /// sync point, end every process, relaunch at the new size, restore
+    /// and rebalance; `restart-no-lb`: the same without the rebalancing
+    /// step; `checkpoint-restart`: periodic disk checkpoints
+    /// (`--checkpoint-every`), and a rescale kills every process and
+    /// relaunches from the last one, redoing the work since.
     #[arg(long, value_enum, default_value = "live")]
     pub mode: Mode,
+    /// With `--mode checkpoint-restart`: checkpoint the job to disk every
+    /// SECS simulated seconds (the scenario's clock).
+    #[arg(long, value_name = "SECS", value_parser = parse_secs, required_if_eq("mode", "checkpoint-restart"))]
+    pub checkpoint_every: Option<Duration>,
 }
 
 /// Runs the job of `args.file` on the cloud of `args.scenario`; prints the
@@ -75,6 +83,11 @@ pub fn cloud(args: CloudArgs) -> i32 {
     let mut opts = RunOptions::new(state_dir, out);
     opts.timeout = args.timeout;
     opts.mode = args.mode;
+    if args.checkpoint_every.is_some() && args.mode != Mode::CheckpointRestart {
+        say("--checkpoint-every needs --mode checkpoint-restart");
+        return EXIT_USAGE;
+    }
+    opts.checkpoint_every = args.checkpoint_every;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [
         signal_hook::consts::SIGINT,

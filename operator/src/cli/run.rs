@@ -35,6 +35,7 @@ pub fn run(args: RunArgs) -> i32 {
     spec.exit_grace = args.exit_grace;
     spec.coordinator_restarts = args.coordinator_restarts;
     spec.metrics_port = args.metrics_port;
+    spec.restore = args.restore;
     match std::env::current_exe() {
         Ok(exe) => spec.coordinator_exe = exe,
         Err(err) => {

@@ -22,19 +22,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use ductile_coordinator::control::{ControlClient, JobStatus, RescaleReport, RescaleRequest};
+use ductile_coordinator::control::{CheckpointRequest, ControlClient, JobStatus, RescaleReport, RescaleRequest};
 use ductile_coordinator::secret::Secret;
 use nix::sys::signal::Signal;
 
 use super::cgroup::{Quotas, CPU_CONTROLLER};
 use super::netns::{self, Network};
 use super::scenario::Network as NetworkMode;
-use super::record::{Mark, NoticeToCommit, Record, RescaleRecord, Sample};
+use super::record::{CheckpointRecord, Mark, NoticeToCommit, Record, RescaleRecord, Sample};
 use super::sim::{Cloud, CloudEvent, InstanceState};
 use super::{CloudError, Loaded};
 use crate::local::channel::{self, Reply, Request};
 use crate::local::process::{pid_alive, signal_group};
-use crate::local::restart::{self, Mode};
+use crate::local::restart::{self, Killed};
 use crate::policy::{Capacity, Decision, Event, MemberId, Policy, Time};
 use crate::state::{CONTROL_ADDR_FILE, LAUNCHER_SOCKET_FILE, SECRET_FILE};
 
@@ -46,6 +46,49 @@ const STATUS_EVERY: Duration = Duration::from_millis(50);
 const LINE_EVERY: Duration = Duration::from_millis(250);
 /// How long a rescale request may take before the driver reports it failed.
 const RESCALE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a periodic checkpoint may wait for its sync point and write.
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Where `checkpoint-restart` writes its periodic checkpoints, in the
+/// state directory: one numbered directory each, the last complete kept.
+const PERIODIC_DIR: &str = "ckpt-periodic";
+/// How long a killed job's launcher may take to end before it is killed too.
+const LAUNCHER_END_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How the policy's rescales (and, for `checkpoint-restart`, the losses)
+/// are carried out: the product, and the papers' three baselines.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Reconfigure the running processes (no process restarts).
+    #[default]
+    Live,
+    /// Checkpoint at the next sync point, end every process, relaunch at
+    /// the new size, restore, and balance (the restart with rebalancing).
+    Restart,
+    /// As `restart`, but the restored job resumes where the restore put
+    /// its elements, without a balancing step (`+lb-restore off`).
+    RestartNoLb,
+    /// Periodic disk checkpoints (`--checkpoint-every`); a rescale kills
+    /// every process and relaunches from the last checkpoint, redoing the
+    /// work since (the fault-tolerance baseline).
+    CheckpointRestart,
+}
+
+impl Mode {
+    /// The name on the command line and in `cloud.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Live => "live",
+            Mode::Restart => "restart",
+            Mode::RestartNoLb => "restart-no-lb",
+            Mode::CheckpointRestart => "checkpoint-restart",
+        }
+    }
+
+    /// Whether a rescale ends every process and starts the job anew.
+    pub fn relaunches(self) -> bool {
+        self != Mode::Live
+    }
+}
 
 /// How a run is carried out.
 #[derive(Clone, Debug)]
@@ -61,9 +104,13 @@ pub struct RunOptions {
     /// Where the cgroup v1 `cpu` controller is (tests may point elsewhere).
     pub cpu_controller: PathBuf,
     /// How the policy's rescales are carried out: live (the product), or by
-    /// checkpoint and relaunch (the baseline; replacement instances then
-    /// run no process until the relaunch starts one there).
+    /// a relaunch (the baselines; replacement instances then run no process
+    /// until the relaunch starts one there).
     pub mode: Mode,
+    /// With [`Mode::CheckpointRestart`]: the period of the disk
+    /// checkpoints, in simulated seconds (`None`: none, a relaunch starts
+    /// the job from the beginning).
+    pub checkpoint_every: Option<Duration>,
 }
 
 impl RunOptions {
@@ -76,6 +123,7 @@ impl RunOptions {
             timeout: None,
             cpu_controller: PathBuf::from(CPU_CONTROLLER),
             mode: Mode::Live,
+            checkpoint_every: None,
         }
     }
 }
@@ -108,7 +156,32 @@ struct InFlight {
     /// order (the survivors in their old order, then the admitted ones),
     /// which every process of it will be new on.
     relaunch: Option<Vec<String>>,
+    /// With `--mode checkpoint-restart`: real seconds of work since the
+    /// checkpoint the relaunch restores, lost and done again.
+    redone_s: Option<f64>,
 }
+
+/// A kill and relaunch from the last checkpoint, decided and not yet begun
+/// (the loop that owns the launcher carries it out).
+struct PendingKill {
+    /// Its entry in the record's rescales.
+    index: usize,
+    request: RescaleRequest,
+    /// The instances of the relaunched job, in node order.
+    order: Vec<String>,
+}
+
+/// A periodic checkpoint that completed: where, and when its sync point was.
+#[derive(Clone, Debug)]
+struct Saved {
+    dir: PathBuf,
+    /// Real seconds since the start at the checkpoint's sync point (work
+    /// after it is lost when the job is killed).
+    real: f64,
+}
+
+/// The result of a periodic checkpoint, from its thread.
+type CheckpointOutcome = Result<ductile_coordinator::control::CheckpointReport, String>;
 
 struct Driver<'a> {
     loaded: &'a Loaded,
@@ -131,6 +204,20 @@ struct Driver<'a> {
     in_flight: Option<InFlight>,
     /// Members that exited while the rescale removing them was in flight.
     deferred_gone: Vec<String>,
+    /// The job's program and arguments as every launch gives them.
+    program: PathBuf,
+    args: Vec<String>,
+    /// `--mode checkpoint-restart`: a kill and relaunch to carry out.
+    pending_kill: Option<PendingKill>,
+    /// `--mode checkpoint-restart`: the periodic checkpoint being written
+    /// (its directory, when it was asked, its answer).
+    checkpointing: Option<(PathBuf, f64, mpsc::Receiver<CheckpointOutcome>)>,
+    /// `--mode checkpoint-restart`: the last complete checkpoint.
+    saved: Option<Saved>,
+    /// `--mode checkpoint-restart`: when the next checkpoint is due (simulated).
+    next_checkpoint: Option<Time>,
+    /// Periodic checkpoints taken so far (their directories' numbers).
+    checkpoints_taken: u32,
     record: Record,
     log: LogTail,
     terminal: Option<io::Stdout>,
@@ -199,10 +286,11 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     let log_path = opts.out_dir.join("job.log");
     let log = File::create(&log_path).map_err(|e| CloudError::Io(log_path.clone(), e))?;
     let scenario = &loaded.scenario;
-    if opts.mode == Mode::Restart && matches!(scenario.network, NetworkMode::Namespaces) {
-        return Err(CloudError::Launch(
-            "--mode restart needs `network: loopback`: a relaunch starts every node anew, outside the instances' namespaces".into(),
-        ));
+    if opts.mode.relaunches() && matches!(scenario.network, NetworkMode::Namespaces) {
+        return Err(CloudError::Launch(format!(
+            "--mode {} needs `network: loopback`: a relaunch starts every node anew, outside the instances' namespaces",
+            opts.mode.name()
+        )));
     }
 
     // Real speed: a CPU quota per instance, or the runtime's emulation.
@@ -223,6 +311,10 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
         }
     };
     let mut args = loaded.args.clone();
+    if opts.mode == Mode::RestartNoLb {
+        // The restored job resumes the restore's placement, unbalanced.
+        args.extend(["+lb-restore".to_owned(), "off".to_owned()]);
+    }
     if quotas.is_none() {
         if let Some(flag) = emulated_speeds(loaded) {
             args.extend(["+pe-speed".to_owned(), flag]);
@@ -242,25 +334,15 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
         program = n.wrapper().to_owned();
     }
 
-    let mut cmd = Command::new(&opts.ductile);
-    cmd.arg("run")
-        .arg("--state-dir")
-        .arg(&opts.state_dir)
-        .arg("--nodes")
-        .arg(loaded.replicas.to_string())
-        .arg("--pes-per-node")
-        .arg(loaded.pes.to_string());
-    if let Some(t) = opts.timeout {
-        cmd.arg("--timeout").arg(format!("{}", t.as_secs_f64()));
-    }
-    if net.is_some() {
-        cmd.arg("--bind").arg(netns::BRIDGE_ADDR.to_string());
-    }
-    cmd.arg("--").arg(&program).args(&args);
-    cmd.envs(loaded.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().map_err(|e| CloudError::Io(log_path.clone(), e))?)
-        .stderr(log);
+    let bind = net.is_some().then(|| netns::BRIDGE_ADDR.to_string());
+    let first = Launch {
+        nodes: loaded.replicas,
+        program: &program,
+        args: &args,
+        restore: None,
+        bind: bind.as_deref(),
+    };
+    let mut cmd = launcher_command(loaded, opts, &first, &log, &log_path)?;
     let started = std::time::SystemTime::now();
     let launcher = cmd
         .spawn()
@@ -288,6 +370,16 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
         signalled: BTreeMap::new(),
         in_flight: None,
         deferred_gone: Vec::new(),
+        program: program.clone(),
+        args: args.clone(),
+        pending_kill: None,
+        checkpointing: None,
+        saved: None,
+        next_checkpoint: match opts.mode {
+            Mode::CheckpointRestart => opts.checkpoint_every,
+            _ => None,
+        },
+        checkpoints_taken: 0,
         record: Record {
             job: loaded.name.clone(),
             scenario: loaded.scenario_name.clone(),
@@ -308,11 +400,7 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     };
     driver.record.cgroup = driver.quotas.as_ref().map(|q| q.root().display().to_string());
     driver.record.speed = if driver.quotas.is_some() { "cgroup" } else { "emulated" }.into();
-    driver.record.mode = match opts.mode {
-        Mode::Live => "live",
-        Mode::Restart => "restart",
-    }
-    .into();
+    driver.record.mode = opts.mode.name().into();
     if let Some(n) = driver.net.as_deref() {
         let detail = format!(
             "bridge {} at {}/{}; node 0 and the coordinator there, every other instance in its own namespace",
@@ -324,6 +412,45 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     }
     let exit = driver.run_job(&mut launcher, stop, say);
     driver.finish(exit)
+}
+
+/// One start of the job by `ductile run`.
+struct Launch<'a> {
+    nodes: u32,
+    program: &'a Path,
+    args: &'a [String],
+    /// The checkpoint directory it restores, if any.
+    restore: Option<&'a Path>,
+    /// The address node 0 and the coordinator bind, if not loopback.
+    bind: Option<&'a str>,
+}
+
+/// `ductile run` for `launch`, its output going to `log`.
+fn launcher_command(loaded: &Loaded, opts: &RunOptions, launch: &Launch<'_>, log: &File, log_path: &Path) -> Result<Command, CloudError> {
+    let io = |e| CloudError::Io(log_path.to_owned(), e);
+    let mut cmd = Command::new(&opts.ductile);
+    cmd.arg("run")
+        .arg("--state-dir")
+        .arg(&opts.state_dir)
+        .arg("--nodes")
+        .arg(launch.nodes.to_string())
+        .arg("--pes-per-node")
+        .arg(loaded.pes.to_string());
+    if let Some(t) = opts.timeout {
+        cmd.arg("--timeout").arg(format!("{}", t.as_secs_f64()));
+    }
+    cmd.envs(loaded.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(io)?)
+        .stderr(log.try_clone().map_err(io)?);
+    if let Some(dir) = launch.restore {
+        cmd.arg("--restore").arg(dir);
+    }
+    if let Some(addr) = launch.bind {
+        cmd.arg("--bind").arg(addr);
+    }
+    cmd.arg("--").arg(launch.program).args(launch.args);
+    Ok(cmd)
 }
 
 /// The bridge, and a namespace for every launch instance but node 0's,
@@ -494,6 +621,12 @@ impl Driver<'_> {
                 let decisions = self.policy.decide(self.now().0);
                 for d in decisions {
                     self.carry_out(d, say);
+                }
+                if let Some(kill) = self.pending_kill.take() {
+                    self.kill_and_relaunch(launcher, kill, say);
+                }
+                if self.opts.mode == Mode::CheckpointRestart {
+                    self.periodic_checkpoint(say);
                 }
             }
             self.log.poll();
@@ -775,7 +908,7 @@ impl Driver<'_> {
     }
 
     fn start_newcomer(&mut self, instance: &str, say: &mut dyn FnMut(&str)) {
-        if self.opts.mode == Mode::Restart {
+        if self.opts.mode.relaunches() {
             // Nothing to start: a relaunch puts a new process there.
             let itype = self.cloud.instance(instance).map(|i| i.instance_type.clone()).unwrap_or_default();
             self.ready.insert(instance.to_owned());
@@ -878,14 +1011,23 @@ impl Driver<'_> {
             admitted: Vec::new(),
             mechanism_ms: None,
             error: None,
+            migrations: None,
+            redone_s: None,
         });
         let names: Vec<&str> = remove.iter().map(|m| m.0.as_str()).collect();
         self.mark("rescale", None, format!("{reason}: remove [{}], admit {admit}", names.join(", ")), say);
         let (tx, answer) = mpsc::channel();
         let (addr, secret) = (self.addr.clone(), self.secret.clone());
         let epoch = view.as_ref().map_or(0, |v| v.epoch);
-        let relaunch = (self.opts.mode == Mode::Restart).then(|| self.relaunch_order(&remove, admit));
+        let relaunch = self.opts.mode.relaunches().then(|| self.relaunch_order(&remove, admit));
         let admit = relaunch.as_ref().map_or(admit, |order| (order.len() - self.survivors(&remove).len()) as u32);
+        if let (Mode::CheckpointRestart, Some(order)) = (self.opts.mode, relaunch.clone()) {
+            // No checkpoint now: the job is killed and relaunched from the
+            // last periodic one, by the loop that owns the launcher.
+            let request = RescaleRequest { epoch, remove: ids, admit };
+            self.pending_kill = Some(PendingKill { index, request, order });
+            return;
+        }
         let dir = self.opts.state_dir.clone();
         let by_restart = relaunch.is_some();
         std::thread::spawn(move || {
@@ -905,7 +1047,198 @@ impl Driver<'_> {
             })();
             let _ = tx.send(outcome);
         });
-        self.in_flight = Some(InFlight { index, answer, relaunch });
+        self.in_flight = Some(InFlight {
+            index,
+            answer,
+            relaunch,
+            redone_s: None,
+        });
+    }
+
+    /// `--mode checkpoint-restart`: kills every process of the job (as the
+    /// loss of an instance does), waits for the launcher to end, starts
+    /// the job again at the new size from the last periodic checkpoint
+    /// (from the beginning when there is none yet), and leaves a thread
+    /// waiting for it to have restored.
+    fn kill_and_relaunch(&mut self, launcher: &mut KillOnDrop, kill: PendingKill, say: &mut dyn FnMut(&str)) {
+        let t0 = Instant::now();
+        let Some(before) = self.view.clone() else {
+            return self.relaunch_failed(kill.index, "no view of the job to relaunch".into(), say);
+        };
+        let pids: Vec<u32> = before.members.iter().map(|m| m.pid).filter(|&p| pid_alive(p)).collect();
+        for &pid in &pids {
+            signal_group(pid, Signal::SIGKILL);
+        }
+        // The launcher stops the coordinator and ends.
+        signal_pid(launcher.child().id(), Signal::SIGTERM);
+        let until = Instant::now() + LAUNCHER_END_TIMEOUT;
+        loop {
+            match launcher.child().try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if Instant::now() >= until => {
+                    let _ = launcher.child().kill();
+                    let _ = launcher.child().wait();
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        let kill_ms = t0.elapsed().as_secs_f64() * 1e3;
+        // A checkpoint being written died with the job: it is not used.
+        if let Some((dir, _, _)) = self.checkpointing.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        let (_, real) = self.now();
+        let restore = self.saved.as_ref().map(|s| s.dir.clone());
+        let redone_s = real - self.saved.as_ref().map_or(0.0, |s| s.real);
+        if let Some(dir) = &restore {
+            // A marker from an earlier restore of the same checkpoint.
+            let _ = std::fs::remove_file(dir.join(restart::RESTORED_FILE));
+        }
+        let log_path = self.opts.out_dir.join("job.log");
+        let log = match std::fs::OpenOptions::new().append(true).create(true).open(&log_path) {
+            Ok(f) => f,
+            Err(e) => return self.relaunch_failed(kill.index, format!("cannot open {}: {e}", log_path.display()), say),
+        };
+        let nodes = kill.order.len() as u32;
+        let launch = Launch {
+            nodes,
+            program: &self.program,
+            args: &self.args,
+            restore: restore.as_deref(),
+            bind: None,
+        };
+        let launched = std::time::SystemTime::now();
+        let child = launcher_command(self.loaded, self.opts, &launch, &log, &log_path)
+            .map_err(|e| e.to_string())
+            .and_then(|mut cmd| cmd.spawn().map_err(|e| format!("cannot start {}: {e}", self.opts.ductile.display())));
+        let child = match child {
+            Ok(c) => c,
+            // The old launcher has ended: the loop sees it and the run ends.
+            Err(e) => return self.relaunch_failed(kill.index, e, say),
+        };
+        launcher.0 = Some(child);
+        let from = match &restore {
+            Some(dir) => format!("from {} ({redone_s:.2} s of work to redo)", dir.display()),
+            None => "from the beginning (no checkpoint yet)".to_owned(),
+        };
+        let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+        let detail = format!(
+            "every process of the job (pids {}) killed in {kill_ms:.0} ms; relaunching {nodes} nodes {from}",
+            pids.join(",")
+        );
+        self.mark("killed", None, detail, say);
+        let killed = Killed {
+            before,
+            request: kill.request,
+            nodes,
+            ckpt: restore,
+            t0,
+            kill_ms,
+            launched,
+        };
+        let dir = self.opts.state_dir.clone();
+        let (tx, answer) = mpsc::channel();
+        std::thread::spawn(move || {
+            let outcome = restart::await_relaunch(&dir, &killed, Instant::now() + RESCALE_TIMEOUT)
+                .map_err(|e| e.to_string())
+                .and_then(|done| {
+                    let after = done.status.ok_or("the relaunched job's control endpoint did not answer")?;
+                    Ok((done.report, after))
+                });
+            let _ = tx.send(outcome);
+        });
+        self.in_flight = Some(InFlight {
+            index: kill.index,
+            answer,
+            relaunch: Some(kill.order),
+            redone_s: Some(redone_s),
+        });
+        self.next_checkpoint = self.opts.checkpoint_every.map(|every| self.now().0 + every);
+    }
+
+    fn relaunch_failed(&mut self, index: usize, reason: String, say: &mut dyn FnMut(&str)) {
+        let (sim, real) = self.now();
+        let r = &mut self.record.rescales[index];
+        r.done_real = Some(real);
+        r.done_sim = Some(sim.as_secs_f64());
+        r.error = Some(reason.clone());
+        self.mark("failed", None, format!("relaunch failed: {reason}"), say);
+        self.policy.observe(sim, Event::RescaleFailed { reason });
+    }
+
+    /// `--mode checkpoint-restart`: takes in the answer of the checkpoint
+    /// being written, and asks node 0 for the next one when it is due (not
+    /// while a rescale is under way). Each goes to a directory of its own;
+    /// the one before the last complete one is removed.
+    fn periodic_checkpoint(&mut self, say: &mut dyn FnMut(&str)) {
+        if let Some((dir, asked, answer)) = self.checkpointing.as_ref() {
+            let outcome = match answer.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => return,
+                Ok(o) => o,
+                Err(mpsc::TryRecvError::Disconnected) => Err("the checkpoint's thread ended without an answer".into()),
+            };
+            let (dir, asked) = (dir.clone(), *asked);
+            self.checkpointing = None;
+            match outcome {
+                Ok(report) => {
+                    let detail = format!(
+                        "{}: {} chares, {} bytes; sync point after {:.0} ms, written in {:.0} ms",
+                        dir.display(),
+                        report.chares,
+                        report.bytes,
+                        report.wait_ms,
+                        report.write_ms
+                    );
+                    self.mark("checkpoint", None, detail, say);
+                    self.record.checkpoints.push(CheckpointRecord {
+                        sim: self.now().0.as_secs_f64(),
+                        real: self.now().1,
+                        wait_ms: report.wait_ms,
+                        write_ms: report.write_ms,
+                        bytes: report.bytes,
+                    });
+                    let saved = Saved {
+                        dir,
+                        real: asked + report.wait_ms / 1e3,
+                    };
+                    if let Some(old) = self.saved.replace(saved) {
+                        let _ = std::fs::remove_dir_all(old.dir);
+                    }
+                }
+                Err(e) => {
+                    self.mark("report", None, format!("periodic checkpoint to {} failed: {e}", dir.display()), say);
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+            }
+        }
+        let (Some(due), Some(every)) = (self.next_checkpoint, self.opts.checkpoint_every) else { return };
+        let (sim, real) = self.now();
+        if sim < due || self.in_flight.is_some() || self.pending_kill.is_some() {
+            return;
+        }
+        self.next_checkpoint = Some(sim + every);
+        self.checkpoints_taken += 1;
+        let dir = self.opts.state_dir.join(PERIODIC_DIR).join(self.checkpoints_taken.to_string());
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            self.mark("report", None, format!("cannot create {}: {e}", dir.display()), say);
+            return;
+        }
+        let (addr, secret) = (self.addr.clone(), self.secret.clone());
+        let request = CheckpointRequest {
+            dir: dir.to_string_lossy().into_owned(),
+            exit: false,
+            wait_ms: 0, // the client sets it from its timeout
+        };
+        let (tx, answer) = mpsc::channel();
+        std::thread::spawn(move || {
+            let outcome = ControlClient::connect(&addr, &secret, Duration::from_secs(5))
+                .map_err(|e| e.to_string())
+                .and_then(|mut c| c.checkpoint(request, CHECKPOINT_TIMEOUT).map_err(|e| e.to_string()));
+            let _ = tx.send(outcome);
+        });
+        self.checkpointing = Some((dir, real, answer));
     }
 
     /// The members that a rescale removing `remove` keeps, in node order.
@@ -936,7 +1269,7 @@ impl Driver<'_> {
             Err(mpsc::TryRecvError::Empty) => return,
             Err(mpsc::TryRecvError::Disconnected) => Err("the rescale request's thread ended without an answer".into()),
         };
-        let relaunch = self.in_flight.take().and_then(|f| f.relaunch);
+        let (relaunch, redone_s) = self.in_flight.take().map_or((None, None), |f| (f.relaunch, f.redone_s));
         let (sim, real) = self.now();
         let sim_s = sim.as_secs_f64();
         {
@@ -962,6 +1295,8 @@ impl Driver<'_> {
                     r.epoch = Some(report.epoch);
                     r.admitted = admitted.clone();
                     r.mechanism_ms = Some(mechanism);
+                    r.migrations = Some(report.migrations);
+                    r.redone_s = redone_s;
                 }
                 for m in &removed {
                     self.removed.insert(m.clone());
@@ -984,9 +1319,21 @@ impl Driver<'_> {
                     None,
                     format!(
                         "{}: removed [{}], admitted [{}], mechanism {mechanism:.1} ms",
-                        match relaunch {
-                            Some(_) => format!("relaunched from a checkpoint, epoch {} of a new job", report.epoch),
-                            None => format!("epoch {} -> {}", report.epoch_before, report.epoch),
+                        match (relaunch, self.opts.mode) {
+                            (Some(_), Mode::CheckpointRestart) => format!(
+                                "killed and relaunched from the last checkpoint ({:.2} s of work redone), epoch {} of a new job",
+                                redone_s.unwrap_or(0.0),
+                                report.epoch
+                            ),
+                            (Some(_), Mode::RestartNoLb) => format!(
+                                "relaunched from a checkpoint without rebalancing, epoch {} of a new job",
+                                report.epoch
+                            ),
+                            (Some(_), _) => format!(
+                                "relaunched from a checkpoint, epoch {} of a new job, {} elements moved by its first step",
+                                report.epoch, report.migrations
+                            ),
+                            (None, _) => format!("epoch {} -> {}", report.epoch_before, report.epoch),
                         },
                         removed.join(", "),
                         admitted.join(", ")
@@ -1047,6 +1394,10 @@ impl Driver<'_> {
         self.record.instances = self.cloud.instances().cloned().collect();
         // The quotas go once every process of the job is gone.
         drop(self.quotas.take());
+        if self.opts.mode == Mode::CheckpointRestart {
+            // The periodic checkpoints served this run only.
+            let _ = std::fs::remove_dir_all(self.opts.state_dir.join(PERIODIC_DIR));
+        }
         Ok(self.record)
     }
 }

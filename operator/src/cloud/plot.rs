@@ -142,6 +142,8 @@ pub fn svg(record: &Record) -> String {
             "committed" => ("#1f77b4", "C"),
             "failed" | "lost" => ("#8c564b", "!"),
             "noCapacity" => ("#7f7f7f", "X"),
+            "checkpoint" => ("#17becf", "D"),
+            "killed" => ("#000000", "K"),
             _ => continue,
         };
         let xm = x(m.sim);

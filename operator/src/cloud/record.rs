@@ -19,7 +19,9 @@ pub struct Mark {
     pub real: f64,
     /// Kind: `recommendation`, `notice`, `terminated`, `unannounced`,
     /// `noCapacity`, `booted`, `ready`, `rescale`, `committed`, `failed`,
-    /// `cancelled`, `vacated`, `lost`, `report`, `skipped`.
+    /// `cancelled`, `vacated`, `lost`, `report`, `skipped`; with
+    /// `checkpoint-restart`, `checkpoint` (a periodic one written) and
+    /// `killed` (every process of the job, before a relaunch).
     pub kind: String,
     /// The instance or member it concerns, if one.
     pub instance: Option<String>,
@@ -73,6 +75,28 @@ pub struct RescaleRecord {
     pub mechanism_ms: Option<f64>,
     /// Why it failed.
     pub error: Option<String>,
+    /// Elements the first step of a relaunched job moved (relaunching
+    /// modes; 0 for `restart-no-lb`, which runs no step).
+    pub migrations: Option<u64>,
+    /// `checkpoint-restart`: real seconds of work between the checkpoint
+    /// restored and the kill, lost and done again.
+    pub redone_s: Option<f64>,
+}
+
+/// One periodic checkpoint that completed (`checkpoint-restart`).
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointRecord {
+    /// Completed at, simulated seconds.
+    pub sim: f64,
+    /// Completed at, real seconds.
+    pub real: f64,
+    /// From the request to the sync point it took, ms.
+    pub wait_ms: f64,
+    /// Writing every PE's files, ms (the job waits meanwhile).
+    pub write_ms: f64,
+    /// Bytes written.
+    pub bytes: u64,
 }
 
 /// From a notice (or recommendation) for a member to the commit that
@@ -104,8 +128,8 @@ pub struct Record {
     pub time_factor: f64,
     /// How instance speed was made real: `cgroup` or `emulated`.
     pub speed: String,
-    /// How rescales were carried out: `live` or `restart` (checkpoint and
-    /// relaunch).
+    /// How rescales were carried out: `live`, `restart`, `restart-no-lb`
+    /// or `checkpoint-restart` (docs/cloud.md).
     pub mode: String,
     /// The job's cgroup directory (removed at the end), with quotas.
     pub cgroup: Option<String>,
@@ -119,6 +143,8 @@ pub struct Record {
     pub rescales: Vec<RescaleRecord>,
     /// Notice-to-commit latencies.
     pub notice_to_commit: Vec<NoticeToCommit>,
+    /// Periodic checkpoints (`checkpoint-restart`).
+    pub checkpoints: Vec<CheckpointRecord>,
     /// Every instance and its bill.
     pub instances: Vec<Instance>,
     /// The job's exit code (from `ductile run`).
@@ -159,6 +185,12 @@ pub struct Summary {
     pub lost: u32,
     /// Median notice-to-commit, real seconds.
     pub median_notice_to_commit_s: Option<f64>,
+    /// Periodic checkpoints written (`checkpoint-restart`).
+    pub checkpoints: u32,
+    /// Their sync-point waits and writes summed, real seconds.
+    pub checkpoint_s: f64,
+    /// Real seconds of work lost to kills and done again.
+    pub redone_s: f64,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -201,6 +233,9 @@ impl Record {
         );
         s.lost = self.marks.iter().filter(|m| m.kind == "lost").count() as u32;
         s.median_notice_to_commit_s = median(notices.iter().map(|n| n.real_s).collect());
+        s.checkpoints = self.checkpoints.len() as u32;
+        s.checkpoint_s = self.checkpoints.iter().map(|c| (c.wait_ms + c.write_ms) / 1e3).sum();
+        s.redone_s = self.rescales.iter().filter(|r| r.epoch.is_some()).filter_map(|r| r.redone_s).sum();
         s
     }
 
@@ -262,6 +297,15 @@ impl Record {
             format!("{:.0} member-seconds below the target of {} (simulated)", s.member_seconds_short, self.target),
         );
         row("idle newcomers", format!("{:.0} instance-seconds waiting for admission", s.idle_newcomer_seconds));
+        if self.mode == "checkpoint-restart" {
+            row(
+                "checkpoints",
+                format!(
+                    "{} written ({:.2} s of sync-point waits and writes); {:.2} s of work redone after kills",
+                    s.checkpoints, s.checkpoint_s, s.redone_s
+                ),
+            );
+        }
         let saving = if s.on_demand_cost > 0.0 { 100.0 * (1.0 - s.cost / s.on_demand_cost) } else { 0.0 };
         row(
             "cost",
@@ -324,6 +368,8 @@ mod tests {
             admitted: vec![],
             mechanism_ms: None,
             error: error.map(Into::into),
+            migrations: None,
+            redone_s: if reason == "Emergency" { Some(1.5) } else { None },
         };
         r.rescales = vec![
             rescale("Emergency", Some(2), None),
@@ -337,6 +383,18 @@ mod tests {
         assert_eq!(s.failed, 1);
         let table = r.table();
         assert!(table.contains("2 committed (Emergency 2), 1 failed"), "{table}");
+        assert_eq!(s.redone_s, 3.0, "work redone by the committed relaunches");
+        assert!(!table.contains("checkpoints"), "{table}");
+        r.mode = "checkpoint-restart".into();
+        r.checkpoints.push(CheckpointRecord {
+            sim: 5.0,
+            real: 0.5,
+            wait_ms: 100.0,
+            write_ms: 150.0,
+            bytes: 10,
+        });
+        let table = r.table();
+        assert!(table.contains("1 written (0.25 s of sync-point waits and writes); 3.00 s of work redone"), "{table}");
     }
 
     #[test]

@@ -11,6 +11,12 @@
 //! relaunched job has restored it and run its first load-balancing step
 //! (`restored.json` in the checkpoint directory). A checkpoint that node 0
 //! refuses cancels the arranged relaunch: the job goes on at its size.
+//!
+//! [`await_relaunch`] serves the fault-tolerance baseline (`ductile cloud
+//! --mode checkpoint-restart`), where no checkpoint is taken at the
+//! rescale: the caller kills every process and starts the job again from
+//! its last periodic checkpoint (`ductile run --restore DIR`), and this
+//! waits for the restore and reports it in the same shape.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -148,19 +154,7 @@ pub fn restart(
         Err(reason) => return Err(RestartError::NoAnswer { reason, nodes }),
     };
     let checkpointed = Instant::now();
-    let marker = ckpt.join("restored.json");
-    let restored: serde_json::Value = loop {
-        if let Ok(text) = std::fs::read_to_string(&marker) {
-            break serde_json::from_str(&text).map_err(|e| RestartError::Marker {
-                path: marker.clone(),
-                reason: e.to_string(),
-            })?;
-        }
-        if Instant::now() >= deadline {
-            return Err(RestartError::NotRestored(deadline - t0));
-        }
-        std::thread::sleep(POLL_INTERVAL);
-    };
+    let restored = wait_restored(&ckpt, t0, deadline)?;
     let restored_at = Instant::now();
     let field = |k: &str| restored[k].as_f64().unwrap_or(0.0);
     let (place_ms, balance_ms, restore_total) =
@@ -178,7 +172,7 @@ pub fn restart(
         admitted: (nodes - request.admit..nodes).collect(),
         pes_before: status.pes,
         pes: restored["pes"].as_u64().unwrap_or(0) as u32,
-        migrations: 0,
+        migrations: restored["migrations"].as_u64().unwrap_or(0),
         stages: vec![
             stage("sync", written.wait_ms),
             stage("checkpoint", written.write_ms),
@@ -193,6 +187,119 @@ pub fn restart(
     Ok(Restarted {
         report,
         status: after,
+    })
+}
+
+/// Waits for `ckpt/restored.json`, which node 0 of a job restored from
+/// `ckpt` writes once its first step ended, and returns it.
+fn wait_restored(
+    ckpt: &Path,
+    t0: Instant,
+    deadline: Instant,
+) -> Result<serde_json::Value, RestartError> {
+    let marker = ckpt.join(RESTORED_FILE);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&marker) {
+            return serde_json::from_str(&text).map_err(|e| RestartError::Marker {
+                path: marker.clone(),
+                reason: e.to_string(),
+            });
+        }
+        if Instant::now() >= deadline {
+            return Err(RestartError::NotRestored(deadline - t0));
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// The marker a restored job writes into its checkpoint directory.
+pub const RESTORED_FILE: &str = "restored.json";
+
+/// A job that its supervisor killed and relaunched itself, from a periodic
+/// checkpoint (`ductile cloud --mode checkpoint-restart`): what it was,
+/// and where it restarts from.
+#[derive(Debug, Clone)]
+pub struct Killed {
+    /// The status of the job before the kill.
+    pub before: JobStatus,
+    /// The rescale the relaunch carries out.
+    pub request: RescaleRequest,
+    /// Node count of the relaunched job.
+    pub nodes: u32,
+    /// The checkpoint it restores (`None`: it starts from the beginning).
+    pub ckpt: Option<PathBuf>,
+    /// When the kill began.
+    pub t0: Instant,
+    /// How long killing every process and the launcher took, ms.
+    pub kill_ms: f64,
+    /// When the new launcher was started (its files are newer).
+    pub launched: std::time::SystemTime,
+}
+
+/// Waits until the job relaunched after `killed` has restored its
+/// checkpoint (or, from the beginning, until every node is in its view),
+/// within `deadline`; reports it like [`restart`]: stages `kill`,
+/// `relaunch`, `restore`, `balance`.
+pub fn await_relaunch(
+    dir: &Path,
+    killed: &Killed,
+    deadline: Instant,
+) -> Result<Restarted, RestartError> {
+    let restored = match &killed.ckpt {
+        Some(ckpt) => Some(wait_restored(ckpt, killed.t0, deadline)?),
+        None => None,
+    };
+    let restored_at = Instant::now();
+    // The new node 0's endpoint (files older than the launch are the old job's).
+    let after = loop {
+        let fresh = std::fs::metadata(dir.join(CONTROL_ADDR_FILE))
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t >= killed.launched);
+        if fresh {
+            if let Some(s) =
+                relaunched_status(dir).filter(|s| s.members.len() == killed.nodes as usize)
+            {
+                break s;
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(RestartError::NotRestored(deadline - killed.t0));
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    };
+    let field = |k: &str| restored.as_ref().and_then(|r| r[k].as_f64()).unwrap_or(0.0);
+    let (place_ms, balance_ms, restore_total) =
+        (field("place_ms"), field("balance_ms"), field("total_ms"));
+    let since_kill = (restored_at - killed.t0).as_secs_f64() * 1e3;
+    let relaunch_ms = (since_kill - killed.kill_ms - restore_total).max(0.0);
+    let stage = |stage: &str, ms: f64| StageTime {
+        stage: stage.to_owned(),
+        ms,
+    };
+    let report = RescaleReport {
+        epoch_before: killed.before.epoch,
+        epoch: after.epoch,
+        removed: killed.request.remove.clone(),
+        admitted: (killed.nodes - killed.request.admit..killed.nodes).collect(),
+        pes_before: killed.before.pes,
+        pes: after.pes,
+        migrations: restored
+            .as_ref()
+            .and_then(|r| r["migrations"].as_u64())
+            .unwrap_or(0),
+        stages: vec![
+            stage("kill", killed.kill_ms),
+            stage("relaunch", relaunch_ms),
+            stage("restore", place_ms),
+            stage("balance", balance_ms),
+        ],
+        mechanism_ms: killed.kill_ms + relaunch_ms + place_ms,
+        total_ms: killed.t0.elapsed().as_secs_f64() * 1e3,
+        gpu: Vec::new(),
+    };
+    Ok(Restarted {
+        report,
+        status: Some(after),
     })
 }
 

@@ -73,6 +73,10 @@ pub(super) struct LbRoot {
     pub(super) forced: bool,
     /// PEs the plan must empty.
     pub(super) leaving: Vec<PeId>,
+    /// The first step of a restored job: its elements were placed by the
+    /// restore, not measured where they are, so it balances like a
+    /// rescale's step (`+lb-rescale`, every move carried out).
+    pub(super) restore: bool,
     pub(super) migrations: u64,
     pub(super) summary: String,
     pub(super) done: u32,
@@ -137,6 +141,7 @@ impl PeState {
                 planned: None,
                 forced,
                 leaving,
+                restore: false,
                 migrations: 0,
                 summary: String::new(),
                 done: 0,
@@ -270,6 +275,7 @@ impl Scheduler {
         }
         stats.pes.sort_by_key(|p| p.pe);
         let forced = root.forced;
+        let restore = root.restore;
         for p in &mut stats.pes {
             p.leaving = root.leaving.contains(&p.pe);
         }
@@ -278,10 +284,10 @@ impl Scheduler {
         // rescale's step the PEs are renumbered, so their speeds start over.
         let history = self.ctx.lb.history.entry(coll).or_default();
         history.smooth(&mut stats, options.lb_smoothing);
-        if forced {
+        if forced || restore {
             history.forget_pes();
         }
-        let strategy = if forced {
+        let strategy = if forced || restore {
             options.rescale_strategy.clone()
         } else {
             options.strategy.clone()
@@ -329,6 +335,7 @@ impl Scheduler {
         let before = ratio(&Assignment::current(&stats));
         let after = ratio(&plan);
         let worth = forced
+            || restore
             || !strategy.balances()
             || crate::lb::steady::worth_moving(before, after, options.lb_min_gain);
         let moves = if worth { moves } else { Vec::new() };
@@ -446,7 +453,7 @@ impl Scheduler {
         } else {
             self.ctx.send_sys(0, SysMsg::LbResume { coll, step });
             if self.ctx.ckpt.restoring.is_some() {
-                self.restore_balanced(coll);
+                self.restore_balanced(coll, root.migrations);
             }
             if self.ctx.rescaling.root.is_some() {
                 // A rescale was waiting for this step to end.

@@ -13,7 +13,10 @@
 //! sends each chare to a PE of the new job (array elements round-robin by
 //! their old PE, group and nodegroup members to the same PE or node when it
 //! still exists), waits until every PE has them, and runs the interrupted
-//! step, which balances and resumes the elements.
+//! step, which balances (with `+lb-rescale`'s strategy, as after a
+//! rescale) and resumes the elements; with `+lb-restore off` it resumes
+//! them where the restore put them (the papers' restart without
+//! rebalancing).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -544,12 +547,24 @@ impl Scheduler {
         }
         r.placed_ms = r.started.elapsed().as_secs_f64() * 1e3;
         let synced = r.synced;
+        if !self.ctx.node.options.lb_restore {
+            // `+lb-restore off`: no step; the elements resume where they are.
+            let step = self.ctx.lb.steps.get(&synced).copied().unwrap_or(0);
+            self.ctx
+                .send_sys(0, SysMsg::LbResume { coll: synced, step });
+            self.restore_balanced(synced, 0);
+            return;
+        }
         // The step the checkpoint interrupted: spreads and resumes the elements.
         self.ctx.lb_start(synced, false, Vec::new());
+        if let Some(root) = self.ctx.lb.roots.get_mut(&synced) {
+            root.restore = true;
+        }
     }
 
-    /// Root: the first step after a restore ended; the job runs again.
-    pub(super) fn restore_balanced(&mut self, coll: CollId) {
+    /// Root: the first step after a restore ended (it moved `migrations`
+    /// elements; none without a step); the job runs again.
+    pub(super) fn restore_balanced(&mut self, coll: CollId, migrations: u64) {
         let Some(r) = self.ctx.ckpt.restoring.take_if(|r| r.synced == coll) else {
             return;
         };
@@ -566,6 +581,8 @@ impl Scheduler {
             "place_ms": r.placed_ms,
             "balance_ms": total_ms - r.placed_ms,
             "total_ms": total_ms,
+            "balanced": self.ctx.node.options.lb_restore,
+            "migrations": migrations,
         });
         // The job runs at its new size: tell the program, as a live rescale does.
         let pes = self.ctx.num_pes();
