@@ -20,6 +20,7 @@ pub mod restart;
 pub mod supervise;
 mod watch;
 
+use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -318,8 +319,9 @@ pub fn resolve_program(program: &OsStr, path: Option<&OsStr>) -> Result<PathBuf,
 struct Fleet {
     coordinator: Option<Supervised>,
     nodes: Vec<Supervised>,
-    /// Newcomers in start order (`newcomer k` is `newcomers[k]`).
-    newcomers: Vec<Supervised>,
+    /// Newcomers by number (`newcomer k` is `newcomers[&k]`), until they
+    /// are let go ([`Fleet::forget_newcomers`]).
+    newcomers: BTreeMap<usize, Supervised>,
     kill_grace: Duration,
 }
 
@@ -327,9 +329,20 @@ impl Fleet {
     fn all(&mut self) -> Vec<&mut Supervised> {
         self.nodes
             .iter_mut()
-            .chain(self.newcomers.iter_mut())
+            .chain(self.newcomers.values_mut())
             .chain(self.coordinator.as_mut())
             .collect()
+    }
+
+    /// Lets go of newcomers that ended, whose process group is gone (so
+    /// there is nothing left to stop), and that the supervisor no longer
+    /// holds (`held(k)` false: their end is judged). A job rescaled for
+    /// weeks keeps its running newcomers only. How many went.
+    fn forget_newcomers(&mut self, held: impl Fn(usize) -> bool) -> usize {
+        let before = self.newcomers.len();
+        self.newcomers
+            .retain(|&k, c| held(k) || c.exit.is_none() || process::group_alive(c.pid()));
+        before - self.newcomers.len()
     }
 
     /// Stops everything that is still running; returns whether all is gone.
@@ -429,7 +442,7 @@ pub fn launch(
     let mut fleet = Fleet {
         coordinator: None,
         nodes: Vec::new(),
-        newcomers: Vec::new(),
+        newcomers: BTreeMap::new(),
         kill_grace: spec.kill_grace,
     };
 
@@ -478,7 +491,7 @@ pub fn launch(
                 fleet = Fleet {
                     coordinator: None,
                     nodes: Vec::new(),
-                    newcomers: Vec::new(),
+                    newcomers: BTreeMap::new(),
                     kill_grace: spec.kill_grace,
                 };
                 dir.forget_processes();

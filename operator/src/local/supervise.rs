@@ -56,8 +56,13 @@
 //!   judged as a member's (exit 0: it departed). Only without that history
 //!   (an older coordinator), when the epoch jumped, is such a newcomer left
 //!   undecided: not a failure, and not called dropped either.
+//!   A newcomer whose end has been judged is let go
+//!   ([`Supervisor::forget_settled`]) while the job is not finishing: the
+//!   supervisor holds only the newcomers that still run or wait for a
+//!   judgement, however many rescales the job goes through.
 //! - The optional wall-clock limit and a stop request end the job.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -490,7 +495,11 @@ struct Down {
 #[derive(Debug, Clone)]
 pub struct Supervisor {
     nodes: Vec<Slot>,
-    newcomers: Vec<NewcomerSlot>,
+    /// Newcomers by number, until their end is judged and let go.
+    newcomers: BTreeMap<usize, NewcomerSlot>,
+    /// The number the next newcomer gets (those below it and not in
+    /// `newcomers` were let go, settled).
+    next_newcomer: usize,
     coordinator: Slot,
     limits: Limits,
     started: bool,
@@ -523,7 +532,8 @@ impl Supervisor {
                     awaiting_view: false,
                 })
                 .collect(),
-            newcomers: Vec::new(),
+            newcomers: BTreeMap::new(),
+            next_newcomer: 0,
             coordinator: Slot {
                 pid: coordinator_pid,
                 exit: None,
@@ -591,8 +601,10 @@ impl Supervisor {
         self.job_started();
         let skipped = self.epoch.is_some_and(|seen| epoch > seen + 1);
         self.epoch = Some(self.epoch.map_or(epoch, |seen| seen.max(epoch)));
-        for n in 0..self.newcomers.len() {
-            let slot = &mut self.newcomers[n];
+        for n in self.newcomer_numbers() {
+            let Some(slot) = self.newcomers.get_mut(&n) else {
+                continue;
+            };
             if slot.admitted || slot.judged || asked_at < slot.spawned_at {
                 continue;
             }
@@ -628,8 +640,10 @@ impl Supervisor {
     /// them as members, so one admitted and removed between two looks is
     /// recorded as admitted, not dropped.
     pub fn admissions_seen(&mut self, admitted: &[(Epoch, u32)]) {
-        for n in 0..self.newcomers.len() {
-            let slot = &mut self.newcomers[n];
+        for n in self.newcomer_numbers() {
+            let Some(slot) = self.newcomers.get_mut(&n) else {
+                continue;
+            };
             if slot.admitted || slot.judged {
                 continue;
             }
@@ -669,7 +683,9 @@ impl Supervisor {
     /// A newcomer with this pid was started at `now` (at the user's request,
     /// while the job runs); returns its number, `k` for the `k`-th from 0.
     pub fn newcomer_spawned(&mut self, pid: u32, now: Duration) -> usize {
-        self.newcomers.push(NewcomerSlot {
+        let n = self.next_newcomer;
+        self.next_newcomer += 1;
+        let slot = NewcomerSlot {
             pid,
             spawned_at: now,
             exit: None,
@@ -678,13 +694,14 @@ impl Supervisor {
             followed: false,
             missed_commit: false,
             epoch_at_spawn: self.epoch.unwrap_or(0),
-        });
-        self.newcomers.len() - 1
+        };
+        self.newcomers.insert(n, slot);
+        n
     }
 
     /// Newcomer `n` ended at `now`.
     pub fn newcomer_exited(&mut self, n: usize, exit: Exit, now: Duration) {
-        let Some(slot) = self.newcomers.get_mut(n) else {
+        let Some(slot) = self.newcomers.get_mut(&n) else {
             return;
         };
         if slot.exit.is_some() {
@@ -700,22 +717,65 @@ impl Supervisor {
     }
 
     /// Whether newcomer `n` ended and its end has been judged (as a
-    /// member's, or as a drop): nothing about it will change any more.
+    /// member's, or as a drop): nothing about it will change any more. One
+    /// let go ([`Supervisor::forget_settled`]) was.
     pub fn newcomer_settled(&self, n: usize) -> bool {
-        self.newcomers.get(n).is_some_and(|s| s.judged)
+        self.newcomers
+            .get(&n)
+            .map_or(n < self.next_newcomer, |s| s.judged)
     }
 
-    /// Whether newcomer `n` has been seen as a member.
+    /// Whether newcomer `n` has been seen as a member (false once it was
+    /// let go: its record took that in before).
     pub fn newcomer_admitted(&self, n: usize) -> bool {
-        self.newcomers.get(n).is_some_and(|s| s.admitted)
+        self.newcomers.get(&n).is_some_and(|s| s.admitted)
     }
 
     /// Whether newcomer `n` may be stopped without harm: it is running and
     /// has not been seen as a member.
     pub fn newcomer_waiting(&self, n: usize) -> bool {
         self.newcomers
-            .get(n)
+            .get(&n)
             .is_some_and(|s| !s.admitted && s.exit.is_none())
+    }
+
+    /// Whether the supervisor still holds newcomer `n` (started, and not
+    /// let go by [`Supervisor::forget_settled`]).
+    pub fn holds_newcomer(&self, n: usize) -> bool {
+        self.newcomers.contains_key(&n)
+    }
+
+    /// How many newcomers the supervisor holds now.
+    pub fn newcomers_held(&self) -> usize {
+        self.newcomers.len()
+    }
+
+    /// Lets go of the newcomers whose end has been judged (departed
+    /// members, drops, taken by [`Supervisor::take_dropped`] or not): their
+    /// verdict is in, and their exit can no longer weigh on the job's,
+    /// since only a member's nonzero exit (which begins the finish) or its
+    /// signal (which fails the job) does. Nothing is let go once the job
+    /// is finishing or has ended. Returns the numbers let go, in order.
+    pub fn forget_settled(&mut self) -> Vec<usize> {
+        if self.finish.is_some() || self.end.is_some() {
+            return Vec::new();
+        }
+        let settled: Vec<usize> = self
+            .newcomers
+            .iter()
+            .filter(|(_, s)| s.judged && s.exit.is_some())
+            .map(|(&n, _)| n)
+            .collect();
+        for n in &settled {
+            self.newcomers.remove(n);
+        }
+        settled
+    }
+
+    /// The numbers of the newcomers held, in order (to walk them while
+    /// changing the supervisor).
+    fn newcomer_numbers(&self) -> Vec<usize> {
+        self.newcomers.keys().copied().collect()
     }
 
     /// Newcomers judged dropped since the last call, in the order judged.
@@ -742,12 +802,14 @@ impl Supervisor {
     pub fn wants_views(&self) -> bool {
         self.end.is_none()
             && (!self.started
-                || self.newcomers.iter().any(|s| !s.admitted && !s.judged)
+                || self.newcomers.values().any(|s| !s.admitted && !s.judged)
                 || self.nodes.iter().any(|s| s.awaiting_view))
     }
 
     fn drop_newcomer(&mut self, n: usize, exit: Exit, at: Duration) {
-        let slot = &mut self.newcomers[n];
+        let Some(slot) = self.newcomers.get_mut(&n) else {
+            return;
+        };
         slot.judged = true;
         self.dropped.push(Dropped {
             newcomer: n,
@@ -986,13 +1048,15 @@ impl Supervisor {
     pub fn poll(&mut self, now: Duration) -> Option<JobEnd> {
         // A newcomer gone this long with no view to say it had been admitted
         // (the coordinator is gone or mute) is taken as never admitted.
-        for n in 0..self.newcomers.len() {
-            let slot = &self.newcomers[n];
-            if let (false, false, Some((exit, at))) = (slot.admitted, slot.judged, slot.exit) {
-                if now >= at + self.limits.exit_grace {
-                    self.drop_newcomer(n, exit, at);
-                }
-            }
+        let overdue: Vec<(usize, Exit, Duration)> = self
+            .newcomers
+            .iter()
+            .filter(|(_, s)| !s.admitted && !s.judged)
+            .filter_map(|(&n, s)| s.exit.map(|(exit, at)| (n, exit, at)))
+            .filter(|&(_, _, at)| now >= at + self.limits.exit_grace)
+            .collect();
+        for (n, exit, at) in overdue {
+            self.drop_newcomer(n, exit, at);
         }
         // A node's exit with no view to judge it by within the grace (the
         // coordinator is gone or mute) is taken as a member's.
@@ -1024,16 +1088,18 @@ impl Supervisor {
         let newcomers = self
             .newcomers
             .iter()
-            .enumerate()
             .filter(|(_, s)| s.admitted && s.exit.is_none())
-            .map(|(n, _)| Who::Newcomer(n));
+            .map(|(&n, _)| Who::Newcomer(n));
         nodes.chain(newcomers).collect()
     }
 
     fn pid_and_exit(&self, who: Who) -> (u32, Option<Exit>) {
         let slot = match who {
             Who::Node(i) => (self.nodes[i].pid, self.nodes[i].exit),
-            Who::Newcomer(n) => (self.newcomers[n].pid, self.newcomers[n].exit),
+            Who::Newcomer(n) => self
+                .newcomers
+                .get(&n)
+                .map_or((0, None), |s| (s.pid, s.exit)),
             Who::Coordinator => (self.coordinator.pid, self.coordinator.exit),
         };
         (slot.0, slot.1.map(|(e, _)| e))
@@ -1115,9 +1181,8 @@ impl Supervisor {
         let newcomers = self
             .newcomers
             .iter()
-            .enumerate()
             .filter(|(_, s)| s.admitted)
-            .map(|(n, s)| (Who::Newcomer(n), s.exit));
+            .map(|(&n, s)| (Who::Newcomer(n), s.exit));
         let disagreeing: Vec<(Who, i32)> = nodes
             .chain(newcomers)
             .filter(|&(_, exit)| at_finish(exit))
@@ -1997,6 +2062,79 @@ mod tests {
         );
         assert!(!sup.wants_views());
         assert!(!sup.newcomer_waiting(7), "unknown newcomer");
+    }
+
+    /// Issue 15, item 6: a job that admits and removes newcomers for
+    /// thousands of rescales, with drops among them. The supervisor holds
+    /// only the newcomers not judged yet (here the one that waits all
+    /// along); those let go count as settled, and the verdict is what it
+    /// would have been with all of them kept.
+    #[test]
+    fn settled_newcomers_are_let_go_so_what_is_held_stays_bounded() {
+        let mut sup = sup(2);
+        sup.members_seen(s(0.5), 1, LAUNCH);
+        let waiting = sup.newcomer_spawned(99_999, s(0.6));
+        let (mut epoch, mut t, mut most, mut dropped) = (1, 1.0, 0, 0);
+        for k in 0..5_000u32 {
+            let pid = 10_000 + k;
+            let n = sup.newcomer_spawned(pid, s(t));
+            epoch += 1;
+            t += 0.01;
+            sup.members_seen(s(t), epoch, &[100, 101, pid]);
+            epoch += 1;
+            t += 0.01;
+            sup.members_seen(s(t), epoch, LAUNCH);
+            sup.newcomer_exited(n, Exit::Code(0), s(t));
+            if k % 10 == 0 {
+                let d = sup.newcomer_spawned(pid + 100_000, s(t));
+                sup.newcomer_exited(d, Exit::Code(3), s(t + 0.001));
+                t += 0.01;
+                sup.members_seen(s(t), epoch, LAUNCH);
+                dropped += sup.take_dropped().len();
+            }
+            assert_eq!(sup.poll(s(t)), None, "rescale {k}");
+            most = most.max(sup.newcomers_held());
+            sup.forget_settled();
+            assert!(sup.newcomer_settled(n), "a departed newcomer let go is settled");
+            assert!(!sup.holds_newcomer(n));
+        }
+        assert!(most <= 3, "held {most} newcomers at once");
+        assert_eq!(sup.newcomers_held(), 1, "only the waiting newcomer is held");
+        assert!(sup.newcomer_waiting(waiting) && !sup.newcomer_settled(waiting));
+        assert_eq!(dropped, 500, "every drop was told");
+        assert!(sup.wants_views(), "the waiting newcomer is still followed");
+        // The job ends as it would have: node 0 and node 1 exit 0; the
+        // newcomer never admitted is not waited for.
+        sup.node_exited(0, Exit::Code(0), s(t + 1.0));
+        sup.node_exited(1, Exit::Code(0), s(t + 1.1));
+        assert!(
+            matches!(
+                sup.poll(s(t + 1.2)),
+                Some(JobEnd::Completed { code: 0, ref disagreeing }) if disagreeing.is_empty()
+            ),
+            "{:?}",
+            sup.poll(s(t + 1.2))
+        );
+    }
+
+    /// While the job finishes, every member's exit weighs on the verdict:
+    /// nothing is let go then.
+    #[test]
+    fn nothing_is_let_go_while_the_job_finishes() {
+        let mut sup = sup(2);
+        sup.members_seen(s(0.5), 1, LAUNCH);
+        let n = sup.newcomer_spawned(200, s(0.6));
+        sup.members_seen(s(1.0), 2, ADMITTED_200);
+        sup.node_exited(0, Exit::Code(0), s(2.0));
+        sup.newcomer_exited(n, Exit::Code(0), s(2.1));
+        assert!(sup.newcomer_settled(n));
+        assert!(sup.forget_settled().is_empty(), "let go while finishing");
+        assert!(sup.holds_newcomer(n));
+        sup.node_exited(1, Exit::Code(0), s(2.2));
+        assert!(matches!(
+            sup.poll(s(2.3)),
+            Some(JobEnd::Completed { code: 0, .. })
+        ));
     }
 
     #[test]

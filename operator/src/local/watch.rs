@@ -60,6 +60,7 @@ pub(super) fn supervise(
             watch.record_changed = true;
         }
         watch.save_record();
+        watch.forget_settled();
         watch
             .probe_watch
             .store(watch.sup.wants_views(), Ordering::SeqCst);
@@ -183,7 +184,7 @@ impl<'a, 'j> Watch<'a, 'j> {
                 self.sup.node_exited(index, exit, now);
             }
         }
-        for (n, newcomer) in self.fleet.newcomers.iter_mut().enumerate() {
+        for (&n, newcomer) in self.fleet.newcomers.iter_mut() {
             if let Some(exit) = newcomer.poll() {
                 tracing::info!(newcomer = n, pid = newcomer.pid(), %exit, "newcomer ended");
                 self.sup.newcomer_exited(n, exit, now);
@@ -276,6 +277,16 @@ impl<'a, 'j> Watch<'a, 'j> {
         }
     }
 
+    /// Lets go of the newcomers whose end is judged, in the supervisor
+    /// and in the fleet (once their process group is gone): what the
+    /// launcher holds stays bounded however many rescales the job has;
+    /// `job.json` keeps the recent ones and the counts.
+    fn forget_settled(&mut self) {
+        self.sup.forget_settled();
+        let sup = &self.sup;
+        self.fleet.forget_newcomers(|n| sup.holds_newcomer(n));
+    }
+
     fn save_record(&mut self) {
         if !std::mem::take(&mut self.record_changed) {
             return;
@@ -339,7 +350,7 @@ fn stop_the_rest(
         if record.exit.is_none() {
             record.exit = fleet
                 .newcomers
-                .get(record.number)
+                .get(&record.number)
                 .and_then(|n| n.exit)
                 .map(|e| e.to_string());
         }
@@ -486,7 +497,7 @@ fn spawn_newcomers(
         tracing::info!(newcomer = n, pid, "newcomer started");
         fleet
             .newcomers
-            .push(Supervised::new(format!("newcomer {n}"), child));
+            .insert(n, Supervised::new(format!("newcomer {n}"), child));
         state.newcomer_counts.started += 1;
         state.newcomers.push(NewcomerRecord {
             number: n,
@@ -509,8 +520,8 @@ fn stop_newcomers(pids: &[u32], fleet: &Fleet, sup: &Supervisor) -> Reply {
         let waiting = fleet
             .newcomers
             .iter()
-            .position(|c| c.pid() == pid)
-            .is_some_and(|n| sup.newcomer_waiting(n));
+            .find(|(_, c)| c.pid() == pid)
+            .is_some_and(|(&n, _)| sup.newcomer_waiting(n));
         if !waiting {
             return Reply::Error(format!(
                 "pid {pid} is not a newcomer of this job waiting for admission"
