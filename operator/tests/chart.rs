@@ -369,17 +369,7 @@ fn every_rendering_has_valid_values_and_renders() {
             .map(|e| format!("{e} at {}", e.instance_path))
             .collect();
         assert!(problems.is_empty(), "{}: {problems:#?}", r.name);
-        // Kept for a reader, as `helm template` would print them.
-        let out = repo_root().join("target/chart-render").join(r.name);
-        for (file, text) in r
-            .files
-            .iter()
-            .chain([(&"templates/NOTES.txt".to_owned(), &r.notes)])
-        {
-            let path = out.join(file);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, text).unwrap();
-        }
+        keep(&r, &repo_root().join("target/chart-render"));
         assert!(
             r.objects.len() >= 5,
             "{}: {} objects",
@@ -411,6 +401,97 @@ fn every_rendering_has_valid_values_and_renders() {
             assert!(seen.insert(key.clone()), "{}: {key:?} twice", r.name);
         }
     }
+}
+
+/// Writes a rendering under `root`/NAME/ (target/chart-render/ for a reader), as
+/// `helm template` would print it, with its release and values (what
+/// `go_template_renders_what_the_test_renderer_renders` renders again).
+fn keep(r: &Rendering, root: &Path) -> PathBuf {
+    let out = root.join(r.name);
+    let notes = ("templates/NOTES.txt".to_owned(), r.notes.clone());
+    for (file, text) in r.files.iter().chain([(&notes.0, &notes.1)]) {
+        let path = out.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+    }
+    let release = json!({"name": r.release.name, "namespace": r.release.namespace});
+    std::fs::write(out.join("release.json"), release.to_string()).unwrap();
+    std::fs::write(out.join("values.json"), r.values.to_string()).unwrap();
+    out
+}
+
+/// The test renderer agrees with Go's own `text/template` and Sprig, set
+/// up as Helm's engine sets them up (`support/gotemplate/main.go`), on
+/// every rendering: the same objects from every template, the same
+/// NOTES.txt. Ignored by a plain `cargo test`: it needs Go and Sprig
+/// (Debian: golang-go, golang-github-masterminds-sprig-dev,
+/// golang-gopkg-yaml.v2-dev; `GOPATH` defaults to Debian's
+/// /usr/share/gocode). Run it with `--ignored go_template`.
+#[test]
+#[ignore = "needs Go and Sprig: --ignored go_template"]
+fn go_template_renders_what_the_test_renderer_renders() {
+    let root = repo_root();
+    let bin = root.join("target/chart-render/go-template-render");
+    std::fs::create_dir_all(bin.parent().unwrap()).unwrap();
+    let gopath = std::env::var("GOPATH").unwrap_or_else(|_| "/usr/share/gocode".to_owned());
+    let built = std::process::Command::new("go")
+        .current_dir(&root)
+        .env("GO111MODULE", "off")
+        .env("GOPATH", gopath)
+        .arg("build")
+        .arg("-o")
+        .arg(&bin)
+        .arg("operator/tests/support/gotemplate/main.go")
+        .status()
+        .unwrap_or_else(|e| {
+            panic!("go: {e}; install golang-go and golang-github-masterminds-sprig-dev")
+        });
+    assert!(built.success(), "go build of support/gotemplate failed");
+    let mut identical = 0;
+    let mut files = 0;
+    let cases = tempfile::tempdir().unwrap();
+    for r in renderings() {
+        let case = keep(&r, cases.path());
+        let out = case.join("go");
+        let _ = std::fs::remove_dir_all(&out);
+        let status = std::process::Command::new(&bin)
+            .arg(chart_dir())
+            .arg(&case)
+            .arg(&out)
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "{}: Go's text/template refused the chart",
+            r.name
+        );
+        let notes = ("templates/NOTES.txt".to_owned(), r.notes.clone());
+        for (file, ours) in r.files.iter().chain([(&notes.0, &notes.1)]) {
+            let theirs = std::fs::read_to_string(out.join(file))
+                .unwrap_or_else(|e| panic!("{}: Go rendered no {file}: {e}", r.name));
+            files += 1;
+            if theirs == *ours {
+                identical += 1;
+                continue;
+            }
+            // toYaml quotes differently ('1' here, "1" in Go): compare objects.
+            let parse = |text: &str| -> Vec<Value> {
+                serde_yaml::Deserializer::from_str(text)
+                    .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{file}: {e}")))
+                    .filter(|v| !v.is_null())
+                    .collect()
+            };
+            assert!(
+                file.ends_with(".yaml"),
+                "{}: {file} differs:\n{theirs}\n---\n{ours}",
+                r.name
+            );
+            assert_eq!(parse(&theirs), parse(ours), "{}: {file}", r.name);
+        }
+    }
+    eprintln!(
+        "{identical} of {files} rendered files byte-identical to Go's, the rest equal as YAML"
+    );
 }
 
 /// `kubeVersion` in Chart.yaml admits both versions the objects are validated for.
