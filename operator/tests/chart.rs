@@ -438,6 +438,9 @@ fn go_template_renders_what_the_test_renderer_renders() {
         .current_dir(&root)
         .env("GO111MODULE", "off")
         .env("GOPATH", gopath)
+        // Pure Go (no C compiler needed), its cache under target/.
+        .env("CGO_ENABLED", "0")
+        .env("GOCACHE", root.join("target/go-cache"))
         .arg("build")
         .arg("-o")
         .arg(&bin)
