@@ -324,6 +324,12 @@ fn the_renderer_refuses_what_it_does_not_know() {
         ),
         ("{{ \"x\" | upper }}", "`upper`"),
         ("{{ .Values.metrics.enabled", "unclosed action"),
+        (
+            "{{ if (not .Values.metrics.enabled }}x{{ end }}",
+            "unbalanced `(`",
+        ),
+        ("{{ not .Values.metrics.enabled) }}", "unbalanced `)`"),
+        ("{{ (.Values.map).a }}", "`(...).Field`"),
     ] {
         let err = render_text(&[("t.yaml", template)], values.clone())
             .expect_err(&format!("{template:?} rendered"));

@@ -357,6 +357,7 @@ fn parse_pipeline(
 ) -> std::result::Result<Pipeline, String> {
     let mut commands = Vec::new();
     let mut args = Vec::new();
+    let mut closed = false;
     while *pos < toks.len() {
         let tok = toks[*pos].clone();
         *pos += 1;
@@ -370,6 +371,7 @@ fn parse_pipeline(
                 });
             }
             Tok::RParen if nested => {
+                closed = true;
                 break;
             }
             Tok::RParen => return Err("unbalanced `)`".into()),
@@ -388,6 +390,9 @@ fn parse_pipeline(
                 other => return Err(format!("unknown function or keyword `{other}`")),
             },
         }
+    }
+    if nested && !closed {
+        return Err("unbalanced `(`".into());
     }
     if args.is_empty() {
         return Err("empty pipeline".into());
