@@ -189,7 +189,7 @@ impl Rendering {
             .to_owned()
     }
 
-    fn values_values(&self) -> Vec<Value> {
+    fn object_values(&self) -> Vec<Value> {
         self.objects.iter().map(|o| o.value.clone()).collect()
     }
 }
@@ -872,7 +872,7 @@ fn rbac_problems(objects: &[Value], needs: &Needs, expect: &Expect) -> Vec<Strin
 fn every_rendering_grants_exactly_what_the_operator_needs() {
     let needs = needs();
     for r in renderings() {
-        let problems = rbac_problems(&r.values_values(), &needs, &Expect::of(&r));
+        let problems = rbac_problems(&r.object_values(), &needs, &Expect::of(&r));
         assert!(problems.is_empty(), "{}: {problems:#?}", r.name);
     }
 }
@@ -885,7 +885,7 @@ fn the_rbac_check_catches_over_grants() {
     let needs = needs();
     let r = render(&chart(), cases().remove(0));
     let expect = Expect::of(&r);
-    let base = r.values_values();
+    let base = r.object_values();
     assert!(rbac_problems(&base, &needs, &expect).is_empty());
     let role_index = |name: &str| {
         base.iter()
@@ -1001,7 +1001,7 @@ fn an_over_grant_in_the_chart_fails_the_check() {
         std::fs::write(copy.path().join("templates/rbac.yaml"), edited).unwrap();
         let chart = Chart::load(copy.path()).unwrap();
         let r = render(&chart, cases().remove(0));
-        let problems = rbac_problems(&r.values_values(), &needs, &Expect::of(&r));
+        let problems = rbac_problems(&r.object_values(), &needs, &Expect::of(&r));
         assert!(
             problems
                 .iter()
