@@ -318,6 +318,33 @@ fn an_unannounced_termination_fails_the_job_clearly_and_leaves_nothing_running()
 }
 
 #[test]
+fn an_unannounced_termination_in_checkpoint_restart_mode_costs_the_work_since_the_checkpoint_not_the_job() {
+    // The fault-tolerance baseline's point: a member killed without notice
+    // is recovered by killing the rest and relaunching from the last
+    // periodic checkpoint without it.
+    let r = rehearse_with(2500, "  - { at: 60, terminate: rehearsal-2 }\n", &["--mode", "checkpoint-restart", "--checkpoint-every", "25"]);
+    let record = r.record();
+    let stdout = r.stdout();
+    assert_eq!(r.out.status.code(), Some(0), "ductile cloud failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.out.stderr));
+    let (summary, rec) = (&record["summary"], &record["record"]);
+    let terminated = marks(&record, "unannounced");
+    assert_eq!(terminated.len(), 1, "{stdout}");
+    assert!(terminated[0]["detail"].as_str().unwrap().contains("was still running and is killed"), "{stdout}");
+    // Lost, said so, and recovered by a relaunch from a checkpoint.
+    assert_eq!(summary["lost"], 1, "{stdout}");
+    assert_eq!(summary["committedByReason"]["Recovery"], 1, "{stdout}");
+    assert_eq!(summary["failed"], 0, "{stdout}");
+    let recovery = committed_rescales(&record, "Recovery");
+    assert_eq!(recovery[0]["remove"], serde_json::json!(["rehearsal-2"]), "{stdout}");
+    assert!(recovery[0]["redoneS"].as_f64() > Some(0.0), "{stdout}");
+    let killed = marks(&record, "killed");
+    assert!(killed[0]["detail"].as_str().is_some_and(|d| d.contains("ckpt-periodic")), "{stdout}");
+    assert!(rec["checksum"].is_string(), "{stdout}");
+    assert_eq!(rec["checksum"], rec["referenceChecksum"], "{stdout}");
+    nothing_left(&r.state(), &record);
+}
+
+#[test]
 fn an_invalid_scenario_is_refused_before_anything_starts_naming_its_line() {
     let r = rehearse(10, "  - { at: 10, interruption: rehearsal-9 }\n");
     assert_eq!(r.out.status.code(), Some(2));

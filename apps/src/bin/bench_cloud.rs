@@ -7,9 +7,11 @@
 //! made in one sitting against an uninterrupted run of the same job on the
 //! same fleet, and checks that every run printed the same checksum.
 //!
-//! * `modes`: one interruption notice at 4, 8 and 16 instances, handled by
-//!   live rescales and by checkpoint + relaunch (`ductile cloud --mode
-//!   restart`), against an uninterrupted run;
+//! * `modes`: one interruption notice at 4, 8 and 16 instances, handled in
+//!   each of `ductile cloud`'s four modes: live rescales, checkpoint +
+//!   relaunch with rebalancing (`restart`) and without (`restart-no-lb`),
+//!   and periodic disk checkpoints with a kill and a relaunch from the last
+//!   one (`checkpoint-restart`), against an uninterrupted run;
 //! * `simultaneous`: 16 instances, 1/2/4/8 interruption notices at once,
 //!   with proactive replacement (a rebalance recommendation early enough
 //!   for the replacements to boot before the notice) and without;
@@ -43,8 +45,10 @@ struct Run {
     lb: &'static str,
     /// The rebalance policy's mode.
     mode: &'static str,
-    /// How rescales are carried out: `live` or `restart`.
+    /// How rescales are carried out: `ductile cloud --mode`.
     rescale: &'static str,
+    /// `--checkpoint-every` (simulated seconds), for `checkpoint-restart`.
+    checkpoint_every: Option<f64>,
     emergency: bool,
     /// `instanceTypes` and `fleet` of the scenario.
     fleet: String,
@@ -117,6 +121,8 @@ struct Outcome {
     rescales: u64,
     /// Each committed rescale's stage times summed, ms.
     mechanisms: Vec<f64>,
+    /// Elements the relaunched jobs' first steps moved, summed (relaunching modes).
+    moved: u64,
 }
 
 const HOMOGENEOUS: &str = "instanceTypes:
@@ -138,8 +144,13 @@ impl Bench {
         std::fs::create_dir_all(&dir)?;
         std::fs::write(dir.join("job.yaml"), run.job_yaml())?;
         std::fs::write(dir.join("scenario.yaml"), run.scenario_yaml())?;
-        let out = Command::new(&self.ductile)
-            .args(["cloud", "--no-verify", "--timeout", "600", "--mode", run.rescale, "-f"])
+        let mut cmd = Command::new(&self.ductile);
+        cmd.args(["cloud", "--no-verify", "--timeout", "600", "--mode", run.rescale]);
+        if let Some(every) = run.checkpoint_every {
+            cmd.arg("--checkpoint-every").arg(every.to_string());
+        }
+        let out = cmd
+            .arg("-f")
             .arg(dir.join("job.yaml"))
             .arg("-s")
             .arg(dir.join("scenario.yaml"))
@@ -180,6 +191,9 @@ impl Bench {
                 .as_array()
                 .map(|r| r.iter().filter_map(|r| r["mechanismMs"].as_f64()).collect())
                 .unwrap_or_default(),
+            moved: record["record"]["rescales"]
+                .as_array()
+                .map_or(0, |r| r.iter().filter_map(|r| r["migrations"].as_u64()).sum()),
         })
     }
 
@@ -196,6 +210,7 @@ impl Bench {
             lb: "Null",
             mode: "CompleteReplacement",
             rescale: "live",
+            checkpoint_every: None,
             emergency: true,
             fleet: HOMOGENEOUS.to_owned(),
             time_factor: 20.0,
@@ -231,28 +246,55 @@ fn outcome_json(o: &Outcome, base: &Outcome) -> Value {
     })
 }
 
-/// One interruption notice at 4, 8 and 16 instances, live against restart.
+/// `checkpoint-restart`'s period in simulated seconds: at time factor 20,
+/// a checkpoint every 2.5 s real.
+const CHECKPOINT_EVERY: f64 = 50.0;
+/// When `modes`' notice comes (simulated seconds): early enough for the
+/// 4-instance job (about 7 s real, 140 s simulated), and half a period
+/// after `checkpoint-restart`'s first checkpoint, the average loss of a
+/// notice at a random time.
+const MODES_NOTICE_AT: f64 = 75.0;
+
+/// One interruption notice at 4, 8 and 16 instances, in each of the four
+/// modes, against an uninterrupted run.
 fn modes(b: &Bench) -> Result<Value> {
     let mut rows = Vec::new();
     let mut out = Vec::new();
     for n in [4u32, 8, 16] {
         let base = b.run(&b.base(&format!("{n} instances, no interruption"), n, 2000))?;
-        rows.push(row(&base, &base, " | -"));
+        rows.push(row(&base, &base, " | - | - | -"));
         out.push(outcome_json(&base, &base));
-        for rescale in ["live", "restart"] {
+        for rescale in ["live", "restart", "restart-no-lb", "checkpoint-restart"] {
             let mut r = b.base(&format!("{n} instances, 1 notice, {rescale}"), n, 2000);
             r.rescale = rescale;
-            r.events.push(format!("{{ at: 120, interruption: j-{}, deadline: 120 }}", n - 1));
+            if rescale == "checkpoint-restart" {
+                r.checkpoint_every = Some(CHECKPOINT_EVERY);
+            }
+            r.events.push(format!("{{ at: {MODES_NOTICE_AT}, interruption: j-{}, deadline: 120 }}", n - 1));
             let o = b.run(&r)?;
             let ms: Vec<String> = o.mechanisms.iter().map(|m| format!("{m:.0}")).collect();
-            rows.push(row(&o, &base, &format!(" | {}", ms.join(", "))));
+            let moved = if rescale == "live" { "-".to_owned() } else { o.moved.to_string() };
+            let ckpt = if rescale == "checkpoint-restart" {
+                format!(
+                    "{} ({:.2} s), {:.2} s redone",
+                    o.summary["checkpoints"],
+                    o.summary["checkpointS"].as_f64().unwrap_or(0.0),
+                    o.summary["redoneS"].as_f64().unwrap_or(0.0)
+                )
+            } else {
+                "-".to_owned()
+            };
+            rows.push(row(&o, &base, &format!(" | {} | {moved} | {ckpt}", ms.join(", "))));
             let mut j = outcome_json(&o, &base);
+            j["mode"] = json!(rescale);
             j["mechanismsMs"] = json!(o.mechanisms);
+            j["moved"] = json!(o.moved);
+            j["checkpointEvery"] = json!(r.checkpoint_every);
             out.push(j);
         }
     }
-    println!("\n## one interruption, live against restart (instances of 1 PE on this machine's cores)\n");
-    println!("| run | seconds | overhead | rescales | notices handled | checksum | ms per rescale |\n|---|---|---|---|---|---|---|");
+    println!("\n## one interruption by mode (notice at {MODES_NOTICE_AT} s simulated; instances of 1 PE on this machine's cores; checkpoint-restart every {CHECKPOINT_EVERY} s simulated)\n");
+    println!("| run | seconds | overhead | rescales | notices handled | checksum | ms per rescale | elements moved after restore | checkpoints (their time), work redone |\n|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!("{r}");
     }
@@ -493,6 +535,13 @@ fn main() -> Result<()> {
     });
     std::fs::create_dir_all(&out_dir)?;
     std::fs::write(out_dir.join("cloud.json"), serde_json::to_string_pretty(&doc)?)?;
+    // Each experiment on its own too, so a later sitting of another one
+    // does not overwrite it.
+    for (name, result) in &results {
+        let mut one = doc.clone();
+        one["results"] = json!({ name.clone(): result });
+        std::fs::write(out_dir.join(format!("cloud-{name}.json")), serde_json::to_string_pretty(&one)?)?;
+    }
     println!("\nload average before {}, after {}", load_before.unwrap_or_default(), bench::loadavg().unwrap_or_default());
     println!("wrote {}", out_dir.join("cloud.json").display());
     Ok(())

@@ -51,6 +51,8 @@ const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Where `checkpoint-restart` writes its periodic checkpoints, in the
 /// state directory: one numbered directory each, the last complete kept.
 const PERIODIC_DIR: &str = "ckpt-periodic";
+/// The reason of a relaunch after a member was lost (`checkpoint-restart`).
+const RECOVERY: &str = "Recovery";
 /// How long a killed job's launcher may take to end before it is killed too.
 const LAUNCHER_END_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -881,6 +883,8 @@ impl Driver<'_> {
                     // mode) before a relaunch put a process there.
                     self.ready.remove(&instance);
                     self.policy.observe(now, Event::MemberGone { member: MemberId(instance) });
+                } else if running.is_some() && self.opts.mode == Mode::CheckpointRestart {
+                    self.recover(&instance, say);
                 }
             }
             CloudEvent::NoSpotCapacity { until } => {
@@ -990,6 +994,14 @@ impl Driver<'_> {
 
     fn request_rescale(&mut self, remove: Vec<MemberId>, admit: u32, reason: String, say: &mut dyn FnMut(&str)) {
         let (sim, real) = self.now();
+        if self.pending_kill.is_some() || self.in_flight.is_some() {
+            // Only a recovery relaunch can be under way here (the policy
+            // asks for one rescale at a time): it asks again afterwards.
+            let why = "a recovery relaunch is under way".to_owned();
+            self.mark("report", None, format!("{reason} deferred: {why}"), say);
+            self.policy.observe(sim, Event::RescaleFailed { reason: why });
+            return;
+        }
         let view = self.view.clone();
         let ids: Vec<u32> = remove
             .iter()
@@ -1157,6 +1169,64 @@ impl Driver<'_> {
         self.next_checkpoint = self.opts.checkpoint_every.map(|every| self.now().0 + every);
     }
 
+    /// `--mode checkpoint-restart`: a member of the job was killed with
+    /// no rescale removing it (unannounced, or at a deadline the policy
+    /// did not meet). The job would fail; instead it is killed and
+    /// relaunched without that member from the last checkpoint, the
+    /// fault-tolerance baseline's recovery. The policy is told the member
+    /// is lost, as the reconciler would; the relaunch is the driver's own
+    /// (reason `Recovery`), not a rescale the policy asked for. Only when
+    /// no other relaunch is under way (then the loss ends the job, as in
+    /// the other modes).
+    fn recover(&mut self, instance: &str, say: &mut dyn FnMut(&str)) {
+        if !self.in_view(instance) || self.removed.contains(instance) || self.in_flight.is_some() || self.pending_kill.is_some() {
+            return;
+        }
+        let (sim, real) = self.now();
+        if let Some(n) = self.nodes.get_mut(instance) {
+            n.gone = true;
+        }
+        let detail = "its node was killed with no rescale removing it: the job is relaunched without it from the last checkpoint";
+        self.mark("lost", Some(instance), detail.into(), say);
+        self.policy.observe(sim, Event::MemberGone { member: MemberId(instance.to_owned()) });
+        self.cloud.release(sim, instance);
+        self.ready.remove(instance);
+        let remove = vec![MemberId(instance.to_owned())];
+        let view = self.view.clone();
+        let ids: Vec<u32> = view
+            .as_ref()
+            .and_then(|v| {
+                let pid = self.nodes.get(instance)?.pid;
+                v.members.iter().find(|m| m.pid == pid).map(|m| m.node)
+            })
+            .into_iter()
+            .collect();
+        let index = self.record.rescales.len();
+        self.record.rescales.push(RescaleRecord {
+            reason: RECOVERY.to_owned(),
+            remove: vec![instance.to_owned()],
+            admit: 0,
+            asked_sim: sim.as_secs_f64(),
+            asked_real: real,
+            done_real: None,
+            done_sim: None,
+            epoch: None,
+            admitted: Vec::new(),
+            mechanism_ms: None,
+            error: None,
+            migrations: None,
+            redone_s: None,
+        });
+        self.mark("rescale", None, format!("{RECOVERY}: remove [{instance}], admit 0"), say);
+        let request = RescaleRequest {
+            epoch: view.as_ref().map_or(0, |v| v.epoch),
+            remove: ids,
+            admit: 0,
+        };
+        let order = self.survivors(&remove);
+        self.pending_kill = Some(PendingKill { index, request, order });
+    }
+
     fn relaunch_failed(&mut self, index: usize, reason: String, say: &mut dyn FnMut(&str)) {
         let (sim, real) = self.now();
         let r = &mut self.record.rescales[index];
@@ -1164,7 +1234,9 @@ impl Driver<'_> {
         r.done_sim = Some(sim.as_secs_f64());
         r.error = Some(reason.clone());
         self.mark("failed", None, format!("relaunch failed: {reason}"), say);
-        self.policy.observe(sim, Event::RescaleFailed { reason });
+        if self.record.rescales[index].reason != RECOVERY {
+            self.policy.observe(sim, Event::RescaleFailed { reason });
+        }
     }
 
     /// `--mode checkpoint-restart`: takes in the answer of the checkpoint
@@ -1340,18 +1412,23 @@ impl Driver<'_> {
                     ),
                     say,
                 );
-                self.policy.observe(
-                    sim,
-                    Event::RescaleCommitted {
-                        epoch: report.epoch,
-                        admitted: admitted.into_iter().map(MemberId).collect(),
-                    },
-                );
+                // A recovery is the driver's own: the policy asked for none.
+                if self.record.rescales[index].reason != RECOVERY {
+                    self.policy.observe(
+                        sim,
+                        Event::RescaleCommitted {
+                            epoch: report.epoch,
+                            admitted: admitted.into_iter().map(MemberId).collect(),
+                        },
+                    );
+                }
             }
             Err(reason) => {
                 self.record.rescales[index].error = Some(reason.clone());
                 self.mark("failed", None, format!("rescale failed: {reason}"), say);
-                self.policy.observe(sim, Event::RescaleFailed { reason });
+                if self.record.rescales[index].reason != RECOVERY {
+                    self.policy.observe(sim, Event::RescaleFailed { reason });
+                }
             }
         }
         for name in std::mem::take(&mut self.deferred_gone) {
