@@ -1,0 +1,298 @@
+//! The TCP transport's tests: real sockets on loopback.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use super::handshake::dial_context;
+use super::*;
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use ductile_coordinator::proto::Member;
+
+struct Collect(Sender<(Tag, Vec<u8>)>, Sender<String>);
+impl Sink for Collect {
+    fn deliver(&self, tag: Tag, frame: Vec<u8>) {
+        let _ = self.0.send((tag, frame));
+    }
+    fn lost(&self, _uid: u64, reason: String) {
+        let _ = self.1.send(reason);
+    }
+}
+
+struct Node {
+    t: Arc<TcpTransport>,
+    frames: Receiver<(Tag, Vec<u8>)>,
+    lost: Receiver<String>,
+    uid: u64,
+}
+
+fn node(secret: &Secret, uid: u64) -> Node {
+    let (ft, fr) = unbounded();
+    let (lt, lr) = unbounded();
+    let t = TcpTransport::bind(
+        IpAddr::from([127, 0, 0, 1]),
+        None,
+        secret.clone(),
+        Arc::new(Collect(ft, lt)),
+    )
+    .unwrap();
+    t.set_uid(uid);
+    Node {
+        t,
+        frames: fr,
+        lost: lr,
+        uid,
+    }
+}
+
+fn view(epoch: u64, nodes: &[&Node]) -> View {
+    View {
+        epoch,
+        members: nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Member {
+                node: i as u32,
+                uid: n.uid,
+                address: n.t.address(),
+                pes: 1,
+                host: "h".into(),
+                pid: 0,
+            })
+            .collect(),
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(5);
+
+#[test]
+fn frames_arrive_in_order_with_the_sender_in_the_tag() {
+    let s = Secret::generate();
+    let (a, b) = (node(&s, 10), node(&s, 11));
+    let v = view(1, &[&a, &b]);
+    assert_eq!(
+        a.t.reconcile(&v, 0).unwrap(),
+        Reconciled {
+            kept: 0,
+            opened: 1,
+            closed: 0
+        }
+    );
+    for i in 0..100u32 {
+        a.t.send(1, Tag::new(0, 1, 5), &[&i.to_le_bytes(), b"-payload"])
+            .unwrap();
+    }
+    for i in 0..100u32 {
+        let (tag, frame) = b.frames.recv_timeout(WAIT).unwrap();
+        assert_eq!((tag.src(), tag.kind(), tag.epoch_bits()), (0, 5, 1));
+        assert_eq!(&frame[..4], &i.to_le_bytes());
+        assert_eq!(&frame[4..], b"-payload");
+    }
+}
+
+#[test]
+fn a_peer_without_the_secret_is_refused_both_ways() {
+    let (good, bad) = (Secret::generate(), Secret::generate());
+    let (a, b) = (node(&good, 1), node(&bad, 2));
+    let err = a.t.reconcile(&view(1, &[&a, &b]), 0).unwrap_err();
+    assert!(matches!(err, TransportError::Handshake(_)), "{err}");
+    let err = b.t.reconcile(&view(1, &[&b, &a]), 0).unwrap_err();
+    assert!(matches!(err, TransportError::Handshake(_)), "{err}");
+    assert!(a.frames.try_recv().is_err() && b.frames.try_recv().is_err());
+}
+
+#[test]
+fn garbage_and_oversized_frames_close_the_connection_and_nothing_is_delivered() {
+    let s = Secret::generate();
+    let a = node(&s, 1);
+    let addr: SocketAddr = String::from_utf8(a.t.address()).unwrap().parse().unwrap();
+    // Garbage instead of a handshake: refused, the transport keeps serving.
+    let mut raw = TcpStream::connect(addr).unwrap();
+    let mut nonce = [0u8; 32];
+    raw.read_exact(&mut nonce).unwrap();
+    raw.write_all(&[0xAB; 72]).unwrap();
+    let mut buf = [0u8; 1];
+    assert_eq!(
+        raw.read(&mut buf).unwrap_or(0),
+        0,
+        "the connection is closed"
+    );
+    // An authenticated peer that claims a frame above the limit.
+    let mut raw = raw_peer(addr, &s, 7);
+    let mut head = [0u8; 12];
+    head[..4].copy_from_slice(&(u32::MAX).to_le_bytes());
+    head[4..].copy_from_slice(&Tag::new(3, 1, 1).0.to_le_bytes());
+    raw.write_all(&head).unwrap();
+    let reason = a.lost.recv_timeout(WAIT).unwrap();
+    assert!(reason.contains("limit"), "{reason}");
+    assert!(a.frames.try_recv().is_err());
+}
+
+#[test]
+fn reconcile_keeps_survivors_reindexed_closes_the_departed_and_opens_newcomers() {
+    let s = Secret::generate();
+    let (a, b, c, d) = (node(&s, 1), node(&s, 2), node(&s, 3), node(&s, 4));
+    assert_eq!(
+        a.t.reconcile(&view(1, &[&a, &b, &c]), 0).unwrap(),
+        Reconciled {
+            kept: 0,
+            opened: 2,
+            closed: 0
+        }
+    );
+    // b leaves, c is renumbered 2 -> 1, d joins as node 2.
+    let v2 = view(2, &[&a, &c, &d]);
+    assert_eq!(
+        a.t.reconcile(&v2, 0).unwrap(),
+        Reconciled {
+            kept: 1,
+            opened: 1,
+            closed: 1
+        }
+    );
+    a.t.send(1, Tag::new(0, 2, 1), &[b"to-c"]).unwrap();
+    a.t.send(2, Tag::new(0, 2, 1), &[b"to-d"]).unwrap();
+    assert_eq!(c.frames.recv_timeout(WAIT).unwrap().1, b"to-c");
+    assert_eq!(d.frames.recv_timeout(WAIT).unwrap().1, b"to-d");
+    assert!(
+        b.frames.try_recv().is_err(),
+        "nothing reaches the departed node"
+    );
+    assert!(
+        b.lost.recv_timeout(Duration::from_millis(200)).is_err(),
+        "an orderly close is not a loss"
+    );
+    assert!(matches!(
+        a.t.send(3, Tag::new(0, 2, 1), &[b"x"]),
+        Err(TransportError::NoEndpoint(3))
+    ));
+}
+
+/// A hand-driven peer that passed the handshake as `uid`.
+fn raw_peer(addr: SocketAddr, secret: &Secret, uid: u64) -> TcpStream {
+    let mut raw = TcpStream::connect(addr).unwrap();
+    let mut nonce = [0u8; 32];
+    raw.read_exact(&mut nonce).unwrap();
+    let mut hello = Vec::new();
+    hello.extend_from_slice(&uid.to_le_bytes());
+    hello.extend_from_slice(&[1u8; 32]);
+    hello.extend_from_slice(&secret.proof(&dial_context(uid), &nonce));
+    raw.write_all(&hello).unwrap();
+    let mut answer = [0u8; 32];
+    raw.read_exact(&mut answer).unwrap();
+    raw
+}
+
+/// Frame `i` of the interleaving tests: small and large in turn.
+fn mixed_frame(i: u32) -> Vec<u8> {
+    let len = match i % 4 {
+        0 => 8,
+        1 => 3 << 20,
+        2 => 0,
+        _ => 70_000,
+    }
+    .max(4);
+    let mut f = vec![(i % 251) as u8; len];
+    f[..4].copy_from_slice(&i.to_le_bytes());
+    f
+}
+
+fn check_mixed(frames: &Receiver<(Tag, Vec<u8>)>, n: u32, src: NodeId) {
+    for i in 0..n {
+        let (tag, f) = frames.recv_timeout(WAIT).unwrap();
+        assert_eq!(tag.src(), src);
+        let want = mixed_frame(i);
+        assert_eq!(f.len(), want.len(), "frame {i}: length");
+        assert_eq!(&f[..4], &i.to_le_bytes(), "frame {i} arrived out of order");
+        assert!(f == want, "frame {i}: content");
+    }
+}
+
+#[test]
+fn small_frames_interleaved_with_large_ones_keep_per_pair_order() {
+    let s = Secret::generate();
+    let (a, b) = (node(&s, 1), node(&s, 2));
+    let v = view(1, &[&a, &b]);
+    a.t.reconcile(&v, 0).unwrap();
+    b.t.reconcile(&v, 1).unwrap();
+    const N: u32 = 40;
+    // Both directions at once, through send (parts) and send_frame.
+    let bt = b.t.clone();
+    let back = std::thread::spawn(move || {
+        for i in 0..N {
+            bt.send_frame(0, Tag::new(1, 1, 1), mixed_frame(i)).unwrap();
+        }
+    });
+    for i in 0..N {
+        let f = mixed_frame(i);
+        let (x, y) = f.split_at(f.len() / 2);
+        a.t.send(1, Tag::new(0, 1, 1), &[x, y]).unwrap();
+    }
+    check_mixed(&b.frames, N, 0);
+    check_mixed(&a.frames, N, 1);
+    back.join().unwrap();
+    assert!(a.lost.try_recv().is_err() && b.lost.try_recv().is_err());
+}
+
+#[test]
+fn a_peer_lost_inside_a_large_frame_is_reported_and_nothing_hangs() {
+    let s = Secret::generate();
+    let a = node(&s, 1);
+    let addr: SocketAddr = String::from_utf8(a.t.address()).unwrap().parse().unwrap();
+    let mut raw = raw_peer(addr, &s, 9);
+    // One whole small frame, then 1 MiB of a 4 MiB one, then the peer dies.
+    let mut head = [0u8; 12];
+    head[..4].copy_from_slice(&3u32.to_le_bytes());
+    head[4..].copy_from_slice(&Tag::new(5, 1, 1).0.to_le_bytes());
+    raw.write_all(&head).unwrap();
+    raw.write_all(b"abc").unwrap();
+    head[..4].copy_from_slice(&(4u32 << 20).to_le_bytes());
+    raw.write_all(&head).unwrap();
+    raw.write_all(&vec![1u8; 1 << 20]).unwrap();
+    drop(raw);
+    assert_eq!(a.frames.recv_timeout(WAIT).unwrap().1, b"abc");
+    let reason = a.lost.recv_timeout(WAIT).unwrap();
+    assert!(reason.contains("inside a frame"), "{reason}");
+    assert!(
+        a.frames.try_recv().is_err(),
+        "no partial frame is delivered"
+    );
+    // The transport keeps serving the others.
+    let b = node(&s, 2);
+    b.t.reconcile(&view(1, &[&a, &b]), 1).unwrap();
+    b.t.send(0, Tag::new(1, 1, 1), &[b"still here"]).unwrap();
+    assert_eq!(a.frames.recv_timeout(WAIT).unwrap().1, b"still here");
+}
+
+#[test]
+fn an_idle_transport_sleeps() {
+    let s = Secret::generate();
+    let (a, b) = (node(&s, 1), node(&s, 2));
+    let v = view(1, &[&a, &b]);
+    a.t.reconcile(&v, 0).unwrap();
+    b.t.reconcile(&v, 1).unwrap();
+    for i in 0..100u32 {
+        a.t.send(1, Tag::new(0, 1, 1), &[&i.to_le_bytes()]).unwrap();
+        b.t.send(0, Tag::new(1, 1, 1), &[&i.to_le_bytes()]).unwrap();
+    }
+    for _ in 0..100 {
+        a.frames.recv_timeout(WAIT).unwrap();
+        b.frames.recv_timeout(WAIT).unwrap();
+    }
+    // Connected, nothing in flight: the receive threads block in epoll.
+    std::thread::sleep(Duration::from_millis(100));
+    let tids = [a.t.receive_tid(), b.t.receive_tid()];
+    let before: Vec<u64> = tids
+        .iter()
+        .map(|&t| super::super::thread_cpu_ns(t).expect("the receive thread runs"))
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    for (i, &t) in tids.iter().enumerate() {
+        let used = super::super::thread_cpu_ns(t).unwrap() - before[i];
+        assert!(
+            used < 50_000_000,
+            "an idle receive thread used {} ms of CPU in 1 s",
+            used / 1_000_000
+        );
+    }
+}
