@@ -57,7 +57,7 @@ impl PodCache {
             .find(|(ns, _)| ns.as_deref() == Some(namespace.as_str()))
             .or_else(|| self.stores.iter().find(|(ns, _)| ns.is_none()))
             .map(|(_, store)| store)
-            .ok_or_else(|| Error::PodCache(format!("no pod cache covers namespace {namespace}")))?;
+            .ok_or_else(|| Error::PodCache(format!("none covers namespace {namespace}")))?;
         match tokio::time::timeout(self.ready_timeout, store.wait_until_ready()).await {
             Ok(Ok(())) => {}
             Ok(Err(dropped)) => return Err(Error::PodCache(dropped.to_string())),
