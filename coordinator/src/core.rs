@@ -99,7 +99,7 @@ pub enum Action {
 
 /// Coarse life-cycle stage of the coordinator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
+pub enum Lifecycle {
     /// Waiting for the N launch members.
     Launching,
     /// Restarted; waiting for node 0's `Restore`.
@@ -150,7 +150,7 @@ type Refusal = (ErrorCode, String);
 pub struct Coordinator {
     cfg: Config,
     rng: StdRng,
-    phase: Phase,
+    phase: Lifecycle,
     conns: BTreeMap<ConnId, Conn>,
     view: Option<View>,
     member_conn: HashMap<u64, ConnId>,
@@ -191,9 +191,9 @@ impl Coordinator {
     /// production, from a constant in tests).
     pub fn new(cfg: Config, rng: StdRng) -> Self {
         let phase = if cfg.expected.is_some() {
-            Phase::Launching
+            Lifecycle::Launching
         } else {
-            Phase::Recovering
+            Lifecycle::Recovering
         };
         Coordinator {
             cfg,
@@ -237,7 +237,7 @@ impl Coordinator {
     }
 
     /// The life-cycle stage.
-    pub fn phase(&self) -> Phase {
+    pub fn phase(&self) -> Lifecycle {
         self.phase
     }
 
@@ -261,7 +261,7 @@ impl Coordinator {
 
     /// The earliest time at which `on_tick` has something to do.
     pub fn next_deadline(&self) -> Option<Instant> {
-        if self.phase == Phase::Finished {
+        if self.phase == Lifecycle::Finished {
             return None;
         }
         let hello = self.conns.values().filter_map(|c| match c.peer {
@@ -269,7 +269,7 @@ impl Coordinator {
             _ => None,
         });
         let launch = match self.phase {
-            Phase::Launching | Phase::Recovering => self.launch_deadline,
+            Lifecycle::Launching | Lifecycle::Recovering => self.launch_deadline,
             _ => None,
         };
         let alone = self.alone_since.map(|since| since + self.cfg.idle_timeout);
@@ -279,7 +279,7 @@ impl Coordinator {
     /// Starts or stops the clock of a running job without connected members
     /// (called after every event, when membership and connections may have changed).
     fn note_members(&mut self, now: Instant) {
-        if self.phase == Phase::Running && self.member_conn.is_empty() {
+        if self.phase == Lifecycle::Running && self.member_conn.is_empty() {
             self.alone_since.get_or_insert(now);
         } else {
             self.alone_since = None;
@@ -288,7 +288,7 @@ impl Coordinator {
 
     fn arm(&mut self, now: Instant) {
         if self.launch_deadline.is_none()
-            && matches!(self.phase, Phase::Launching | Phase::Recovering)
+            && matches!(self.phase, Lifecycle::Launching | Lifecycle::Recovering)
         {
             self.launch_deadline = Some(now + self.cfg.launch_timeout);
         }
@@ -297,7 +297,7 @@ impl Coordinator {
     /// A new connection: the coordinator challenges it.
     pub fn on_connect(&mut self, conn: ConnId, now: Instant) -> Vec<Action> {
         self.arm(now);
-        if self.phase == Phase::Finished {
+        if self.phase == Lifecycle::Finished {
             return vec![Action::Close(conn)];
         }
         let mut nonce = [0u8; 32];
@@ -326,7 +326,7 @@ impl Coordinator {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.reader.push(bytes);
         }
-        while self.phase != Phase::Finished {
+        while self.phase != Lifecycle::Finished {
             let Some(c) = self.conns.get_mut(&conn) else {
                 break;
             };
@@ -348,7 +348,7 @@ impl Coordinator {
     pub fn on_message(&mut self, conn: ConnId, msg: ClientMsg, now: Instant) -> Vec<Action> {
         self.arm(now);
         let mut out = Vec::new();
-        if self.phase != Phase::Finished && self.conns.contains_key(&conn) {
+        if self.phase != Lifecycle::Finished && self.conns.contains_key(&conn) {
             self.handle(conn, msg, now, &mut out);
         }
         self.note_members(now);
@@ -368,7 +368,7 @@ impl Coordinator {
     pub fn on_tick(&mut self, now: Instant) -> Vec<Action> {
         self.arm(now);
         let mut out = Vec::new();
-        if self.phase == Phase::Finished {
+        if self.phase == Lifecycle::Finished {
             return out;
         }
         let late: Vec<ConnId> = self
@@ -381,7 +381,7 @@ impl Coordinator {
             let msg = format!("no Hello within {:?}", self.cfg.hello_timeout);
             self.refuse_and_close(conn, ErrorCode::Unauthenticated, msg, &mut out);
         }
-        let waiting = matches!(self.phase, Phase::Launching | Phase::Recovering);
+        let waiting = matches!(self.phase, Lifecycle::Launching | Lifecycle::Recovering);
         if waiting && self.launch_deadline.is_some_and(|d| d <= now) {
             let message = match self.cfg.expected {
                 Some(n) => {
@@ -413,7 +413,7 @@ impl Coordinator {
                 out.push(Action::Close(conn));
             }
             self.conns.clear();
-            self.phase = Phase::Finished;
+            self.phase = Lifecycle::Finished;
             self.failure = Some(message);
             out.push(Action::Finished {
                 code: EXIT_LAUNCH_TIMEOUT,
@@ -431,7 +431,7 @@ impl Coordinator {
                 out.push(Action::Close(conn));
             }
             self.conns.clear();
-            self.phase = Phase::Finished;
+            self.phase = Lifecycle::Finished;
             self.alone_since = None;
             self.failure = Some(message);
             out.push(Action::Finished {
@@ -497,7 +497,7 @@ impl Coordinator {
                     return;
                 }
                 self.member_conn.remove(&uid);
-                if self.phase != Phase::Running || self.ready.contains_key(&uid) {
+                if self.phase != Lifecycle::Running || self.ready.contains_key(&uid) {
                     return;
                 }
                 let Some(view) = &self.view else { return };
@@ -624,7 +624,7 @@ impl Coordinator {
             );
         }
         let defer_fingerprint =
-            self.phase == Phase::Recovering && matches!(reg.role, Role::Newcomer);
+            self.phase == Lifecycle::Recovering && matches!(reg.role, Role::Newcomer);
         if !defer_fingerprint {
             if let Err((code, message)) = self.check_fingerprint(reg.fingerprint) {
                 warn!(pid = reg.pid, host = %reg.host, "{message}");
@@ -634,7 +634,7 @@ impl Coordinator {
         match reg.role {
             Role::Launch { index } => {
                 let expected = match (self.phase, self.cfg.expected) {
-                    (Phase::Launching, Some(n)) => n,
+                    (Lifecycle::Launching, Some(n)) => n,
                     _ => {
                         let message = match &self.view {
                             Some(v) => format!(
@@ -746,7 +746,7 @@ impl Coordinator {
             ));
         }
         self.view = Some(view);
-        self.phase = Phase::Running;
+        self.phase = Lifecycle::Running;
         self.launch_deadline = None;
         self.announce_pending(out);
     }
@@ -943,7 +943,7 @@ impl Coordinator {
             out.push(Action::Close(c));
         }
         self.conns.clear();
-        self.phase = Phase::Finished;
+        self.phase = Lifecycle::Finished;
         out.push(Action::Finished { code: job_code });
     }
 
@@ -954,7 +954,7 @@ impl Coordinator {
         fingerprint: u64,
         out: &mut Vec<Action>,
     ) -> Result<(), Refusal> {
-        if self.phase != Phase::Recovering {
+        if self.phase != Lifecycle::Recovering {
             let message = match &self.view {
                 Some(v) => format!(
                     "coordinator already holds view epoch {}; Restore is refused",
@@ -1000,7 +1000,7 @@ impl Coordinator {
             },
         );
         self.view = Some(view);
-        self.phase = Phase::Running;
+        self.phase = Lifecycle::Running;
         self.launch_deadline = None;
         // Newcomers that re-registered before Restore are checked now.
         let mismatched: Vec<ConnId> = self

@@ -586,7 +586,7 @@ pub enum JobRestartPolicy {
 
 /// Lifecycle phase of an ElasticJob.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum Phase {
+pub enum JobPhase {
     /// Accepted; nothing created yet.
     Pending,
     /// Pods created; waiting for every launch member to register.
@@ -603,7 +603,7 @@ pub enum Phase {
     Suspended,
 }
 
-impl fmt::Display for Phase {
+impl fmt::Display for JobPhase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
     }
@@ -615,7 +615,7 @@ impl fmt::Display for Phase {
 pub struct ElasticJobStatus {
     /// Lifecycle phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<Phase>,
+    pub phase: Option<JobPhase>,
     /// `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

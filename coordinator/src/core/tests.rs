@@ -413,7 +413,7 @@ fn launch_timeout_fails_the_job() {
     }
     assert_eq!(finished(&out), Some(EXIT_LAUNCH_TIMEOUT));
     assert!(h.core.failure().is_some());
-    assert_eq!(h.core.phase(), Phase::Finished);
+    assert_eq!(h.core.phase(), Lifecycle::Finished);
     assert_eq!(h.core.next_deadline(), None);
 }
 
@@ -783,7 +783,7 @@ fn shutdown_barrier_returns_node_zero_code() {
     }
     assert_eq!(finished(&out), Some(7));
     assert_eq!(out.last(), Some(&Action::Finished { code: 7 }));
-    assert_eq!(h.core.phase(), Phase::Finished);
+    assert_eq!(h.core.phase(), Lifecycle::Finished);
 }
 
 #[test]
@@ -836,7 +836,7 @@ fn restored_view() -> View {
 #[test]
 fn restore_after_restart() {
     let mut h = Harness::new(None);
-    assert_eq!(h.core.phase(), Phase::Recovering);
+    assert_eq!(h.core.phase(), Lifecycle::Recovering);
     // A newcomer re-registers before node 0 is back: queued, no uid yet.
     let (n, out) = h.newcomer(40);
     assert!(out.is_empty());
@@ -1095,7 +1095,7 @@ fn a_started_job_without_members_is_given_up_after_the_idle_timeout() {
     assert!(finished(&h.advance(Duration::from_secs(59))).is_none());
     let out = h.advance(Duration::from_secs(1));
     assert_eq!(finished(&out), Some(EXIT_NO_MEMBERS));
-    assert_eq!(h.core.phase(), Phase::Finished);
+    assert_eq!(h.core.phase(), Lifecycle::Finished);
     assert!(h.core.failure().is_some_and(|f| f.contains("no member")));
 }
 
@@ -1146,7 +1146,7 @@ fn rescales_and_a_restore_with_rejoin_never_fire_the_idle_clock() {
             fingerprint: FP,
         },
     );
-    assert_eq!(h.core.phase(), Phase::Running);
+    assert_eq!(h.core.phase(), Lifecycle::Running);
     assert_eq!(h.core.next_deadline(), None);
     assert!(finished(&h.advance(Duration::from_secs(600))).is_none());
 }

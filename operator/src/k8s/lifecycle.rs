@@ -14,7 +14,7 @@ use super::objects;
 use super::error::*;
 use super::pods::*;
 use super::status::*;
-use crate::crd::{ElasticJob, ElasticJobStatus, JobRestartPolicy, Phase};
+use crate::crd::{ElasticJob, ElasticJobStatus, JobPhase, JobRestartPolicy};
 
 /// `spec.suspend`: the job's pods are deleted (the run is abandoned, a
 /// rescale in flight with it) and the phase is Suspended; turning it off
@@ -38,7 +38,7 @@ pub(super) async fn suspend(
         delete_job_pods(job, pods).await?;
         tracing::info!(job = %job.name_any(), pods = running.len(), "suspended: pods deleted");
     }
-    if old.phase != Some(Phase::Suspended) {
+    if old.phase != Some(JobPhase::Suspended) {
         ctx.publish(
             job,
             EventType::Normal,
@@ -62,7 +62,7 @@ pub(super) async fn suspend(
         job,
         ctx,
         old,
-        Phase::Suspended,
+        JobPhase::Suspended,
         "Suspended",
         "spec.suspend is set".to_owned(),
     );
@@ -111,7 +111,7 @@ pub(super) async fn relaunch(
         job,
         ctx,
         old,
-        Phase::Pending,
+        JobPhase::Pending,
         "Relaunching",
         format!("{why}; relaunch {attempt} of {limit}"),
     );

@@ -29,7 +29,7 @@ use super::pods::*;
 use super::rescale::*;
 use super::status::*;
 use super::MANAGER;
-use crate::crd::{ElasticJob, ElasticJobStatus, Phase};
+use crate::crd::{ElasticJob, ElasticJobStatus, JobPhase};
 
 /// One reconcile of one ElasticJob (see the module docs for what it does).
 pub async fn reconcile(job: Arc<ElasticJob>, ctx: Arc<Context>) -> Result<Action> {
@@ -179,7 +179,7 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
 
     // A job failed by its deadline stays so (its pods are gone: node 0's
     // absence is no new failure to relaunch for); only its TTL runs.
-    if old.phase == Some(Phase::Failed)
+    if old.phase == Some(JobPhase::Failed)
         && old
             .conditions
             .iter()
@@ -240,7 +240,7 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
     if !launched {
         // A resumed or relaunched job starts afresh: every pod of the run
         // before must be gone first (their names are the launch pods').
-        if old.phase == Some(Phase::Suspended) {
+        if old.phase == Some(JobPhase::Suspended) {
             ctx.publish(
                 job,
                 EventType::Normal,
@@ -250,7 +250,7 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
             )
             .await;
         }
-        if rt.fresh_start || matches!(old.phase, Some(Phase::Pending | Phase::Suspended)) {
+        if rt.fresh_start || matches!(old.phase, Some(JobPhase::Pending | JobPhase::Suspended)) {
             let leftovers = leftover_pods(&view);
             if !leftovers.is_empty() {
                 tracing::info!(job = %name, ?leftovers, "waiting for the pods of the last run to go");
@@ -262,7 +262,7 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
                     job,
                     ctx,
                     &old,
-                    Phase::Pending,
+                    JobPhase::Pending,
                     "WaitingForPods",
                     format!("{waiting} pod(s) of the last run are still terminating"),
                 );
@@ -304,7 +304,7 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
         .as_ref()
         .and_then(|s| s.containers.first())
         .map_or("", |c| c.name.as_str());
-    let judged = launched && old.phase != Some(Phase::Succeeded);
+    let judged = launched && old.phase != Some(JobPhase::Succeeded);
     if let Some(end) = root_end(root.as_ref(), judged, node_container) {
         if let RootEnd::Failed(why) = &end {
             if !root_deleting {
@@ -314,15 +314,15 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
             }
         }
         let phase = match end {
-            RootEnd::Succeeded => Phase::Succeeded,
-            RootEnd::Failed(_) => Phase::Failed,
+            RootEnd::Succeeded => JobPhase::Succeeded,
+            RootEnd::Failed(_) => JobPhase::Failed,
         };
         if old.phase != Some(phase) {
             let note = match &end {
                 RootEnd::Failed(why) => format!("{why}: the job Failed"),
                 RootEnd::Succeeded => format!("node 0 ended: the job {phase}"),
             };
-            let type_ = if phase == Phase::Failed {
+            let type_ = if phase == JobPhase::Failed {
                 EventType::Warning
             } else {
                 EventType::Normal
@@ -356,9 +356,9 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
             tracing::warn!(job = %name, %why, "deadline exceeded");
             ctx.publish(job, EventType::Warning, DEADLINE_EXCEEDED, "JobEnded", why.clone())
                 .await;
-            ctx.metrics.job_ended(&Phase::Failed.to_string());
+            ctx.metrics.job_ended(&JobPhase::Failed.to_string());
             rt.rescale = None;
-            let mut status = build_status(job, ctx, rt, &view, Phase::Failed, &old);
+            let mut status = build_status(job, ctx, rt, &view, JobPhase::Failed, &old);
             status
                 .conditions
                 .push(condition(job, &old.conditions, "Failed", true, DEADLINE_EXCEEDED, why, ctx.now()));
@@ -406,11 +406,11 @@ pub(super) async fn apply(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime) 
     }
 
     let phase = if rt.rescale.is_some() {
-        Phase::Rescaling
+        JobPhase::Rescaling
     } else if rt.view.is_some() {
-        Phase::Running
+        JobPhase::Running
     } else {
-        Phase::Launching
+        JobPhase::Launching
     };
     let status = build_status(job, ctx, rt, &view, phase, &old);
     patch_status(&jobs, job, &status).await?;

@@ -12,7 +12,7 @@ use super::error::*;
 use super::objects;
 use super::pods::*;
 use super::MANAGER;
-use crate::crd::{ElasticJob, ElasticJobStatus, JobRestartPolicy, MemberStatus, Phase};
+use crate::crd::{ElasticJob, ElasticJobStatus, JobPhase, JobRestartPolicy, MemberStatus};
 
 pub(super) fn condition(
     job: &ElasticJob,
@@ -65,7 +65,7 @@ pub(super) fn fresh_status(
     job: &ElasticJob,
     ctx: &Context,
     old: &ElasticJobStatus,
-    phase: Phase,
+    phase: JobPhase,
     reason: &str,
     message: String,
 ) -> ElasticJobStatus {
@@ -90,7 +90,7 @@ pub(super) fn fresh_status(
         selector: Some(objects::selector(job)),
         // A relaunch keeps counting the deadline from the first launch; a
         // suspension starts it afresh.
-        start_time: (phase != Phase::Suspended)
+        start_time: (phase != JobPhase::Suspended)
             .then(|| old.start_time.clone())
             .flatten(),
         ..ElasticJobStatus::default()
@@ -123,7 +123,7 @@ pub(super) fn build_status(
     ctx: &Context,
     rt: &JobRuntime,
     pods: &PodView,
-    phase: Phase,
+    phase: JobPhase,
     old: &ElasticJobStatus,
 ) -> ElasticJobStatus {
     let now = ctx.now();
@@ -153,10 +153,10 @@ pub(super) fn build_status(
         String::new()
     };
     let (ready, reason, message) = match phase {
-        Phase::Running if !progress.is_empty() => (true, "Growing", progress),
-        Phase::Running => (true, "Running", String::new()),
-        Phase::Rescaling => (true, "Rescaling", String::new()),
-        Phase::Launching => (
+        JobPhase::Running if !progress.is_empty() => (true, "Growing", progress),
+        JobPhase::Running => (true, "Running", String::new()),
+        JobPhase::Rescaling => (true, "Rescaling", String::new()),
+        JobPhase::Launching => (
             false,
             "Launching",
             rt.control_error
@@ -165,7 +165,7 @@ pub(super) fn build_status(
         ),
         other => (
             false,
-            if other == Phase::Succeeded {
+            if other == JobPhase::Succeeded {
                 "Succeeded"
             } else {
                 "Failed"
@@ -191,7 +191,7 @@ pub(super) fn build_status(
         message,
         now,
     ));
-    if matches!(phase, Phase::Running | Phase::Rescaling) {
+    if matches!(phase, JobPhase::Running | JobPhase::Rescaling) {
         // The condition the CRD's documentation promises: a rescale in flight.
         let (rescaling, reason, message) = match &rt.rescale {
             Some(flight) => (
@@ -211,7 +211,7 @@ pub(super) fn build_status(
             now,
         ));
     }
-    if phase == Phase::Succeeded {
+    if phase == JobPhase::Succeeded {
         conditions.push(condition(
             job,
             &old.conditions,
@@ -222,7 +222,7 @@ pub(super) fn build_status(
             now,
         ));
     }
-    if matches!(phase, Phase::Launching | Phase::Running | Phase::Rescaling) {
+    if matches!(phase, JobPhase::Launching | JobPhase::Running | JobPhase::Rescaling) {
         // Pods the scheduler cannot place (no node with the capacity label,
         // no spot capacity, too few CPUs): say why, in the scheduler's words.
         if let Some(message) = unschedulable(pods) {
@@ -237,7 +237,7 @@ pub(super) fn build_status(
             ));
         }
     }
-    if phase == Phase::Running {
+    if phase == JobPhase::Running {
         if let Some(error) = &rt.control_error {
             conditions.push(condition(
                 job,
@@ -267,7 +267,7 @@ pub(super) fn build_status(
         conditions,
         selector: Some(objects::selector(job)),
         start_time: old.start_time.clone(),
-        completion_time: matches!(phase, Phase::Succeeded | Phase::Failed)
+        completion_time: matches!(phase, JobPhase::Succeeded | JobPhase::Failed)
             .then(|| old.completion_time.clone().unwrap_or(Time(now))),
     }
 }

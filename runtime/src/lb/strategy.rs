@@ -360,9 +360,9 @@ impl Strategy for Null {
     }
 }
 
-/// A PE as the strategies see it.
+/// A PE as the strategies model it (not [`crate::topo::Pe`], the PE number).
 #[derive(Debug)]
-pub(crate) struct Pe {
+pub(crate) struct PeModel {
     pub(crate) id: u32,
     /// 1.0 under [`CostModel::Uniform`].
     pub(crate) speed: f64,
@@ -387,17 +387,17 @@ pub(crate) struct Obj {
 /// cost model applied. Placements are `Vec<usize>`: PE index per object index.
 #[derive(Debug)]
 pub(crate) struct Problem {
-    pub(crate) pes: Vec<Pe>,
+    pub(crate) pes: Vec<PeModel>,
     pub(crate) objs: Vec<Obj>,
 }
 
 impl Problem {
     pub(crate) fn new(stats: &LbStats, model: CostModel) -> Result<Self> {
         stats.validate()?;
-        let mut pes: Vec<Pe> = stats
+        let mut pes: Vec<PeModel> = stats
             .pes
             .iter()
-            .map(|p| Pe {
+            .map(|p| PeModel {
                 id: p.pe,
                 speed: match model {
                     CostModel::Uniform => 1.0,
