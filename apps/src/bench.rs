@@ -335,6 +335,126 @@ pub fn pass_str(p: Option<bool>) -> &'static str {
     }
 }
 
+// ------------------------------------------------------------- the sitting
+
+/// One sitting of a benchmark: where its programs are and its JSON goes,
+/// when it began, on what machine under what load, from which commit, and
+/// a directory for its child jobs' state. Every benchmark's JSON starts with
+/// the same header ([`Sitting::write_json`]).
+pub struct Sitting {
+    /// The benchmark's name (`bench_core`).
+    pub bench: &'static str,
+    /// Where this benchmark's binary and its sibling programs are.
+    pub bin_dir: PathBuf,
+    /// The cargo target directory above it.
+    pub target_dir: PathBuf,
+    /// The JSON result's path.
+    pub out_path: PathBuf,
+    /// Seconds since the epoch at the start.
+    pub unix_time: u64,
+    /// The start as `YYYY-MM-DDTHH:MM:SSZ`.
+    pub date: String,
+    /// Cores this process may use.
+    pub nproc: usize,
+    /// The CPU's model name.
+    pub cpu_model: Option<String>,
+    /// The load average at the start.
+    pub load_start: Option<String>,
+    /// A fresh directory for child jobs' state, short enough for the Unix
+    /// socket a job keeps in its state directory (107 bytes in all).
+    pub state_base: PathBuf,
+}
+
+impl Sitting {
+    /// Begins a sitting of `bench`, whose JSON goes to `out` or else to
+    /// `target/bench/{json_name}`.
+    pub fn begin(bench: &'static str, json_name: &str, out: Option<PathBuf>) -> Result<Sitting> {
+        let (bin_dir, target_dir) = bin_and_target_dirs()?;
+        let unix_time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let state_base = std::env::temp_dir().join(format!(
+            "ductile-{}-{}-{unix_time}",
+            bench.trim_start_matches("bench_"),
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&state_base)
+            .with_context(|| format!("cannot create {}", state_base.display()))?;
+        Ok(Sitting {
+            bench,
+            out_path: out.unwrap_or_else(|| target_dir.join("bench").join(json_name)),
+            bin_dir,
+            target_dir,
+            unix_time,
+            date: utc_date(unix_time),
+            nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            cpu_model: cpu_model(),
+            load_start: loadavg(),
+            state_base,
+        })
+    }
+
+    /// Program `name`, built next to this benchmark; the error says how to
+    /// build it (`build`).
+    pub fn program(&self, name: &str, build: &str) -> Result<PathBuf> {
+        sibling(&self.bin_dir, name, self.bench, build)
+    }
+
+    /// The commit the binaries came from and whether the checkout had
+    /// changes: the checkout above the target directory, else the one the
+    /// benchmark runs in.
+    pub fn sources(&self) -> (Option<String>, Option<bool>) {
+        let root = self
+            .target_dir
+            .parent()
+            .filter(|p| git_commit(p).is_some())
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::current_dir().ok())
+            .unwrap_or_default();
+        (git_commit(&root), git_dirty(&root))
+    }
+
+    /// The command line this sitting was started with.
+    pub fn command(&self) -> String {
+        std::iter::once(self.bench.to_string())
+            .chain(std::env::args().skip(1))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Writes `body` (a JSON object) behind the sitting's header
+    /// (benchmark, date, command, commit, machine and load at start and
+    /// now) to [`Sitting::out_path`], and says where.
+    pub fn write_json(&self, body: Value) -> Result<()> {
+        let (commit, dirty) = self.sources();
+        let mut doc = json!({
+            "benchmark": self.bench,
+            "date_utc": self.date,
+            "unix_time": self.unix_time,
+            "command": self.command(),
+            "git_commit": commit,
+            "git_dirty": dirty,
+            "machine": {
+                "nproc": self.nproc, "cpu_model": self.cpu_model,
+                "mem_total_kib": mem_total_kib(),
+                "loadavg_start": self.load_start, "loadavg_end": loadavg(),
+            },
+        });
+        if let (Some(doc), Value::Object(body)) = (doc.as_object_mut(), body) {
+            doc.extend(body);
+        }
+        if let Some(dir) = self.out_path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        std::fs::write(&self.out_path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("cannot write {}", self.out_path.display()))?;
+        println!("\nJSON: {}", self.out_path.display());
+        Ok(())
+    }
+}
+
 /// The directory holding this benchmark's binary, and the cargo target
 /// directory above it (where results go, under `bench/`).
 pub fn bin_and_target_dirs() -> Result<(PathBuf, PathBuf)> {

@@ -32,7 +32,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Barrier;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use ductile_apps::args;
@@ -630,36 +630,18 @@ fn main() -> ExitCode {
 fn real_main() -> Result<ExitCode> {
     let o = Opts::from_cli(<Cli as clap::Parser>::parse());
 
-    let (bin_dir, target_dir) = bin_and_target_dirs()?;
-    let sibling = |name: &str| {
-        sibling(
-            &bin_dir,
+    let sitting = Sitting::begin("bench_core", "core.json", o.out.clone())?;
+    let program = |name: &str| {
+        sitting.program(
             name,
-            "bench_core",
             "cargo build --release -p ductile-apps -p ductile-operator",
         )
     };
-    let ductile = sibling("ductile")?;
-    let pingpong_bin = sibling("pingpong")?;
-    let jacobi_bin = sibling("jacobi2d")?;
-    let out_path = o
-        .out
-        .clone()
-        .unwrap_or_else(|| target_dir.join("bench").join("core.json"));
-
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let date = utc_date(now.as_secs());
-    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let model = cpu_model();
-    let state_base = std::env::temp_dir().join(format!(
-        "ductile-bench-core-{}-{}",
-        std::process::id(),
-        now.as_nanos()
-    ));
-    std::fs::create_dir_all(&state_base)
-        .with_context(|| format!("cannot create {}", state_base.display()))?;
+    let ductile = program("ductile")?;
+    let pingpong_bin = program("pingpong")?;
+    let jacobi_bin = program("jacobi2d")?;
+    let (date, nproc, model) = (&sitting.date, sitting.nproc, &sitting.cpu_model);
+    let state_base = &sitting.state_base;
     let mut env = Env {
         prefix: "bench-core",
         ductile,
@@ -1022,13 +1004,7 @@ fn real_main() -> Result<ExitCode> {
     }
     print!("{report}");
 
-    let doc = json!({
-        "benchmark": "bench_core",
-        "date_utc": date,
-        "unix_time": now.as_secs(),
-        "command": std::iter::once("bench_core".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),
-        "git_commit": target_dir.parent().and_then(git_commit),
-        "machine": { "nproc": nproc, "cpu_model": model, "mem_total_kib": mem_total_kib() },
+    sitting.write_json(json!({
         "parameters": {
             "reps": o.reps, "iters": o.iters, "grid": o.grid, "quick": o.quick,
             "skip_pingpong": o.skip_pingpong, "skip_jacobi": o.skip_jacobi,
@@ -1050,13 +1026,7 @@ fn real_main() -> Result<ExitCode> {
         })).collect::<Vec<_>>(),
         "ok": checksum_ok,
         "table": report,
-    });
-    if let Some(dir) = out_path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    std::fs::write(&out_path, serde_json::to_string_pretty(&doc)? + "\n")
-        .with_context(|| format!("cannot write {}", out_path.display()))?;
-    println!("\nJSON: {}", out_path.display());
+    }))?;
 
     if !checksum_ok {
         eprintln!("bench_core: ERROR: Jacobi checksums differ between runs of the same grid and iterations");

@@ -37,7 +37,6 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use ductile::lb::{self, optimal, Assignment, CostModel, LbStats, Params};
@@ -404,35 +403,19 @@ type CaseSamples = Vec<Vec<RunSample>>;
 fn real_main() -> Result<ExitCode> {
     let o = Opts::from_cli(&<Cli as clap::Parser>::parse());
 
-    let (bin_dir, target_dir) = bin_and_target_dirs()?;
-    let sibling = |name: &str| {
-        sibling(&bin_dir, name, "bench_lb", "cargo build --release -p ductile-apps --bin bench_lb --bin lbbench --bin jacobi2d -p ductile-operator")
+    let sitting = Sitting::begin("bench_lb", "lb.json", o.out.clone())?;
+    let program = |name: &str| {
+        sitting.program(name, "cargo build --release -p ductile-apps --bin bench_lb --bin lbbench --bin jacobi2d -p ductile-operator")
     };
-    let ductile = sibling("ductile")?;
-    let lbbench_bin = sibling("lbbench")?;
-    let jacobi_bin = sibling("jacobi2d")?;
+    let ductile = program("ductile")?;
+    let lbbench_bin = program("lbbench")?;
+    let jacobi_bin = program("jacobi2d")?;
     let bin_of = |p: Prog| match p {
         Prog::Lbbench => &lbbench_bin,
         Prog::Jacobi => &jacobi_bin,
     };
-    let out_path = o
-        .out
-        .clone()
-        .unwrap_or_else(|| target_dir.join("bench").join("lb.json"));
-
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let date = utc_date(now.as_secs());
-    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let model = cpu_model();
-    let state_base = std::env::temp_dir().join(format!(
-        "ductile-bench-lb-{}-{}",
-        std::process::id(),
-        now.as_nanos()
-    ));
-    std::fs::create_dir_all(&state_base)
-        .with_context(|| format!("cannot create {}", state_base.display()))?;
+    let (date, nproc, model) = (&sitting.date, sitting.nproc, &sitting.cpu_model);
+    let state_base = &sitting.state_base;
     let mut env = Env {
         ductile,
         state_base: state_base.clone(),
@@ -441,7 +424,7 @@ fn real_main() -> Result<ExitCode> {
         prefix: "bench-lb",
     };
     let cases = cases(o.quick);
-    let load_start = loadavg();
+    let load_start = &sitting.load_start;
 
     let children = (|| -> Result<_> {
         let mut samples: Vec<CaseSamples> = cases
@@ -764,16 +747,7 @@ fn real_main() -> Result<ExitCode> {
     }
     print!("{report}");
 
-    let doc = json!({
-        "benchmark": "bench_lb",
-        "date_utc": date,
-        "unix_time": now.as_secs(),
-        "command": std::iter::once("bench_lb".to_string()).chain(std::env::args().skip(1)).collect::<Vec<_>>().join(" "),
-        "git_commit": target_dir.parent().and_then(git_commit),
-        "machine": {
-            "nproc": nproc, "cpu_model": model, "mem_total_kib": mem_total_kib(),
-            "loadavg_start": load_start, "loadavg_end": load_end,
-        },
+    sitting.write_json(json!({
         "parameters": {
             "reps": o.reps, "quick": o.quick, "nodes": 1, "pes_per_node": PES,
             "strategies": STRATEGIES, "child_timeout_s": o.child_timeout_s,
@@ -785,13 +759,7 @@ fn real_main() -> Result<ExitCode> {
         })).collect::<Vec<_>>(),
         "ok": checksum_ok,
         "table": report,
-    });
-    if let Some(dir) = out_path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    std::fs::write(&out_path, serde_json::to_string_pretty(&doc)? + "\n")
-        .with_context(|| format!("cannot write {}", out_path.display()))?;
-    println!("\nJSON: {}", out_path.display());
+    }))?;
 
     if !checksum_ok {
         eprintln!(

@@ -57,7 +57,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use ductile_apps::args;
@@ -948,35 +948,17 @@ struct Row {
 }
 
 fn real_main() -> Result<ExitCode> {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
     let o = Opts::from_cli(<Cli as clap::Parser>::parse()).unwrap_or_else(|e| {
         <Cli as clap::CommandFactory>::command()
             .error(clap::error::ErrorKind::ArgumentConflict, e)
             .exit()
     });
 
-    let (bin_dir, target_dir) = bin_and_target_dirs()?;
-    let ductile = sibling(&bin_dir, "ductile", "bench_rescale", BUILD)?;
-    let jacobi = sibling(&bin_dir, "jacobi2d", "bench_rescale", BUILD)?;
-    let out_path = o
-        .out
-        .clone()
-        .unwrap_or_else(|| target_dir.join("bench").join("rescale.json"));
-
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let date = utc_date(now.as_secs());
-    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let model = cpu_model();
-    // Short: a job's `launcher.sock` lives in its state directory, and
-    // `ductile run` refuses one whose socket path would not fit a Unix
-    // socket address (107 bytes).
-    let state_base = std::env::temp_dir().join(format!(
-        "ductile-rescale-{}-{}",
-        std::process::id(),
-        now.as_secs()
-    ));
+    let sitting = Sitting::begin("bench_rescale", "rescale.json", o.out.clone())?;
+    let ductile = sitting.program("ductile", BUILD)?;
+    let jacobi = sitting.program("jacobi2d", BUILD)?;
+    let (date, nproc, model) = (&sitting.date, sitting.nproc, &sitting.cpu_model);
+    let state_base = &sitting.state_base;
     let logs = state_base.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
     let mut env = Env {
@@ -986,24 +968,9 @@ fn real_main() -> Result<ExitCode> {
         runs: 0,
         prefix: "bench-rescale",
     };
-    let load_start = loadavg();
-    // The sources the binaries came from: the checkout above the target
-    // directory, else the one the bench runs in.
-    let root = target_dir
-        .parent()
-        .filter(|p| git_commit(p).is_some())
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::current_dir().ok())
-        .unwrap_or_default();
-    let (commit, dirty) = (git_commit(&root), git_dirty(&root));
-    let command = std::iter::once(
-        std::env::args()
-            .next()
-            .unwrap_or_else(|| "bench_rescale".into()),
-    )
-    .chain(argv.iter().cloned())
-    .collect::<Vec<_>>()
-    .join(" ");
+    let load_start = &sitting.load_start;
+    let (commit, dirty) = sitting.sources();
+    let command = sitting.command();
 
     // A node count that fails (a rescale refused, a stalled job, a child
     // run failing) is reported in full at once and again at the end, and
@@ -1343,17 +1310,7 @@ fn real_main() -> Result<ExitCode> {
             })
         })
         .collect();
-    let doc = json!({
-        "benchmark": "bench_rescale",
-        "date_utc": date,
-        "unix_time": now.as_secs(),
-        "command": command,
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "machine": {
-            "nproc": nproc, "cpu_model": model, "mem_total_kib": mem_total_kib(),
-            "loadavg_start": load_start, "loadavg_end": load_end,
-        },
+    sitting.write_json(json!({
         "parameters": {
             "nodes": o.nodes, "step": o.step, "pes_per_node": 1, "reps": o.reps, "quick": o.quick,
             "problem": o.problem(), "job_seconds": o.job_seconds,
@@ -1371,13 +1328,7 @@ fn real_main() -> Result<ExitCode> {
         "logs_kept_in": (!failures.is_empty()).then(|| state_base.display().to_string()),
         "ok": checksum_ok && failures.is_empty(),
         "table": report,
-    });
-    if let Some(dir) = out_path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    std::fs::write(&out_path, serde_json::to_string_pretty(&doc)? + "\n")
-        .with_context(|| format!("cannot write {}", out_path.display()))?;
-    println!("\nJSON: {}", out_path.display());
+    }))?;
 
     if !checksum_ok {
         eprintln!("bench_rescale: ERROR: CHECKSUM MISMATCH: a rescaled job computed something else than the same job on 1 node");
