@@ -39,8 +39,30 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 const NOT_READY_PAUSE: Duration = Duration::from_millis(50);
 /// How often [`CoordinatorLink::settled`] looks for a new connection.
 const SETTLE_POLL: Duration = Duration::from_millis(10);
-/// Why a rejoin stopped when its `who` said the node no longer needs one.
-pub(crate) const NOT_NEEDED: &str = "the node no longer needs the coordinator";
+/// Why a node could not rejoin its coordinator.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RejoinError {
+    /// `DUCTILE_COORDINATOR_RECONNECT=0`: the node does not try.
+    #[error(
+        "{}=0: not trying to rejoin it",
+        ductile_coordinator::contract::ENV_COORDINATOR_RECONNECT
+    )]
+    Disabled,
+    /// The bound passed; `last` says what the last attempt came to.
+    #[error("the coordinator at {addr} did not take this node back in time (last: {last})")]
+    TimedOut {
+        /// The coordinator's address.
+        addr: String,
+        /// The last attempt's failure.
+        last: String,
+    },
+    /// The node's `who` said it no longer needs the coordinator.
+    #[error("the node no longer needs the coordinator")]
+    NotNeeded,
+    /// Refused for good (not a member any more, another build).
+    #[error(transparent)]
+    Refused(ClientError),
+}
 
 /// How a node rejoins its coordinator.
 #[derive(Clone, Debug, PartialEq)]
@@ -120,8 +142,8 @@ pub(crate) fn rejoin_as(
 enum Attempt {
     /// Worth another connection (the coordinator went away again, or is mute).
     Retry(String),
-    /// Refused for good (not a member any more, another build): give up.
-    Fatal(String),
+    /// Refused for good, or no longer needed: give up.
+    Fatal(RejoinError),
 }
 
 /// The node's coordinator connection, replaced when it is rejoined.
@@ -204,19 +226,19 @@ impl CoordinatorLink {
         &self,
         deadline: Instant,
         mut who: impl FnMut() -> Option<Rejoin>,
-    ) -> Result<Rejoined, String> {
+    ) -> Result<Rejoined, RejoinError> {
         let mut backoff = FIRST_BACKOFF;
         let mut last = "no attempt was made".to_owned();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(format!(
-                    "the coordinator at {} did not take this node back in time (last: {last})",
-                    self.addr
-                ));
+                return Err(RejoinError::TimedOut {
+                    addr: self.addr.clone(),
+                    last,
+                });
             }
             if who().is_none() {
-                return Err(NOT_NEEDED.to_owned());
+                return Err(RejoinError::NotNeeded);
             }
             match Client::connect(&self.addr, &self.secret, left.min(ATTEMPT)) {
                 Err(e) => last = e.to_string(),
@@ -250,7 +272,7 @@ fn rejoin_on(
             return Err(Attempt::Retry(last));
         }
         let Some(me) = who() else {
-            return Err(Attempt::Fatal(NOT_NEEDED.to_owned()));
+            return Err(Attempt::Fatal(RejoinError::NotNeeded));
         };
         let t = left.min(ATTEMPT);
         let answer = match me {
@@ -307,7 +329,7 @@ fn rejoin_on(
                         return Ok(Rejoined::Removed { epoch });
                     }
                 }
-                return Err(Attempt::Fatal(e.to_string()));
+                return Err(Attempt::Fatal(RejoinError::Refused(e)));
             }
             Err(e) => return Err(Attempt::Retry(e.to_string())),
         }

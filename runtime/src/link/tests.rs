@@ -335,6 +335,11 @@ fn rejoining_gives_up_at_the_deadline_naming_the_address() {
             Some(Rejoin::Reattach { epoch: 1, uid: 1 })
         })
         .expect_err("nobody listens");
+    assert!(
+        matches!(&err, RejoinError::TimedOut { addr: a, .. } if *a == addr),
+        "{err}"
+    );
+    let err = err.to_string();
     assert!(err.contains(&addr), "{err}");
     assert!(err.contains("did not take this node back"), "{err}");
 }
@@ -372,13 +377,24 @@ fn a_refusal_ends_the_rejoin_at_once() {
     let err = link
         .rejoin(started + T, || Some(Rejoin::Reattach { epoch: 1, uid: 77 }))
         .expect_err("unknown uid");
-    assert!(err.contains("NotMember"), "{err}");
+    assert!(
+        matches!(
+            &err,
+            RejoinError::Refused(ClientError::Server {
+                code: ErrorCode::NotMember,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("NotMember"), "{err}");
     assert!(started.elapsed() < T);
     // A node that no longer needs the coordinator stops rejoining.
     let err = link
         .rejoin(Instant::now() + T, || None)
         .expect_err("not needed");
-    assert!(err.contains("no longer needs"), "{err}");
+    assert!(matches!(err, RejoinError::NotNeeded), "{err}");
+    assert!(err.to_string().contains("no longer needs"), "{err}");
 }
 
 #[test]

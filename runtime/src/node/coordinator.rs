@@ -8,13 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ductile_coordinator::client::ClientError;
-use ductile_coordinator::contract;
 use ductile_coordinator::proto::{Registration, ServerMsg, View};
 use tracing::{error, warn};
 
 use super::shared::NodeShared;
 use super::EXIT_ABORTED;
-use crate::link::{rejoin_as, CoordinatorLink, Rejoined};
+use crate::link::{rejoin_as, CoordinatorLink, RejoinError, Rejoined};
 use crate::rescale::NodeEvent;
 use crate::transport::tcp::TcpTransport;
 
@@ -49,13 +48,10 @@ impl Rejoiner {
         &self,
         admitted: Option<&View>,
         needed: impl Fn() -> bool,
-    ) -> Result<Rejoined, String> {
+    ) -> Result<Rejoined, RejoinError> {
         let addr = self.link.addr();
         if self.bound.is_zero() {
-            return Err(format!(
-                "{}=0: not trying to rejoin it",
-                contract::ENV_COORDINATOR_RECONNECT
-            ));
+            return Err(RejoinError::Disabled);
         }
         warn!(
             "lost the coordinator connection; trying to rejoin the coordinator at {addr} for up to {:.1}s",

@@ -31,10 +31,28 @@ use super::{misrouted, PeState, Scheduler};
 use crate::checkpoint::{
     job_path, pe_path, read, write, CheckpointError, JobFile, PeFile, SavedChare, SavedPopulation,
 };
+use crate::collection::StoreError;
 use crate::msg::{CallbackSpec, CollId, Dest, IndexKey, Target, MAIN_COLL};
 use crate::node::EXIT_STARTUP;
 use crate::reduce::Value;
 use crate::system::{AdoptedColl, Adoption, ElemMeta, Shape, SysMsg};
+
+/// Why a restarted job cannot restore from its checkpoint.
+#[derive(Debug, thiserror::Error)]
+enum RestoreError {
+    /// A file of the checkpoint cannot be used.
+    #[error(transparent)]
+    File(#[from] CheckpointError),
+    /// The program registers no main chare to restore.
+    #[error("no main chare registered")]
+    NoMain,
+    /// The main chare's saved state does not unpack.
+    #[error("the main chare: {0}")]
+    Main(StoreError),
+    /// A saved chare names a collection the job file does not list.
+    #[error("chare of an unknown collection {0:#x}")]
+    UnknownCollection(CollId),
+}
 
 /// The checkpoint service's state (PE 0's; other PEs only answer).
 #[derive(Default)]
@@ -358,18 +376,18 @@ impl Scheduler {
         }
     }
 
-    fn try_restore(&mut self, dir: &Path) -> Result<(), String> {
+    fn try_restore(&mut self, dir: &Path) -> Result<(), RestoreError> {
         let started = Instant::now();
-        let job: JobFile = read(&job_path(dir)).map_err(|e| e.to_string())?;
+        let job: JobFile = read(&job_path(dir))?;
         let files: Vec<PeFile> = (0..job.pes)
-            .map(|pe| read::<PeFile>(&pe_path(dir, pe)).map_err(|e| e.to_string()))
+            .map(|pe| read::<PeFile>(&pe_path(dir, pe)))
             .collect::<Result<_, _>>()?;
         let reg = self.ctx.node.registry.clone();
-        let main_type = reg.main_type.ok_or("no main chare registered")?;
+        let main_type = reg.main_type.ok_or(RestoreError::NoMain)?;
         let entry = reg.chares.get(&main_type).expect("main type is registered");
         let mut main = (entry.make)(MAIN_COLL);
         main.unpack(0, &job.main.state, job.main.meta.clone(), &mut self.ctx)
-            .map_err(|e| format!("the main chare: {e}"))?;
+            .map_err(RestoreError::Main)?;
         self.stores.insert(MAIN_COLL, main);
 
         let topo = self.ctx.topo.clone();
@@ -409,7 +427,7 @@ impl Scheduler {
                     Some(Shape::Array { .. }) => Some(file.pe % pes),
                     Some(Shape::Group) => (file.pe < pes).then_some(file.pe),
                     Some(Shape::NodeGroup) => (file.node < nodes).then(|| topo.first_pe(file.node)),
-                    None => return Err(format!("chare of an unknown collection {:#x}", c.coll)),
+                    None => return Err(RestoreError::UnknownCollection(c.coll)),
                 };
                 if !matches!(shapes[&c.coll], Shape::Array { .. }) {
                     if file.pe == 0 {
