@@ -7,11 +7,17 @@ use ductile_coordinator::control::JobStatus;
 
 use super::job::{connect_job, running_launcher, Unreachable};
 use super::{say, StatusArgs, EXIT_FAILED, EXIT_USAGE};
-use crate::state::{read_job_state, resolve_state_dir, NewcomerRecord, Outcome};
+use crate::state::{
+    read_job_state, resolve_state_dir, NewcomerCounts, NewcomerRecord, Outcome, NEWCOMER_RECORDS,
+};
 
 /// `ductile status --json`: the job's status (member addresses as text),
 /// plus the newcomers its launcher started (from `job.json`).
-fn status_json(status: &JobStatus, newcomers: &[NewcomerRecord]) -> serde_json::Value {
+fn status_json(
+    status: &JobStatus,
+    newcomers: &[NewcomerRecord],
+    counts: &NewcomerCounts,
+) -> serde_json::Value {
     let mut value = serde_json::to_value(status).unwrap_or_default();
     if let Some(members) = value.get_mut("members").and_then(|m| m.as_array_mut()) {
         for (json, member) in members.iter_mut().zip(&status.members) {
@@ -20,7 +26,21 @@ fn status_json(status: &JobStatus, newcomers: &[NewcomerRecord]) -> serde_json::
     }
     value["running"] = serde_json::Value::Bool(true);
     value["launcher_newcomers"] = serde_json::to_value(newcomers).unwrap_or_default();
+    value["launcher_newcomer_counts"] = serde_json::to_value(counts).unwrap_or_default();
     value
+}
+
+/// The launcher's counts over every newcomer of the job, in one line, when
+/// it started any: its list (`job.json`) keeps the running ones and only
+/// the last [`NEWCOMER_RECORDS`] that ended.
+pub fn render_newcomer_counts(counts: &NewcomerCounts) -> Option<String> {
+    (counts.started > 0).then(|| {
+        format!(
+            "newcomers in all: {} started, {} admitted, {} dropped before admission, {} ended \
+             (listed: those running and the last {NEWCOMER_RECORDS} that ended)\n",
+            counts.started, counts.admitted, counts.dropped, counts.ended
+        )
+    })
 }
 
 /// A member's transport address as text: itself when it is printable
@@ -71,11 +91,11 @@ pub fn status(args: StatusArgs) -> i32 {
         }
     };
     // Newcomers are the launcher's to report; a job started otherwise has none.
-    let newcomers = read_job_state(&job.dir)
-        .map(|state| state.newcomers)
+    let (newcomers, counts) = read_job_state(&job.dir)
+        .map(|state| (state.newcomers, state.newcomer_counts))
         .unwrap_or_default();
     if args.json {
-        match serde_json::to_string_pretty(&status_json(&status, &newcomers)) {
+        match serde_json::to_string_pretty(&status_json(&status, &newcomers, &counts)) {
             Ok(text) => println!("{text}"),
             Err(e) => {
                 say(&format!("cannot encode the status: {e}"));
@@ -85,6 +105,7 @@ pub fn status(args: StatusArgs) -> i32 {
         return 0;
     }
     print!("{}", render_status(&status, &newcomers));
+    print!("{}", render_newcomer_counts(&counts).unwrap_or_default());
     0
 }
 
@@ -217,7 +238,22 @@ newcomers started by the launcher:
         assert_eq!(text, want);
         assert!(!render_status(&status, &[]).contains("launcher"));
 
-        let json = status_json(&status, &newcomers);
+        let counts = NewcomerCounts {
+            started: 1065,
+            admitted: 691,
+            dropped: 8,
+            ended: 1060,
+        };
+        assert_eq!(
+            render_newcomer_counts(&counts),
+            Some(format!(
+                "newcomers in all: 1065 started, 691 admitted, 8 dropped before admission, 1060 ended \
+                 (listed: those running and the last {NEWCOMER_RECORDS} that ended)\n"
+            ))
+        );
+        assert_eq!(render_newcomer_counts(&NewcomerCounts::default()), None);
+        let json = status_json(&status, &newcomers, &counts);
+        assert_eq!(json["launcher_newcomer_counts"]["started"], 1065);
         assert_eq!(json["epoch"], 2);
         assert_eq!(json["launcher_newcomers"][2]["exit"], "exited with code 3");
         assert_eq!(json["members"][1]["address"], "127.0.0.1:40001", "as text");
