@@ -66,6 +66,10 @@ pub fn cloud(args: CloudArgs) -> i32 {
             return EXIT_USAGE;
         }
     };
+    if args.checkpoint_every.is_some() && args.mode != Mode::CheckpointRestart {
+        say("--checkpoint-every needs --mode checkpoint-restart");
+        return EXIT_USAGE;
+    }
     if args.check {
         println!("{}", plan(&loaded));
         return 0;
@@ -83,10 +87,6 @@ pub fn cloud(args: CloudArgs) -> i32 {
     let mut opts = RunOptions::new(state_dir, out);
     opts.timeout = args.timeout;
     opts.mode = args.mode;
-    if args.checkpoint_every.is_some() && args.mode != Mode::CheckpointRestart {
-        say("--checkpoint-every needs --mode checkpoint-restart");
-        return EXIT_USAGE;
-    }
     opts.checkpoint_every = args.checkpoint_every;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [
