@@ -133,6 +133,12 @@ impl Transport for TcpTransport {
                 .map(|e| (e.uid, e))
                 .collect();
         let mut next = HashMap::new();
+        // A peer that cannot be dialled (a node a rescale removed meanwhile,
+        // seen by a newcomer still opening its speculative endpoints) fails
+        // the reconcile, but only after every other endpoint is in place:
+        // dropping the table here would close the live connections without
+        // a BYE, and their peers would report this node lost.
+        let mut failure = None;
         for m in &view.members {
             if m.node == me {
                 continue;
@@ -143,13 +149,20 @@ impl Transport for TcpTransport {
                     ep
                 }
                 None => {
-                    stats.opened += 1;
                     let my_uid = *self.my_uid.read().expect("uid lock poisoned");
-                    let stream = handshake::dial(m.node, &m.address, &self.secret, my_uid)?;
-                    Arc::new(Endpoint {
-                        uid: m.uid,
-                        stream: Mutex::new(stream),
-                    })
+                    match handshake::dial(m.node, &m.address, &self.secret, my_uid) {
+                        Ok(stream) => {
+                            stats.opened += 1;
+                            Arc::new(Endpoint {
+                                uid: m.uid,
+                                stream: Mutex::new(stream),
+                            })
+                        }
+                        Err(e) => {
+                            failure.get_or_insert(e);
+                            continue;
+                        }
+                    }
                 }
             };
             next.insert(m.node, ep);
@@ -162,7 +175,10 @@ impl Transport for TcpTransport {
             debug!(uid, "closed endpoint to a departed peer");
         }
         *self.out.write().expect("endpoint table poisoned") = next;
-        Ok(stats)
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(stats),
+        }
     }
 
     fn shutdown(&self) {

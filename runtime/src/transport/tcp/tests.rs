@@ -168,6 +168,36 @@ fn reconcile_keeps_survivors_reindexed_closes_the_departed_and_opens_newcomers()
     ));
 }
 
+/// A peer that cannot be dialled (a node removed while a newcomer opened
+/// its speculative endpoints) fails the reconcile, but the endpoints to the
+/// others stay open and in place: their peers see no loss, and frames flow.
+#[test]
+fn a_peer_that_cannot_be_dialled_fails_the_reconcile_without_closing_the_others() {
+    let s = Secret::generate();
+    let (a, b, c, gone) = (node(&s, 1), node(&s, 2), node(&s, 3), node(&s, 4));
+    a.t.reconcile(&view(1, &[&a, &b]), 0).unwrap();
+    // `gone` stops listening: dialling it is refused.
+    let mut v = view(2, &[&a, &b, &gone, &c]);
+    drop(gone);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = listener.local_addr().unwrap();
+    drop(listener);
+    v.members[2].address = dead.to_string().into_bytes();
+    assert!(a.t.reconcile(&v, 0).is_err(), "an unreachable peer is an error");
+    a.t.send(1, Tag::new(0, 2, 1), &[b"to-b"]).unwrap();
+    a.t.send(3, Tag::new(0, 2, 1), &[b"to-c"]).unwrap();
+    assert_eq!(b.frames.recv_timeout(WAIT).unwrap().1, b"to-b");
+    assert_eq!(c.frames.recv_timeout(WAIT).unwrap().1, b"to-c");
+    assert!(
+        b.lost.recv_timeout(Duration::from_millis(300)).is_err(),
+        "a's connection to b was closed by the failed reconcile"
+    );
+    assert!(matches!(
+        a.t.send(2, Tag::new(0, 2, 1), &[b"x"]),
+        Err(TransportError::NoEndpoint(2))
+    ));
+}
+
 /// A hand-driven peer that passed the handshake as `uid`.
 fn raw_peer(addr: SocketAddr, secret: &Secret, uid: u64) -> TcpStream {
     let mut raw = TcpStream::connect(addr).unwrap();

@@ -331,8 +331,10 @@ impl Transport for UcxTransport {
                         Peer { uid: m.uid, ep }
                     }
                     Err(e) => {
-                        failure = Some(TransportError::Address(m.node, e));
-                        break;
+                        // The others stay open and in place (as over TCP):
+                        // the first failure is the reconcile's error.
+                        failure.get_or_insert(TransportError::Address(m.node, e));
+                        continue;
                     }
                 },
             };
