@@ -64,7 +64,7 @@ mod view;
 pub(crate) use drain::add_counts;
 use drain::DrainTree;
 pub(crate) use events::{
-    Action, Cause, Config, Counts, DrainMode, Event, Failure, Step, Unanswered,
+    Action, Cause, Config, Counts, DrainMode, Event, Failure, Step, Unanswered, ViewUnanswered,
 };
 
 /// The rescale this node takes part in.

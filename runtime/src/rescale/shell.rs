@@ -25,7 +25,9 @@ use ductile_coordinator::client::{Client, ClientError};
 use ductile_coordinator::proto::{ErrorCode, NodeId, View};
 use tracing::{debug, info};
 
-use super::driver::{Action, Cause, Config, DrainMode, Driver, Event, Failure, Unanswered};
+use super::driver::{
+    Action, Cause, Config, DrainMode, Driver, Event, Failure, Unanswered, ViewUnanswered,
+};
 use super::spans::RescaleSpans;
 use super::{NodeEvent, RescaleFailed, Stage, StageBounds};
 use crate::link::CoordinatorLink;
@@ -308,7 +310,10 @@ impl Shell {
                 self.answers.push_back(Event::Committed(answer));
             }
             Action::AskView { epoch } => {
-                debug!(epoch, "asking the coordinator's view for the commit's outcome");
+                debug!(
+                    epoch,
+                    "asking the coordinator's view for the commit's outcome"
+                );
                 let answer = self.view_now(step);
                 self.answers.push_back(Event::ViewNow(answer));
             }
@@ -433,16 +438,17 @@ impl Shell {
     /// Node 0, after the connection ended under its commit: the
     /// coordinator's view, asked over the rejoined connection (a restarted
     /// coordinator holds the view node 0 restored it with), within `bound`.
-    fn view_now(&mut self, bound: Duration) -> Result<View, String> {
+    fn view_now(&mut self, bound: Duration) -> Result<View, ViewUnanswered> {
         let deadline = Instant::now() + bound;
         let mut last = "no connection came back".to_owned();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(format!(
-                    "the coordinator at {} did not answer within {bound:?} (last: {last})",
-                    self.client.addr()
-                ));
+                return Err(ViewUnanswered {
+                    addr: self.client.addr().to_string(),
+                    bound,
+                    last,
+                });
             }
             let client = self.coordinator(left);
             let left = deadline.saturating_duration_since(Instant::now());

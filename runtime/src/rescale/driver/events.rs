@@ -124,7 +124,7 @@ pub(crate) enum Event {
     Committed(Result<View, Unanswered>),
     /// Answer to [`Action::AskView`]: the coordinator's view now, or why
     /// it could not be learned within the bound.
-    ViewNow(Result<View, String>),
+    ViewNow(Result<View, ViewUnanswered>),
     /// Answer to [`Action::Install`]: the installed topology.
     Installed(Result<Arc<Topology>, String>),
     /// An [`Action::Send`] failed.
@@ -329,6 +329,19 @@ impl fmt::Display for Step {
 }
 
 /// Why a step failed.
+/// Why node 0 could not read the coordinator's view after a connection
+/// ended under its commit.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the coordinator at {addr} did not answer within {bound:?} (last: {last})")]
+pub(crate) struct ViewUnanswered {
+    /// The coordinator's address.
+    pub(crate) addr: String,
+    /// How long node 0 asked.
+    pub(crate) bound: Duration,
+    /// The last thing that went wrong.
+    pub(crate) last: String,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Cause {
     /// Its deadline passed.
@@ -395,7 +408,7 @@ pub(crate) enum Cause {
     /// The coordinator's view could not be read after the connection
     /// ended under the commit: whether it was made is unknown.
     #[error("whether the commit was made could not be learned: {0}")]
-    Unlearned(String),
+    Unlearned(ViewUnanswered),
     /// The coordinator's view is neither the one left nor one this commit
     /// could have made.
     #[error("the coordinator's view (epoch {epoch}) is not the one this rescale left (epoch {left}) nor the commit it asked for")]

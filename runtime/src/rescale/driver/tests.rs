@@ -404,7 +404,11 @@ impl Sim {
                     assert!(epoch == self.view.epoch || epoch + 1 == self.view.epoch);
                     self.views_asked += 1;
                     let answer = if self.faults.view_unreachable {
-                        Err("the coordinator did not answer within 2s".into())
+                        Err(ViewUnanswered {
+                            addr: "127.0.0.1:1".into(),
+                            bound: Duration::from_secs(2),
+                            last: "the connection was reset".into(),
+                        })
                     } else {
                         Ok(self.view.clone())
                     };

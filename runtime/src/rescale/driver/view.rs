@@ -14,6 +14,7 @@ use tracing::info;
 
 use super::{
     Action, BarrierWait, Cause, ControlFrame, Counts, Driver, Rescale, Stage, State, Step,
+    ViewUnanswered,
 };
 use crate::topo::Topology;
 
@@ -90,7 +91,7 @@ impl Driver {
         r: Box<Rescale>,
         tries: u32,
         lost: String,
-        answer: &Result<View, String>,
+        answer: &Result<View, ViewUnanswered>,
         now: Instant,
         out: &mut Vec<Action>,
     ) {
