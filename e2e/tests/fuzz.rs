@@ -178,9 +178,11 @@ fn registration(role: Role) -> Registration {
 }
 
 /// Writes the generated part of the corpus (valid messages of every kind
-/// from the real encoders, and a few classic bad frames).
+/// from the real encoders, and a few classic bad frames). Not a check: it
+/// rewrites the committed corpus, so it runs only when asked
+/// (`cargo test --release -p ductile-e2e --test fuzz -- --ignored write_corpus`).
 #[test]
-#[ignore]
+#[ignore = "rewrites the committed corpus: run with --ignored write_corpus"]
 fn write_corpus() {
     let view = View {
         epoch: 3,
