@@ -139,6 +139,28 @@ impl Finished {
         })
     }
 
+    /// Panics unless the job failed the way a fault must end it: its stderr
+    /// says `needle` (`what`, for the message), it did not run until its
+    /// `--timeout`, and it printed no result.
+    pub fn failed_naming(&self, needle: &str, what: &str) {
+        assert!(
+            self.stderr.contains(needle),
+            "{what}: no {needle:?} in the job's stderr\n{}",
+            self.stderr
+        );
+        assert!(
+            !self.stderr.contains("ran past its --timeout"),
+            "the job stalled until its timeout\n{}",
+            self.stderr
+        );
+        assert_eq!(
+            crate::last_value(&self.stdout, "checksum"),
+            None,
+            "a failed job printed a result\n{}",
+            self.stdout
+        );
+    }
+
     /// Panics with the job's output unless it exited 0 with checksum `want`.
     pub fn completes_with(&self, want: &str) {
         assert_eq!(
@@ -241,6 +263,26 @@ impl Background {
             .as_str()
             .unwrap_or_else(|| panic!("no coordinator address in {record}"));
         (pid as u32, addr.to_owned())
+    }
+
+    /// Asks the launcher, through its request channel (`launcher.sock`),
+    /// to start one newcomer; its pid.
+    pub fn spawn_newcomer(&self) -> u32 {
+        use std::io::{BufRead, BufReader, Write};
+        let mut socket = std::os::unix::net::UnixStream::connect(self.path("launcher.sock"))
+            .expect("connecting to the launcher");
+        socket
+            .write_all(b"spawn 1\n")
+            .expect("asking for a newcomer");
+        let mut reply = String::new();
+        BufReader::new(socket)
+            .read_line(&mut reply)
+            .expect("the launcher's reply");
+        reply
+            .trim()
+            .strip_prefix("ok ")
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or_else(|| panic!("the launcher refused: {reply}"))
     }
 
     /// Whether `ductile run` still runs.

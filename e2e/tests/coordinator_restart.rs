@@ -180,26 +180,6 @@ fn a_coordinator_lost_once_too_often_fails_the_job_and_stops_it() {
     }
 }
 
-/// Asks the launcher, through its request channel, to start one newcomer;
-/// returns its pid.
-fn spawn_newcomer(job: &Background) -> u32 {
-    use std::io::{BufRead, BufReader, Write};
-    let mut socket = std::os::unix::net::UnixStream::connect(job.path("launcher.sock"))
-        .expect("connecting to the launcher");
-    socket
-        .write_all(b"spawn 1\n")
-        .expect("asking for a newcomer");
-    let mut reply = String::new();
-    BufReader::new(socket)
-        .read_line(&mut reply)
-        .expect("the launcher's reply");
-    reply
-        .trim()
-        .strip_prefix("ok ")
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("the launcher refused: {reply}"))
-}
-
 fn pending_pids(status: &Value) -> Vec<u64> {
     status["pending"]
         .as_array()
@@ -216,7 +196,7 @@ fn a_waiting_newcomer_registers_again_and_is_admitted_after_a_restart() {
     let spec = ductile_e2e::jacobi_args(LONG);
     let want = reference_checksum(&spec);
     let mut job = Background::launch(3, "jacobi2d", &spec).start();
-    let newcomer = spawn_newcomer(&job) as u64;
+    let newcomer = job.spawn_newcomer() as u64;
     assert!(
         eventually(WAIT, || pending_pids(&job.ductile(&["status"]))
             == [newcomer]),

@@ -179,25 +179,17 @@ fn a_departing_node_killed_after_its_hand_over_fails_the_job_naming_it() {
     signal(pids[3], "-KILL");
     signal(held.coordinator, "-CONT");
     let (tool_code, tool_out, tool_err) = tool_result(held.tool, WAIT);
-    let Finished {
-        code,
-        stdout,
-        stderr,
-        ..
-    } = job.finish_within(WAIT);
-    assert_eq!(code, Some(1), "the job must fail\n{stdout}\n{stderr}");
-    assert!(
-        stderr.contains(&format!("node 3 (pid {}) was killed by signal 9", pids[3])),
-        "the failure does not name the killed node\n{stderr}"
-    );
-    assert!(
-        !stderr.contains("ran past its --timeout"),
-        "the job stalled until its timeout\n{stderr}"
-    );
+    let end = job.finish_within(WAIT);
     assert_eq!(
-        ductile_e2e::last_value(&stdout, "checksum"),
-        None,
-        "a failed job printed a result\n{stdout}"
+        end.code,
+        Some(1),
+        "the job must fail\n{}\n{}",
+        end.stdout,
+        end.stderr
+    );
+    end.failed_naming(
+        &format!("node 3 (pid {}) was killed by signal 9", pids[3]),
+        "the failure does not name the killed node",
     );
     if tool_code == Some(0) {
         let report: Value = serde_json::from_str(&tool_out).expect("JSON report");
@@ -292,7 +284,7 @@ fn a_newcomer_killed_while_it_integrates_fails_the_job_naming_it() {
     let spec = ductile_e2e::jacobi_args(ITERS);
     let job = start(tempfile::tempdir().expect("temp dir"), 3, &spec, None, &[]);
     let pids: Vec<u32> = job.members().iter().map(|m| m.pid).collect();
-    let newcomer = spawn_newcomer(&job);
+    let newcomer = job.spawn_newcomer();
     assert!(
         eventually(WAIT, || job
             .try_status()
@@ -330,49 +322,21 @@ fn a_newcomer_killed_while_it_integrates_fails_the_job_naming_it() {
     );
     signal(newcomer, "-KILL");
     let answer = asked.join().expect("the request's thread");
-    let Finished {
-        code,
-        stdout,
-        stderr,
-        ..
-    } = job.finish_within(WAIT);
-    assert_eq!(code, Some(1), "the job must fail\n{stdout}\n{stderr}");
-    assert!(
-        stderr.contains(&format!("(pid {newcomer}) was killed by signal 9")),
-        "the failure does not name the newcomer\n{stderr}"
-    );
-    assert!(
-        !stderr.contains("ran past its --timeout"),
-        "stalled\n{stderr}"
-    );
+    let end = job.finish_within(WAIT);
     assert_eq!(
-        ductile_e2e::last_value(&stdout, "checksum"),
-        None,
-        "a failed job printed a result"
+        end.code,
+        Some(1),
+        "the job must fail\n{}\n{}",
+        end.stdout,
+        end.stderr
+    );
+    end.failed_naming(
+        &format!("(pid {newcomer}) was killed by signal 9"),
+        "the failure does not name the newcomer",
     );
     let err = answer.expect_err("the request reported a rescale of a failed job");
     assert!(!err.is_empty());
     assert!(all_gone(&pids), "processes of the job are left: {pids:?}");
-}
-
-/// Asks the launcher, through its request channel, to start one newcomer;
-/// its pid.
-fn spawn_newcomer(job: &Background) -> u32 {
-    use std::io::{BufRead, BufReader, Write};
-    let mut socket = std::os::unix::net::UnixStream::connect(job.path("launcher.sock"))
-        .expect("connecting to the launcher");
-    socket
-        .write_all(b"spawn 1\n")
-        .expect("asking for a newcomer");
-    let mut reply = String::new();
-    BufReader::new(socket)
-        .read_line(&mut reply)
-        .expect("the launcher's reply");
-    reply
-        .trim()
-        .strip_prefix("ok ")
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("the launcher refused: {reply}"))
 }
 
 /// A departing node loses its network (its veth link taken down, as a
@@ -438,25 +402,17 @@ fn a_survivor_cut_off_in_a_rescale_fails_the_job_within_the_bound_naming_the_sta
     signal(held.coordinator, "-CONT");
     let (tool_code, tool_out, tool_err) = tool_result(held.tool, WAIT);
     let job = nj.job.take().expect("the job");
-    let Finished {
-        code,
-        stdout,
-        stderr,
-        ..
-    } = job.finish_within(WAIT);
-    assert_ne!(code, Some(0), "the job must fail\n{stdout}\n{stderr}");
-    assert!(
-        stderr.contains("rescale failed in stage reconcile"),
-        "node 0 does not name the stage\n{stderr}"
+    let end = job.finish_within(WAIT);
+    assert_ne!(
+        end.code,
+        Some(0),
+        "the job must fail\n{}\n{}",
+        end.stdout,
+        end.stderr
     );
-    assert!(
-        !stderr.contains("ran past its --timeout"),
-        "stalled\n{stderr}"
-    );
-    assert_eq!(
-        ductile_e2e::last_value(&stdout, "checksum"),
-        None,
-        "a failed job printed a result"
+    end.failed_naming(
+        "rescale failed in stage reconcile",
+        "node 0 does not name the stage",
     );
     assert_ne!(
         tool_code,
