@@ -1011,21 +1011,13 @@ impl Driver<'_> {
             })
             .collect();
         let index = self.record.rescales.len();
-        self.record.rescales.push(RescaleRecord {
-            reason: reason.clone(),
-            remove: remove.iter().map(|m| m.0.clone()).collect(),
+        self.record.rescales.push(RescaleRecord::asked(
+            reason.clone(),
+            remove.iter().map(|m| m.0.clone()).collect(),
             admit,
-            asked_sim: sim.as_secs_f64(),
-            asked_real: real,
-            done_real: None,
-            done_sim: None,
-            epoch: None,
-            admitted: Vec::new(),
-            mechanism_ms: None,
-            error: None,
-            migrations: None,
-            redone_s: None,
-        });
+            sim.as_secs_f64(),
+            real,
+        ));
         let names: Vec<&str> = remove.iter().map(|m| m.0.as_str()).collect();
         self.mark("rescale", None, format!("{reason}: remove [{}], admit {admit}", names.join(", ")), say);
         let (tx, answer) = mpsc::channel();
@@ -1202,21 +1194,13 @@ impl Driver<'_> {
             .into_iter()
             .collect();
         let index = self.record.rescales.len();
-        self.record.rescales.push(RescaleRecord {
-            reason: RECOVERY.to_owned(),
-            remove: vec![instance.to_owned()],
-            admit: 0,
-            asked_sim: sim.as_secs_f64(),
-            asked_real: real,
-            done_real: None,
-            done_sim: None,
-            epoch: None,
-            admitted: Vec::new(),
-            mechanism_ms: None,
-            error: None,
-            migrations: None,
-            redone_s: None,
-        });
+        self.record.rescales.push(RescaleRecord::asked(
+            RECOVERY.to_owned(),
+            vec![instance.to_owned()],
+            0,
+            sim.as_secs_f64(),
+            real,
+        ));
         self.mark("rescale", None, format!("{RECOVERY}: remove [{instance}], admit 0"), say);
         let request = RescaleRequest {
             epoch: view.as_ref().map_or(0, |v| v.epoch),

@@ -83,6 +83,34 @@ pub struct RescaleRecord {
     pub redone_s: Option<f64>,
 }
 
+impl RescaleRecord {
+    /// A rescale just asked for, at `asked_sim` simulated and `asked_real`
+    /// real seconds; its outcome is filled in when it ends.
+    pub fn asked(
+        reason: String,
+        remove: Vec<String>,
+        admit: u32,
+        asked_sim: f64,
+        asked_real: f64,
+    ) -> Self {
+        RescaleRecord {
+            reason,
+            remove,
+            admit,
+            asked_sim,
+            asked_real,
+            done_real: None,
+            done_sim: None,
+            epoch: None,
+            admitted: Vec::new(),
+            mechanism_ms: None,
+            error: None,
+            migrations: None,
+            redone_s: None,
+        }
+    }
+}
+
 /// One periodic checkpoint that completed (`checkpoint-restart`).
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
