@@ -162,6 +162,44 @@ fn a_newcomer_that_dies_before_admission_is_dropped_not_fatal() {
     completes_with(job, &want);
 }
 
+/// Issue 17, item 9: an `expand` that gives up (`--timeout 0.001`) stops the
+/// newcomer it started unless the job admitted it meanwhile, so the next
+/// `expand` admits its own newcomer, not the first one's.
+#[test]
+fn an_expand_that_gives_up_leaves_no_newcomer_waiting() {
+    let spec = ductile_e2e::jacobi_args(12_000);
+    let want = reference_checksum(&spec);
+    let job = start_jacobi(2, 1, &spec);
+    let stderr = job.ductile_fails(&["expand", "--nodes", "1", "--timeout", "0.001"]);
+    assert!(stderr.contains("within --timeout"), "{stderr}");
+    // The first command's newcomer is either a member (the rescale went
+    // through after the command gave up) or gone; never left waiting.
+    let settled = || {
+        let record = job.record();
+        let newcomers = record["newcomers"].as_array().cloned().unwrap_or_default();
+        newcomers
+            .iter()
+            .all(|n| n["admitted"] == true || n["exit"].is_string())
+            .then_some(newcomers)
+    };
+    assert!(
+        eventually(WAIT, || settled().is_some()),
+        "a newcomer of the command that gave up is still waiting: {}",
+        job.record()
+    );
+    let members = job.members().len();
+    let report = job.ductile(&["expand", "--nodes", "1"]);
+    assert_eq!(report["admitted"], serde_json::json!([members]), "{report}");
+    let after = job.members();
+    assert_eq!(after.len(), members + 1);
+    assert_eq!(
+        report["spawned_pids"][0].as_u64(),
+        Some(after[members].pid as u64),
+        "the second expand admitted another command's newcomer: {report}"
+    );
+    completes_with(job, &want);
+}
+
 #[test]
 fn strangers_are_refused_and_change_nothing() {
     let spec = ductile_e2e::jacobi_args(8_000);
