@@ -157,12 +157,22 @@ fn chart_values_satisfy_the_values_schema() {
     let pdb = std::fs::read_to_string(templates.join("pdb.yaml")).unwrap();
     assert!(pdb.contains("kind: PodDisruptionBudget"));
     let deployment = std::fs::read_to_string(templates.join("deployment.yaml")).unwrap();
-    for needed in ["eks.amazonaws.com/capacityType", "karpenter.sh/capacity-type", "podAntiAffinity"] {
-        assert!(deployment.contains(needed), "deployment.yaml lacks {needed}");
+    for needed in [
+        "eks.amazonaws.com/capacityType",
+        "karpenter.sh/capacity-type",
+        "podAntiAffinity",
+    ] {
+        assert!(
+            deployment.contains(needed),
+            "deployment.yaml lacks {needed}"
+        );
     }
     let mut bad_budget = values.clone();
     bad_budget["metrics"]["prometheusRule"]["rescaleBudgetSeconds"] = "3".into();
-    assert!(!validator.is_valid(&bad_budget), "a budget that is no histogram bucket");
+    assert!(
+        !validator.is_valid(&bad_budget),
+        "a budget that is no histogram bucket"
+    );
 }
 
 fn crd_schema() -> Value {
@@ -263,11 +273,20 @@ fn rbac_is_least_privilege() {
         for rule in role["rules"].as_array().unwrap() {
             for key in ["apiGroups", "resources", "verbs"] {
                 for item in rule[key].as_array().unwrap() {
-                    assert_ne!(item, "*", "wildcard in {key} of {}", role["metadata"]["name"]);
+                    assert_ne!(
+                        item, "*",
+                        "wildcard in {key} of {}",
+                        role["metadata"]["name"]
+                    );
                 }
             }
             // Secrets: read and create the job secret, nothing else.
-            if rule["resources"].as_array().unwrap().iter().any(|r| r == "secrets") {
+            if rule["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r == "secrets")
+            {
                 assert_eq!(rule["verbs"], serde_json::json!(["get", "create"]));
             }
         }
@@ -358,9 +377,25 @@ fn the_deployment_configures_the_operator_it_runs() {
     }
 }
 
+/// The target triple rustc builds for by default (`rustc -vV`'s `host:`).
+fn host_triple() -> String {
+    let out = std::process::Command::new(std::env::var("RUSTC").unwrap_or("rustc".into()))
+        .arg("-vV")
+        .output()
+        .expect("rustc -vV runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV names its host")
+        .to_string()
+}
+
 /// `major.minor` of a version such as `1.89`, `1.89.0`.
 fn minor_version(text: &str) -> (u32, u32) {
-    let mut parts = text.trim().split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let mut parts = text
+        .trim()
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
@@ -379,9 +414,13 @@ fn dockerfiles_build_with_the_msrv_the_locked_crates_need() {
         .map(|v| minor_version(v.trim_matches('"')))
         .expect("the workspace sets rust-version");
 
+    // Offline, cargo has only the packages of platforms it built for: the
+    // host's (Linux, as in the images). Without the filter it wants every
+    // platform's crates (Windows' too) and fails on a fresh machine.
     let out = std::process::Command::new(env!("CARGO"))
         .current_dir(&root)
         .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .args(["--filter-platform", &host_triple()])
         .output()
         .expect("cargo metadata runs");
     assert!(
@@ -412,7 +451,10 @@ fn dockerfiles_build_with_the_msrv_the_locked_crates_need() {
             dockerfiles.push(path);
         }
     }
-    assert!(dockerfiles.len() >= 3, "operator, apps, apps-cuda: {dockerfiles:?}");
+    assert!(
+        dockerfiles.len() >= 3,
+        "operator, apps, apps-cuda: {dockerfiles:?}"
+    );
     for path in dockerfiles {
         let text = std::fs::read_to_string(&path).unwrap();
         let toolchains: Vec<(u32, u32)> = text
@@ -425,12 +467,25 @@ fn dockerfiles_build_with_the_msrv_the_locked_crates_need() {
                 Some(minor_version(v.split(['-', ' ']).next().unwrap_or("")))
             })
             .collect();
-        assert!(!toolchains.is_empty(), "{}: no Rust toolchain named", path.display());
+        assert!(
+            !toolchains.is_empty(),
+            "{}: no Rust toolchain named",
+            path.display()
+        );
         for toolchain in toolchains {
-            assert_eq!(toolchain, msrv, "{}: toolchain vs rust-version", path.display());
+            assert_eq!(
+                toolchain,
+                msrv,
+                "{}: toolchain vs rust-version",
+                path.display()
+            );
         }
         // Multi-stage, non-root: the toolchain stays out of the final image.
-        assert!(text.matches("\nFROM ").count() >= 2, "{}: one stage", path.display());
+        assert!(
+            text.matches("\nFROM ").count() >= 2,
+            "{}: one stage",
+            path.display()
+        );
         let last_user = text
             .lines()
             .filter_map(|l| l.strip_prefix("USER "))
