@@ -40,6 +40,16 @@ instanceTypes:
 fleet: { onDemand: m5.large, spot: [m5.large, c5.large], replacement: c5.large, bootSeconds: 20 }
 ";
 
+/// Iterations of the scripted tests' job. Their events come at 10-60 s
+/// (simulated; 0.5-3 s real at time factor 20) and a replacement boots 20 s
+/// after it is asked for, so the last one joins at ~65 s (3.3 s real).
+/// 4000 iterations last ~6 s real on an idle 2-core machine of this
+/// project's (9-10 s on CI's): every event and every replacement falls
+/// inside the job with a margin of about 2x in machine speed. (2500
+/// iterations and a notice at 120 s once raced on CI: the job ended before
+/// the notice's replacement joined.)
+const ITERS: u32 = 4000;
+
 struct Rehearsal {
     out: Output,
     dir: tempfile::TempDir,
@@ -141,8 +151,8 @@ fn a_notice_handled_by_checkpoint_and_relaunch_keeps_the_checksum() {
     // `--mode restart` (every process ends, the job is relaunched at the
     // new size from a checkpoint).
     let r = rehearse_with(
-        2500,
-        "  - { at: 30, rebalanceRecommendation: rehearsal-2 }\n  - { at: 120, interruption: rehearsal-3, deadline: 120 }\n",
+        ITERS,
+        "  - { at: 10, rebalanceRecommendation: rehearsal-2 }\n  - { at: 40, interruption: rehearsal-3, deadline: 120 }\n",
         &["--mode", "restart"],
     );
     let record = r.record();
@@ -185,7 +195,7 @@ fn a_notice_handled_by_a_restart_without_rebalancing_keeps_the_checksum() {
     // `--mode restart-no-lb`: relaunched like `restart`, but the restored
     // job resumes the restore's placement (`+lb-restore off`): no element
     // moves, and the result is still the uninterrupted run's.
-    let r = rehearse_with(2500, "  - { at: 60, interruption: rehearsal-3, deadline: 120 }\n", &["--mode", "restart-no-lb"]);
+    let r = rehearse_with(ITERS, "  - { at: 60, interruption: rehearsal-3, deadline: 120 }\n", &["--mode", "restart-no-lb"]);
     let record = r.record();
     let stdout = r.stdout();
     assert_eq!(r.out.status.code(), Some(0), "ductile cloud failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.out.stderr));
@@ -218,7 +228,7 @@ fn a_notice_handled_by_a_kill_and_a_relaunch_from_the_last_periodic_checkpoint_k
     // seconds; the notice's emergency rescale kills every process and
     // relaunches the job from the last one, redoing the work since.
     let r = rehearse_with(
-        2500,
+        ITERS,
         "  - { at: 60, interruption: rehearsal-3, deadline: 120 }\n",
         &["--mode", "checkpoint-restart", "--checkpoint-every", "25"],
     );
@@ -272,8 +282,8 @@ fn restart_mode_refuses_network_namespaces_before_starting_anything() {
 #[test]
 fn a_recommendation_and_a_notice_become_live_rescales_and_the_checksum_holds() {
     let r = rehearse(
-        2500,
-        "  - { at: 30, rebalanceRecommendation: rehearsal-2 }\n  - { at: 120, interruption: rehearsal-3, deadline: 120 }\n",
+        ITERS,
+        "  - { at: 10, rebalanceRecommendation: rehearsal-2 }\n  - { at: 40, interruption: rehearsal-3, deadline: 120 }\n",
     );
     let record = r.record();
     let stdout = r.stdout();
@@ -322,7 +332,7 @@ fn an_unannounced_termination_in_checkpoint_restart_mode_costs_the_work_since_th
     // The fault-tolerance baseline's point: a member killed without notice
     // is recovered by killing the rest and relaunching from the last
     // periodic checkpoint without it.
-    let r = rehearse_with(2500, "  - { at: 60, terminate: rehearsal-2 }\n", &["--mode", "checkpoint-restart", "--checkpoint-every", "25"]);
+    let r = rehearse_with(ITERS, "  - { at: 60, terminate: rehearsal-2 }\n", &["--mode", "checkpoint-restart", "--checkpoint-every", "25"]);
     let record = r.record();
     let stdout = r.stdout();
     assert_eq!(r.out.status.code(), Some(0), "ductile cloud failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.out.stderr));
