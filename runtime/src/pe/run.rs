@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tracing::debug;
 
 use super::{Inbox, LoopExit, Scheduler};
+use crate::reduce::Value;
 
 /// How long an idle PE busy-waits before it starts yielding its core.
 const HOT_SPIN: Duration = Duration::from_micros(5);
@@ -44,6 +45,10 @@ impl Scheduler {
                     continue;
                 }
             }
+            if let Some(cb) = self.ctx.timers.pop_due(now) {
+                self.ctx.deliver_callback(&cb, &Value::Unit);
+                continue;
+            }
             // Idle: spin (sub-microsecond wake-up), then park.
             let idle_from = now;
             // Busy-wait for the first microseconds (a reply from another PE
@@ -74,7 +79,10 @@ impl Scheduler {
             inbox.sleeping.store(true, AtOrd::SeqCst);
             if inbox.queue.is_empty() {
                 let mut nap = PARK_LIMIT;
-                if let Some(at) = self.ctx.qd.next_wave_at {
+                for at in [self.ctx.qd.next_wave_at, self.ctx.timers.next()]
+                    .into_iter()
+                    .flatten()
+                {
                     nap = nap.min(at.saturating_duration_since(Instant::now()));
                 }
                 std::thread::park_timeout(nap);
@@ -110,6 +118,7 @@ impl Scheduler {
             collections = c.loc.colls.len(),
             elements = self.stores.values().map(|s| s.locals().len()).sum::<usize>(),
             partial_reductions = ?partials,
+            timers = c.timers.len(),
             created = c.qd.created,
             processed = c.qd.processed,
             "PE state when the job was ended"
