@@ -136,6 +136,14 @@ impl<'a> PeCtx<'a> {
     pub fn start_quiescence(&mut self, callback: Callback<()>) {
         self.start_quiescence_spec(callback.spec);
     }
+
+    /// Calls `callback` once `delay` has passed, from this PE. An idle PE
+    /// sleeps until then (or until a message comes); the timer is this
+    /// PE's: it is kept across a rescale (a callback that names a PE
+    /// number names it in the new numbering) and not saved by a checkpoint.
+    pub fn after(&mut self, delay: std::time::Duration, callback: Callback<()>) {
+        self.after_spec(delay, callback.spec);
+    }
 }
 
 #[cfg(test)]

@@ -179,6 +179,9 @@ impl<C: Chare> PePort for Ctx<'_, C> {
     fn start_quiescence_spec(&mut self, callback: CallbackSpec) {
         self.pe.start_quiescence_spec(callback);
     }
+    fn after_spec(&mut self, delay: Duration, callback: CallbackSpec) {
+        self.pe.after_spec(delay, callback);
+    }
     fn set_readonly(&mut self, id: u64, name: &str, value: Arc<dyn Any + Send + Sync>) {
         self.pe.set_readonly(id, name, value);
     }

@@ -17,6 +17,7 @@
 //! | load balancing | [`balance::Balancing`] | `pe/balance.rs` |
 //! | checkpoint and restore | [`checkpoint::Checkpointing`] | `pe/checkpoint.rs` |
 //! | the rescale's PE side | [`rescale::Rescaling`] | `pe/rescale.rs` (PE 0's), `pe/reentry.rs` (every PE's stop and re-entry) |
+//! | timers (`PeCtx::after`) | [`timers::Timers`] | `pe/timers.rs` |
 //!
 //! [`PeState`] is the composition of those states plus the PE's identity and
 //! run queue. Entry methods, proxies and stores see it only as
@@ -41,6 +42,7 @@ mod rescale;
 mod run;
 mod send;
 mod startup;
+mod timers;
 
 pub(crate) use queue::Inbox;
 pub(crate) use reentry::{PeCommand, Reentry};
@@ -78,6 +80,7 @@ pub(crate) struct PeState {
     lb: balance::Balancing,
     ckpt: checkpoint::Checkpointing,
     rescaling: rescale::Rescaling,
+    timers: timers::Timers,
     /// The job is ending: nothing more runs here.
     exiting: bool,
     /// The code the job exits with, once it does.
@@ -106,6 +109,7 @@ impl Scheduler {
             lb,
             ckpt: checkpoint::Checkpointing::default(),
             rescaling: rescale::Rescaling::default(),
+            timers: timers::Timers::default(),
             exiting: false,
             exit: None,
         };

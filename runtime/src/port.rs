@@ -48,6 +48,8 @@ pub trait PePort: Sealed {
     #[doc(hidden)]
     fn start_quiescence_spec(&mut self, callback: CallbackSpec);
     #[doc(hidden)]
+    fn after_spec(&mut self, delay: Duration, callback: CallbackSpec);
+    #[doc(hidden)]
     fn set_readonly(&mut self, id: u64, name: &str, value: Arc<dyn Any + Send + Sync>);
     #[doc(hidden)]
     fn readonly_value(&self, id: u64) -> Option<&(dyn Any + Send + Sync)>;

@@ -41,6 +41,8 @@ struct NodeCollector {
     gpu_devices: IntGauge,
     gpu_contexts: IntCounter,
     gpu_start: GaugeVec,
+    pe_wakeups: IntCounter,
+    pe_sleeps: IntCounter,
     descs: Vec<Desc>,
 }
 
@@ -75,9 +77,19 @@ impl NodeCollector {
                 &["step"],
             )
             .expect("a valid gauge"),
+            pe_wakeups: IntCounter::new(
+                "ductile_pe_wakeups_total",
+                "Wake-ups of this node's sleeping PEs paid by senders (a message pushed to a PE that slept); a push to a PE that is awake costs none.",
+            )
+            .expect("a valid counter"),
+            pe_sleeps: IntCounter::new(
+                "ductile_pe_sleeps_total",
+                "Times this node's idle PEs blocked (after their spin); each ends with a message, a timer or the node's abort.",
+            )
+            .expect("a valid counter"),
             descs: Vec::new(),
         };
-        let metrics: [&dyn Collector; 9] = [
+        let metrics: [&dyn Collector; 11] = [
             &c.pes,
             &c.member,
             &c.id,
@@ -87,6 +99,8 @@ impl NodeCollector {
             &c.gpu_devices,
             &c.gpu_contexts,
             &c.gpu_start,
+            &c.pe_wakeups,
+            &c.pe_sleeps,
         ];
         let descs = metrics.iter().flat_map(|m| m.desc()).cloned().collect();
         c.descs = descs;
@@ -130,7 +144,18 @@ impl Collector for NodeCollector {
         let topo = node.topology_now();
         self.pes.set(node.inboxes.len() as i64);
         self.member.set(i64::from(topo.is_some()));
-        let mut out = [self.pes.collect(), self.member.collect()].concat();
+        let (wakeups, sleeps) = node.pe_sleep_counts();
+        for (c, v) in [(&self.pe_wakeups, wakeups), (&self.pe_sleeps, sleeps)] {
+            c.reset();
+            c.inc_by(v);
+        }
+        let mut out = [
+            self.pes.collect(),
+            self.member.collect(),
+            self.pe_wakeups.collect(),
+            self.pe_sleeps.collect(),
+        ]
+        .concat();
         // A newcomer has no id, epoch or job yet: those stay out.
         if let Some(t) = &topo {
             self.id.set(i64::from(t.my_node()));
@@ -172,7 +197,7 @@ pub fn exported_series() -> Vec<String> {
     let mut families = registry.gather();
     let node = NodeCollector::new(Weak::new());
     node.gpu_start.with_label_values(&["context"]).set(0.0);
-    let singles: [&dyn Collector; 9] = [
+    let singles: [&dyn Collector; 11] = [
         &node.pes,
         &node.member,
         &node.id,
@@ -182,6 +207,8 @@ pub fn exported_series() -> Vec<String> {
         &node.gpu_devices,
         &node.gpu_contexts,
         &node.gpu_start,
+        &node.pe_wakeups,
+        &node.pe_sleeps,
     ];
     for c in singles {
         families.extend(c.collect());

@@ -1,11 +1,14 @@
 //! Pingpong: round-trip latency and bandwidth between two array elements on
 //! PE 0 and PE 1 (same node or not, depending on how the job is shaped).
 //!
-//! `pingpong [--sizes 8,1024,...] [--min-iters N] [--budget-ms MS]` prints one
-//! `pingpong size=<bytes> iters=<n> oneway_us=<us> bandwidth_MBps=<MB/s>` line
-//! per size.
+//! `pingpong [--sizes 8,1024,...] [--min-iters N] [--budget-ms MS] [--hold SECS]`
+//! prints one `pingpong size=<bytes> iters=<n> oneway_us=<us>
+//! bandwidth_MBps=<MB/s>` line per size. With `--hold`, the job then idles
+//! for SECS (nothing queued anywhere, main waits on a timer) before it
+//! exits, printing `pingpong holding secs=<s>` when the hold starts: what
+//! an idle job costs is measured over that window.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ductile::prelude::*;
 use ductile_apps::args;
@@ -91,6 +94,8 @@ impl Chare for Player {
 enum MainMsg {
     /// One size finished: `iters` timed round trips took `secs`.
     Done { size: usize, iters: u64, secs: f64 },
+    /// The `--hold` is over.
+    Held(()),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -100,11 +105,19 @@ struct Main {
     next: usize,
     min_iters: u64,
     budget_ms: f64,
+    hold_s: f64,
 }
 
 impl Main {
     fn run_next(&mut self, ctx: &mut PeCtx<'_>) {
         let Some(&size) = self.sizes.get(self.next) else {
+            if self.hold_s > 0.0 {
+                println!("pingpong holding secs={}", self.hold_s);
+                let hold = Duration::from_secs_f64(self.hold_s);
+                self.hold_s = 0.0;
+                ctx.after(hold, Callback::main::<Main>(MainMsg::Held));
+                return;
+            }
             println!(
                 "pingpong done pes={} nodes={}",
                 ctx.num_pes(),
@@ -143,6 +156,7 @@ impl Chare for Main {
             sizes,
             min_iters,
             budget_ms,
+            hold,
         } = args::parse_main("pingpong", &a);
         // Two elements over all PEs would land on PEs 0 and P/2; pin them to 0 and 1.
         let players = ArrayProxy::<Player>::create_empty(ctx);
@@ -154,13 +168,17 @@ impl Chare for Main {
             next: 0,
             min_iters,
             budget_ms,
+            hold_s: hold,
         };
         m.run_next(ctx);
         m
     }
 
     fn handle(&mut self, msg: MainMsg, ctx: &mut Ctx<'_, Self>) {
-        let MainMsg::Done { size, iters, secs } = msg;
+        let MainMsg::Done { size, iters, secs } = msg else {
+            self.run_next(ctx);
+            return;
+        };
         let oneway_us = secs * 1e6 / iters as f64 / 2.0;
         let mbps = if oneway_us > 0.0 {
             size as f64 / oneway_us
@@ -190,6 +208,10 @@ struct PingpongArgs {
     /// Time to spend per size, in ms.
     #[arg(long = "budget-ms", value_name = "MS", default_value_t = 200.0)]
     budget_ms: f64,
+    /// After the sizes, idle this many seconds before exiting (to measure
+    /// an idle job's CPU); 0: exit at once.
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    hold: f64,
 }
 
 fn main() {

@@ -81,6 +81,22 @@ impl NodeShared {
         }
     }
 
+    /// A standalone node of `pes` PEs with nothing registered, for tests
+    /// that run a PE's loop.
+    #[cfg(test)]
+    pub(crate) fn for_tests(pes: u32) -> Arc<Self> {
+        let (events, _) = crossbeam_channel::unbounded();
+        let node = Arc::new(NodeShared::new(
+            Arc::new(Registry::new()),
+            pes,
+            Vec::new(),
+            Options::default(),
+            events,
+        ));
+        node.install(Arc::new(Topology::standalone(pes)));
+        node
+    }
+
     /// Installs `view`, in which this node is `me`, as the current one.
     pub(crate) fn install_view(&self, view: View, me: u32) -> Arc<Topology> {
         let topo = Arc::new(Topology::new(&view, me));
@@ -229,6 +245,23 @@ impl NodeShared {
             *r = Some(reason);
         }
         self.aborting.store(true, Ordering::SeqCst);
+        self.wake_pes();
+    }
+
+    /// Interrupts every PE's sleep, so that each sees the abort flag (set
+    /// before; the fence pairs with the one in `Inbox::sleep`).
+    fn wake_pes(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        for inbox in &self.inboxes {
+            inbox.interrupt();
+        }
+    }
+
+    /// Wake-ups senders paid to this node's PEs, and times they slept.
+    pub(crate) fn pe_sleep_counts(&self) -> (u64, u64) {
+        self.inboxes
+            .iter()
+            .fold((0, 0), |(w, s), i| (w + i.wakeups(), s + i.sleeps()))
     }
 
     /// Ends the job because the member `peer_uid` is gone (its connection
@@ -251,6 +284,7 @@ impl NodeShared {
                 }
             }
             self.aborting.store(true, Ordering::SeqCst);
+            self.wake_pes();
         }
     }
 

@@ -43,6 +43,11 @@ impl PeState {
         self.send_sys(0, SysMsg::QdStart { callback });
     }
 
+    /// Calls `callback` on this PE once `delay` has passed.
+    pub(crate) fn after(&mut self, delay: Duration, callback: CallbackSpec) {
+        self.timers.add(Instant::now() + delay, callback);
+    }
+
     // ---- internals used by proxies, contexts and stores ----
 
     pub(crate) fn set_readonly(&mut self, id: u64, name: &str, value: Arc<dyn Any + Send + Sync>) {
@@ -279,6 +284,9 @@ impl PePort for PeState {
     }
     fn start_quiescence_spec(&mut self, callback: CallbackSpec) {
         self.start_quiescence(callback);
+    }
+    fn after_spec(&mut self, delay: Duration, callback: CallbackSpec) {
+        self.after(delay, callback);
     }
     fn set_readonly(&mut self, id: u64, name: &str, value: Arc<dyn Any + Send + Sync>) {
         PeState::set_readonly(self, id, name, value);
