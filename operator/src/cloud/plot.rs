@@ -305,7 +305,7 @@ mod tests {
         assert!((iteration_rate(&r)[0].1 - 100.0).abs() < 1e-9);
         // A 2-PE replacement: the PEs get a line of their own.
         r.samples[6].spot_pes = 3;
-        let svg = svg(&r);
+        let svg = super::svg(&r);
         assert_eq!(svg.matches("<path").count(), 4, "the layers and the PE line");
         assert!(svg.contains("<title>PEs of the members</title>"));
     }
