@@ -555,3 +555,49 @@ fn every_program_answers_help_and_refuses_unknown_flags_with_a_suggestion() {
         assert_eq!(code, Some(2), "{program} {args:?}: {stderr}");
     }
 }
+
+/// `--node-pes`: nodes of different PE counts in one job (as instance
+/// types of different shapes); the result equals a one-node run's, and
+/// `job.json` records each node's PEs. A count list that does not match
+/// `--nodes` is refused before anything starts.
+#[test]
+fn nodes_of_different_pe_counts_run_one_job_with_the_one_node_result() {
+    let jacobi = bin("jacobi2d").to_string_lossy().into_owned();
+    let program = [
+        jacobi.as_str(), "--grid", "256", "--block", "32", "--iters", "200", "--lb-every", "20",
+    ];
+    let checksum = |stdout: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("checksum="))
+            .map(|c| c.split_whitespace().next().unwrap_or_default().to_owned())
+    };
+    let state = tempfile::tempdir().expect("temp dir");
+    let dir = state.path().to_string_lossy().into_owned();
+    let mut args = vec!["run", "-n", "3", "--node-pes", "1,2,1", "--timeout", "60", "--state-dir", &dir, "--"];
+    args.extend(program);
+    let (code, stdout, stderr) = ductile(&args);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("pes=4 nodes=3"), "{stdout}");
+    let job: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state.path().join("job.json")).expect("job.json")).expect("JSON");
+    let pes: Vec<u64> = job["nodes"].as_array().expect("nodes").iter().map(|n| n["pes"].as_u64().unwrap()).collect();
+    assert_eq!(pes, [1, 2, 1], "{job}");
+    let one = tempfile::tempdir().expect("temp dir");
+    let one_dir = one.path().to_string_lossy().into_owned();
+    let mut args = vec!["run", "-n", "1", "--timeout", "60", "--state-dir", &one_dir, "--"];
+    args.extend(program);
+    let (code, reference, stderr) = ductile(&args);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(checksum(&stdout).is_some(), "{stdout}");
+    assert_eq!(checksum(&stdout), checksum(&reference), "{stdout}\n{reference}");
+
+    let bad = tempfile::tempdir().expect("temp dir");
+    let bad_dir = bad.path().to_string_lossy().into_owned();
+    let mut args = vec!["run", "-n", "3", "--node-pes", "1,2", "--state-dir", &bad_dir, "--"];
+    args.extend(program);
+    let (code, _, stderr) = ductile(&args);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--node-pes names 2 PE counts for 3 nodes"), "{stderr}");
+    assert!(!bad.path().join("job.json").exists(), "nothing was started: {stderr}");
+}
