@@ -601,3 +601,34 @@ fn nodes_of_different_pe_counts_run_one_job_with_the_one_node_result() {
     assert!(stderr.contains("--node-pes names 2 PE counts for 3 nodes"), "{stderr}");
     assert!(!bad.path().join("job.json").exists(), "nothing was started: {stderr}");
 }
+
+/// A relaunch from a checkpoint starts every node with `--pes-per-node`
+/// PEs: on a job of nodes of different PE counts, `ductile rescale --mode
+/// restart` is refused by the launcher before any checkpoint, exits 2, and
+/// the job goes on untouched.
+#[test]
+fn a_restart_rescale_of_a_job_of_mixed_shapes_is_refused_and_the_job_goes_on() {
+    use ductile_e2e::background::Background;
+    let mut job = Background::launch(
+        2,
+        "jacobi2d",
+        &["--grid", "512", "--block", "64", "--iters", "200000", "--lb-every", "20", "--residual-every", "100000"],
+    )
+    .flags(&["--node-pes", "1,2"])
+    .timeout_s(120)
+    .start();
+    let out = Command::new(bin("ductile"))
+        .args(["rescale", "--mode", "restart", "--add", "1", "--timeout", "30", "--state-dir"])
+        .arg(job.state())
+        .stdin(Stdio::null())
+        .output()
+        .expect("running ductile rescale");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cannot keep nodes of different PE counts: this job runs nodes of 1, 2 PEs"), "{stderr}");
+    assert!(!job.path("ckpt").exists(), "no checkpoint was asked for");
+    let status = job.try_status().expect("the job still answers");
+    assert_eq!(status.epoch, 1, "nothing changed");
+    assert_eq!(status.members.iter().map(|m| m.pes).collect::<Vec<_>>(), [1, 2]);
+    assert!(job.running(), "the job goes on");
+}
