@@ -555,3 +555,80 @@ fn every_program_answers_help_and_refuses_unknown_flags_with_a_suggestion() {
         assert_eq!(code, Some(2), "{program} {args:?}: {stderr}");
     }
 }
+
+/// `--node-pes`: nodes of different PE counts in one job (as instance
+/// types of different shapes); the result equals a one-node run's, and
+/// `job.json` records each node's PEs. A count list that does not match
+/// `--nodes` is refused before anything starts.
+#[test]
+fn nodes_of_different_pe_counts_run_one_job_with_the_one_node_result() {
+    let jacobi = bin("jacobi2d").to_string_lossy().into_owned();
+    let program = [
+        jacobi.as_str(), "--grid", "256", "--block", "32", "--iters", "200", "--lb-every", "20",
+    ];
+    let checksum = |stdout: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("checksum="))
+            .map(|c| c.split_whitespace().next().unwrap_or_default().to_owned())
+    };
+    let state = tempfile::tempdir().expect("temp dir");
+    let dir = state.path().to_string_lossy().into_owned();
+    let mut args = vec!["run", "-n", "3", "--node-pes", "1,2,1", "--timeout", "60", "--state-dir", &dir, "--"];
+    args.extend(program);
+    let (code, stdout, stderr) = ductile(&args);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("pes=4 nodes=3"), "{stdout}");
+    let job: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state.path().join("job.json")).expect("job.json")).expect("JSON");
+    let pes: Vec<u64> = job["nodes"].as_array().expect("nodes").iter().map(|n| n["pes"].as_u64().unwrap()).collect();
+    assert_eq!(pes, [1, 2, 1], "{job}");
+    let one = tempfile::tempdir().expect("temp dir");
+    let one_dir = one.path().to_string_lossy().into_owned();
+    let mut args = vec!["run", "-n", "1", "--timeout", "60", "--state-dir", &one_dir, "--"];
+    args.extend(program);
+    let (code, reference, stderr) = ductile(&args);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(checksum(&stdout).is_some(), "{stdout}");
+    assert_eq!(checksum(&stdout), checksum(&reference), "{stdout}\n{reference}");
+
+    let bad = tempfile::tempdir().expect("temp dir");
+    let bad_dir = bad.path().to_string_lossy().into_owned();
+    let mut args = vec!["run", "-n", "3", "--node-pes", "1,2", "--state-dir", &bad_dir, "--"];
+    args.extend(program);
+    let (code, _, stderr) = ductile(&args);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--node-pes names 2 PE counts for 3 nodes"), "{stderr}");
+    assert!(!bad.path().join("job.json").exists(), "nothing was started: {stderr}");
+}
+
+/// A relaunch from a checkpoint starts every node with `--pes-per-node`
+/// PEs: on a job of nodes of different PE counts, `ductile rescale --mode
+/// restart` is refused by the launcher before any checkpoint, exits 2, and
+/// the job goes on untouched.
+#[test]
+fn a_restart_rescale_of_a_job_of_mixed_shapes_is_refused_and_the_job_goes_on() {
+    use ductile_e2e::background::Background;
+    let mut job = Background::launch(
+        2,
+        "jacobi2d",
+        &["--grid", "512", "--block", "64", "--iters", "200000", "--lb-every", "20", "--residual-every", "100000"],
+    )
+    .flags(&["--node-pes", "1,2"])
+    .timeout_s(120)
+    .start();
+    let out = Command::new(bin("ductile"))
+        .args(["rescale", "--mode", "restart", "--add", "1", "--timeout", "30", "--state-dir"])
+        .arg(job.state())
+        .stdin(Stdio::null())
+        .output()
+        .expect("running ductile rescale");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cannot keep nodes of different PE counts: this job runs nodes of 1, 2 PEs"), "{stderr}");
+    assert!(!job.path("ckpt").exists(), "no checkpoint was asked for");
+    let status = job.try_status().expect("the job still answers");
+    assert_eq!(status.epoch, 1, "nothing changed");
+    assert_eq!(status.members.iter().map(|m| m.pes).collect::<Vec<_>>(), [1, 2]);
+    assert!(job.running(), "the job goes on");
+}

@@ -32,8 +32,14 @@ spec:
     shrinkWhenNoReplacement: true
 ";
 
+/// `cpuPerSpeed` is fixed so that the job's pace is bounded by its quotas
+/// (about 0.7 core in all), not by this machine's core count and load: with
+/// the default (90% of the machine) 2500 iterations ended in 6.2 s real in
+/// a full parallel run, just after the notice at 6 s, and two tests failed
+/// because the replacement or the notice came after the job's end.
 const TYPES: &str = "\
 timeFactor: 20
+cpuPerSpeed: 0.15
 instanceTypes:
   - { name: m5.large, pes: 1, speed: 1.0, price: { onDemand: 0.096, spot: 0.037 } }
   - { name: c5.large, pes: 1, speed: 1.25, price: { onDemand: 0.085, spot: 0.034 } }
@@ -359,7 +365,7 @@ fn an_invalid_scenario_is_refused_before_anything_starts_naming_its_line() {
     let r = rehearse(10, "  - { at: 10, interruption: rehearsal-9 }\n");
     assert_eq!(r.out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&r.out.stderr);
-    assert!(stderr.contains("scenario.yaml:7: no instance \"rehearsal-9\""), "{stderr}");
+    assert!(stderr.contains("scenario.yaml:8: no instance \"rehearsal-9\""), "{stderr}");
     assert!(!r.state().exists(), "nothing was started");
 }
 
@@ -440,4 +446,143 @@ fn instances_in_their_own_network_namespaces_rescale_live_and_leave_no_network_b
     assert!(!links.contains(&tag), "links left behind:\n{links}");
     assert!(!ip(&["-o", "-4", "addr", "show"]).contains("inet 10.200.0.1/"), "the bridge address is left");
     assert!(ductile_operator::cloud::netns::remaining("netns-e2e").is_empty());
+}
+
+/// Instance types of two shapes (1 and 2 PEs of the same speed). The job's
+/// pace is bounded by the instances' CPU quotas (`cpuPerSpeed` is fixed, so
+/// it does not depend on this machine's core count or load): 0.6 core in
+/// all, and a run of 5000 iterations took 32 s real here (17 s of CPU, the
+/// quota nearly used; load 4), so 2500 take about 16 s, while the
+/// replacement was admitted 2.1 s real after the start (notice at 1 s, boot
+/// 1 s, registration and the next balancing step). A machine twice as fast
+/// per core still ends the job about four times later than the replacement
+/// joins; the tests check that it did join (an earlier version ended the
+/// job before the replacement joined, 2 runs in 6).
+const MIXED: &str = "\
+timeFactor: 20
+cpuPerSpeed: CPU
+instanceTypes:
+  - { name: m5.large, pes: 1, speed: 1.0, price: { onDemand: 0.096, spot: 0.037 } }
+  - { name: m5.xlarge, pes: 2, speed: 1.0, price: { onDemand: 0.192, spot: 0.074 } }
+";
+
+const MIXED_ITERS: u32 = 2500;
+
+/// PEs of the members in the last sample, and those of the launch fleet.
+fn pes_at_end(record: &serde_json::Value) -> (u64, u64) {
+    let rec = &record["record"];
+    let last = rec["samples"].as_array().and_then(|s| s.last()).expect("samples").clone();
+    (
+        last["onDemandPes"].as_u64().unwrap() + last["spotPes"].as_u64().unwrap(),
+        rec["targetPes"].as_u64().unwrap(),
+    )
+}
+
+/// The replacement `newcomer` was admitted by a committed rescale, and ran
+/// `pes` PEs.
+fn admitted_with(record: &serde_json::Value, newcomer: &str, pes: u64, stdout: &str) {
+    let admitted = record["record"]["rescales"]
+        .as_array()
+        .expect("rescales")
+        .iter()
+        .any(|r| r["epoch"].is_u64() && r["admitted"].as_array().is_some_and(|a| a.iter().any(|n| n == newcomer)));
+    assert!(admitted, "{newcomer} was never admitted (did the job end first?):\n{stdout}");
+    let instance = record["record"]["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .find(|i| i["name"] == newcomer)
+        .unwrap_or_else(|| panic!("no instance {newcomer}:\n{stdout}"));
+    assert_eq!(instance["pes"], pes, "{stdout}");
+    let booted = marks(record, "booted");
+    let detail = booted.iter().find(|m| m["instance"] == newcomer).and_then(|m| m["detail"].as_str()).unwrap_or_default();
+    assert!(detail.contains(&format!("newcomer node of {pes} PE")), "{detail}\n{stdout}");
+}
+
+#[test]
+fn a_two_pe_spot_instance_replaces_a_one_pe_one_after_a_notice_and_the_checksum_holds() {
+    let job = JOB.replace("ITERS", &MIXED_ITERS.to_string());
+    let scenario = format!(
+        "{}fleet: {{ onDemand: m5.large, spot: [m5.large], replaceWith: {{ m5.large: m5.xlarge }}, bootSeconds: 20 }}\nevents:\n  - {{ at: 20, interruption: rehearsal-3, deadline: 120 }}\n",
+        MIXED.replace("CPU", "0.15")
+    );
+    let r = rehearse_texts(&job, &scenario);
+    let record = r.record();
+    let stdout = r.stdout();
+    assert_eq!(r.out.status.code(), Some(0), "ductile cloud failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.out.stderr));
+    let (summary, rec) = (&record["summary"], &record["record"]);
+    assert_eq!(summary["committedByReason"]["Emergency"], 1, "{stdout}");
+    assert_eq!(summary["failed"], 0, "{stdout}");
+    assert_eq!(summary["noticesHandled"], serde_json::json!([1, 1]), "{stdout}");
+    assert_eq!(summary["lost"], 0, "{stdout}");
+    // The 1-PE member left; a 2-PE m5.xlarge took its place.
+    admitted_with(&record, "rehearsal-n0", 2, &stdout);
+    let launch = marks(&record, "launch");
+    assert!(launch.iter().any(|m| m["detail"].as_str().is_some_and(|d| d.starts_with("m5.xlarge spot instance asked for, to replace rehearsal-3"))), "{stdout}");
+    // Four members at the end, as at the start, and one PE more.
+    let last = rec["samples"].as_array().and_then(|s| s.last()).expect("samples").clone();
+    assert_eq!(last["onDemand"].as_u64().unwrap() + last["spot"].as_u64().unwrap(), 4, "{stdout}");
+    assert_eq!(pes_at_end(&record), (5, 4), "{stdout}");
+    assert!(stdout.contains("PE-seconds below the launch fleet's 4 PEs"), "{stdout}");
+    // The launcher recorded the newcomer's own PE count.
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(r.state().join("job.json")).expect("job.json")).expect("JSON");
+    let newcomers = state["newcomers"].as_array().expect("newcomers");
+    assert!(newcomers.iter().any(|n| n["pes"] == 2 && n["admitted"] == true), "{state}");
+    assert!(rec["checksum"].is_string(), "{stdout}");
+    assert_eq!(rec["checksum"], rec["referenceChecksum"], "{stdout}");
+    nothing_left(&r.state(), &record);
+}
+
+#[test]
+fn a_fleet_of_mixed_shapes_from_the_start_rescales_live_and_the_checksum_holds() {
+    // rehearsal-0 m5.large (1 PE), -1 m5.xlarge (2), -2 m5.large (1), -3 m5.xlarge (2).
+    let job = JOB.replace("ITERS", &MIXED_ITERS.to_string());
+    let scenario = format!(
+        "{}fleet: {{ onDemand: m5.large, spot: [m5.xlarge, m5.large], bootSeconds: 20 }}\nevents:\n  - {{ at: 20, interruption: rehearsal-1, deadline: 120 }}\n",
+        MIXED.replace("CPU", "0.1")
+    );
+    let r = rehearse_texts(&job, &scenario);
+    let record = r.record();
+    let stdout = r.stdout();
+    assert_eq!(r.out.status.code(), Some(0), "ductile cloud failed:\n{stdout}\n{}", String::from_utf8_lossy(&r.out.stderr));
+    let (summary, rec) = (&record["summary"], &record["record"]);
+    let started = marks(&record, "started");
+    assert_eq!(started[0]["detail"], "4 members, epoch 1, 6 PEs", "{stdout}");
+    assert_eq!(summary["committedByReason"]["Emergency"], 1, "{stdout}");
+    assert_eq!(summary["failed"], 0, "{stdout}");
+    assert_eq!(summary["noticesHandled"], serde_json::json!([1, 1]), "{stdout}");
+    assert_eq!(summary["lost"], 0, "{stdout}");
+    // The 2-PE member was replaced by an instance of its own type.
+    admitted_with(&record, "rehearsal-n0", 2, &stdout);
+    assert_eq!(pes_at_end(&record), (6, 6), "{stdout}");
+    // The launch nodes ran their types' PE counts.
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(r.state().join("job.json")).expect("job.json")).expect("JSON");
+    let pes: Vec<u64> = state["nodes"].as_array().expect("nodes").iter().map(|n| n["pes"].as_u64().unwrap()).collect();
+    assert_eq!(pes, [1, 2, 1, 2], "{state}");
+    assert!(rec["checksum"].is_string(), "{stdout}");
+    assert_eq!(rec["checksum"], rec["referenceChecksum"], "{stdout}");
+    nothing_left(&r.state(), &record);
+}
+
+#[test]
+fn a_relaunching_mode_refuses_mixed_shapes_before_starting_anything() {
+    let job = JOB.replace("ITERS", "100");
+    let scenario = format!(
+        "{}fleet: {{ onDemand: m5.large, spot: [m5.large], replaceWith: {{ m5.large: m5.xlarge }} }}\nevents: []\n",
+        MIXED.replace("CPU", "0.1")
+    );
+    for mode in ["restart", "restart-no-lb", "checkpoint-restart"] {
+        let mut args = vec!["--mode", mode];
+        if mode == "checkpoint-restart" {
+            args.extend(["--checkpoint-every", "25"]);
+        }
+        let r = rehearse_texts_with(&job, &scenario, &args);
+        let stderr = String::from_utf8_lossy(&r.out.stderr);
+        assert_eq!(r.out.status.code(), Some(2), "{mode}: {stderr}");
+        assert!(
+            stderr.contains(&format!("--mode {mode} relaunches every node with the job's pesPerPod (1) PEs")) && stderr.contains("m5.xlarge (2 PEs)"),
+            "{mode}: {stderr}"
+        );
+        assert!(!r.state().join("job.json").exists(), "{mode}: a job was started: {stderr}");
+    }
 }

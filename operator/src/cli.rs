@@ -289,6 +289,12 @@ pub struct RunArgs {
     /// PEs (scheduler threads) per node.
     #[arg(long, short = 'p', value_name = "P", default_value_t = 1, value_parser = parse_count)]
     pub pes_per_node: u32,
+    /// PEs of each launch node, node 0 first, one count per node (nodes of
+    /// different shapes, as instance types with more or fewer vCPUs);
+    /// default: every node runs --pes-per-node, which newcomers started
+    /// by `ductile expand` and `ductile rescale --add` still run.
+    #[arg(long, value_name = "P0,P1,...", value_delimiter = ',', value_parser = parse_count)]
+    pub node_pes: Vec<u32>,
     /// Job name; names the default state directory.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_JOB)]
     pub job: String,
@@ -511,6 +517,7 @@ mod tests {
         };
         assert_eq!(args.nodes, 4);
         assert_eq!(args.pes_per_node, 2);
+        assert!(args.node_pes.is_empty(), "every node runs --pes-per-node");
         assert_eq!(args.timeout, Some(Duration::from_millis(1500)));
         assert_eq!(args.launch_timeout, Duration::from_secs(60));
         assert_eq!(args.coordinator_restarts, 3, "the default");
@@ -530,6 +537,20 @@ mod tests {
             panic!("not run")
         };
         assert_eq!(args.coordinator_restarts, 0);
+    }
+
+    #[test]
+    fn run_takes_a_pe_count_per_node_before_the_program() {
+        let cli = Cli::try_parse_from([
+            "ductile", "run", "-n", "3", "--node-pes", "1,2,4", "jacobi2d", "--iters", "5",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.node_pes, [1, 2, 4]);
+        assert_eq!(args.pes_per_node, 1);
+        assert_eq!(args.command, ["jacobi2d", "--iters", "5"].map(OsString::from));
     }
 
     #[test]
@@ -557,6 +578,8 @@ mod tests {
                 "--",
                 "p",
             ],
+            &["ductile", "run", "-n", "2", "--node-pes", "1,0", "--", "p"],
+            &["ductile", "run", "-n", "2", "--node-pes", "1,x", "p"],
         ] {
             let err = Cli::try_parse_from(bad).unwrap_err();
             assert_eq!(err.exit_code(), EXIT_USAGE, "{bad:?}");

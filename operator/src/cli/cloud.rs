@@ -120,18 +120,19 @@ pub fn cloud(args: CloudArgs) -> i32 {
 fn plan(loaded: &Loaded) -> String {
     let s = &loaded.scenario;
     let mut lines = vec![format!(
-        "job {}: {} {} on {} nodes x {} PEs ({} on demand), policy {:?}, time factor {}",
+        "job {}: {} {} on {} nodes, {} PEs ({} on demand), policy {:?}, time factor {}",
         loaded.name,
         loaded.program,
         loaded.args.join(" "),
         loaded.replicas,
-        loaded.pes,
+        loaded.launch_pes().iter().sum::<u32>(),
         loaded.on_demand,
         loaded.policy.mode,
         s.time_factor
     )];
     for (name, capacity, itype) in loaded.launch_instances() {
-        lines.push(format!("  {name:<16} {capacity:?} {itype}"));
+        let pes = s.pes_of(&itype);
+        lines.push(format!("  {name:<16} {capacity:?} {itype} ({pes} PE{})", if pes == 1 { "" } else { "s" }));
     }
     lines.push(format!(
         "  {} scripted events{}",

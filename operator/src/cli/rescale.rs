@@ -290,7 +290,10 @@ pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(SPAWN_REPLY_FLOOR);
-        let asked = ask_launcher(&job.dir, &Request::Spawn { count: add }, left);
+        let asked = ask_launcher(&job.dir, &Request::Spawn {
+                count: add,
+                pes: None,
+            }, left);
         match asked {
             Ok(pids) => spawned = pids,
             Err(code) => return code,
@@ -442,7 +445,11 @@ fn rescale_by_restart(
         Err(e) => {
             say(&e.to_string());
             match e {
-                RestartError::Launcher(ChannelError::NoLauncher { .. }) => EXIT_USAGE,
+                // Nothing happened: no launcher, or it refused (a relaunch
+                // already arranged, nodes of different PE counts).
+                RestartError::Launcher(
+                    ChannelError::NoLauncher { .. } | ChannelError::Refused { .. },
+                ) => EXIT_USAGE,
                 _ => EXIT_FAILED,
             }
         }

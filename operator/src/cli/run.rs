@@ -27,6 +27,7 @@ pub fn run(args: RunArgs) -> i32 {
         args.pes_per_node,
         state_dir,
     );
+    spec.node_pes = args.node_pes;
     spec.job = args.job;
     spec.transport = args.transport;
     spec.bind = args.bind;

@@ -284,6 +284,7 @@ pub fn progress(line: &str) -> Option<u64> {
 /// Runs the job on the cloud until it ends; returns its record (also
 /// written to `cloud.json`, with the plot in `cloud.svg`).
 pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut dyn FnMut(&str)) -> Result<Record, CloudError> {
+    check_mode(loaded, opts.mode)?;
     std::fs::create_dir_all(&opts.out_dir).map_err(|e| CloudError::Io(opts.out_dir.clone(), e))?;
     let log_path = opts.out_dir.join("job.log");
     let log = File::create(&log_path).map_err(|e| CloudError::Io(log_path.clone(), e))?;
@@ -337,8 +338,10 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     }
 
     let bind = net.is_some().then(|| netns::BRIDGE_ADDR.to_string());
+    let launch_pes = loaded.launch_pes();
     let first = Launch {
         nodes: loaded.replicas,
+        node_pes: &launch_pes,
         program: &program,
         args: &args,
         restore: None,
@@ -388,6 +391,7 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
             time_factor: scenario.time_factor,
             cpu_per_speed,
             target: loaded.replicas,
+            target_pes: launch_pes.iter().sum(),
             ..Record::default()
         },
         log: LogTail {
@@ -416,9 +420,29 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     driver.finish(exit)
 }
 
+/// Refuses, before anything starts, a relaunching mode on a fleet whose
+/// types do not all run the job's `pesPerPod` PEs: a relaunch from a
+/// checkpoint starts every node with `pesPerPod` PEs (`ductile run
+/// --restore` runs nodes of one shape), so it could not keep them.
+pub fn check_mode(loaded: &Loaded, mode: Mode) -> Result<(), CloudError> {
+    let others = loaded.other_shapes();
+    if mode.relaunches() && !others.is_empty() {
+        return Err(CloudError::Launch(format!(
+            "--mode {} relaunches every node with the job's pesPerPod ({}) PEs, but the fleet has instance types of other PE counts: {}; use --mode live, or types of {} PEs",
+            mode.name(),
+            loaded.pes,
+            others.join(", "),
+            loaded.pes
+        )));
+    }
+    Ok(())
+}
+
 /// One start of the job by `ductile run`.
 struct Launch<'a> {
     nodes: u32,
+    /// PEs of each node (`--node-pes`); empty: `pesPerPod` each.
+    node_pes: &'a [u32],
     program: &'a Path,
     args: &'a [String],
     /// The checkpoint directory it restores, if any.
@@ -438,6 +462,10 @@ fn launcher_command(loaded: &Loaded, opts: &RunOptions, launch: &Launch<'_>, log
         .arg(launch.nodes.to_string())
         .arg("--pes-per-node")
         .arg(loaded.pes.to_string());
+    if !launch.node_pes.is_empty() {
+        let pes: Vec<String> = launch.node_pes.iter().map(u32::to_string).collect();
+        cmd.arg("--node-pes").arg(pes.join(","));
+    }
     if let Some(t) = opts.timeout {
         cmd.arg("--timeout").arg(format!("{}", t.as_secs_f64()));
     }
@@ -496,21 +524,24 @@ fn signal_pid(pid: u32, signal: Signal) {
     }
 }
 
-/// `+pe-speed` for the launch PEs, relative to the fastest type.
+/// `+pe-speed` for the launch PEs, relative to the fastest type; global
+/// PE numbers are prefix sums of the instances' PE counts.
 fn emulated_speeds(loaded: &Loaded) -> Option<String> {
-    let launch = loaded.launch_instances();
-    let speeds: Vec<f64> = launch
+    let types: Vec<(f64, u32)> = loaded
+        .launch_instances()
         .iter()
-        .map(|(_, _, t)| loaded.scenario.instance_type(t).map_or(1.0, |t| t.speed))
+        .map(|(_, _, t)| loaded.scenario.instance_type(t).map_or((1.0, loaded.pes), |t| (t.speed, t.pes)))
         .collect();
-    let max = speeds.iter().copied().fold(0.0, f64::max);
+    let max = types.iter().map(|t| t.0).fold(0.0, f64::max);
     let mut parts = Vec::new();
-    for (node, s) in speeds.iter().enumerate() {
-        if *s < max {
-            for pe in 0..loaded.pes {
-                parts.push(format!("{}:{:.3}", node as u32 * loaded.pes + pe, s / max));
+    let mut first = 0;
+    for (speed, pes) in types {
+        if speed < max {
+            for pe in first..first + pes {
+                parts.push(format!("{pe}:{:.3}", speed / max));
             }
         }
+        first += pes;
     }
     (!parts.is_empty()).then(|| parts.join(","))
 }
@@ -648,13 +679,14 @@ impl Driver<'_> {
             format!("{} {}", m.kind, m.instance.as_deref().unwrap_or(""))
         });
         let line = format!(
-            "sim {:6.0} s  real {:5.1} s | iteration {} ({} it/s) | members {} on-demand + {} spot | newcomers {} waiting, {} booting | epoch {} | last: {}",
+            "sim {:6.0} s  real {:5.1} s | iteration {} ({} it/s) | members {} on-demand + {} spot ({} PEs) | newcomers {} waiting, {} booting | epoch {} | last: {}",
             last.sim,
             last.real,
             last.iteration.map_or("-".into(), |i| i.to_string()),
             rate.map_or("-".into(), |r| format!("{r:.0}")),
             last.on_demand,
             last.spot,
+            last.on_demand_pes + last.spot_pes,
             last.waiting,
             last.booting,
             self.view.as_ref().map_or(0, |v| v.epoch),
@@ -669,12 +701,12 @@ impl Driver<'_> {
 
     fn sample(&mut self) {
         let (sim, real) = self.now();
-        let (mut on_demand, mut spot) = (0, 0);
+        let (mut on_demand, mut spot, mut on_demand_pes, mut spot_pes) = (0, 0, 0, 0);
         if let Some(view) = &self.view {
             for m in &view.members {
                 match self.name_of(m.pid).and_then(|n| self.cloud.instance(n)).map(|i| i.capacity) {
-                    Some(Capacity::OnDemand) => on_demand += 1,
-                    _ => spot += 1,
+                    Some(Capacity::OnDemand) => (on_demand, on_demand_pes) = (on_demand + 1, on_demand_pes + m.pes),
+                    _ => (spot, spot_pes) = (spot + 1, spot_pes + m.pes),
                 }
             }
         }
@@ -684,12 +716,16 @@ impl Driver<'_> {
             .filter(|i| matches!(i.state, InstanceState::Booting | InstanceState::WaitingForCapacity))
             .count() as u32;
         let waiting = self.view.as_ref().map_or(0, |v| v.pending.len()) as u32;
+        let waiting_pes = self.view.as_ref().map_or(0, |v| v.pending.iter().map(|p| p.pes).sum());
         self.record.samples.push(Sample {
             sim: sim.as_secs_f64(),
             real,
             on_demand,
             spot,
+            on_demand_pes,
+            spot_pes,
             waiting,
+            waiting_pes,
             booting,
             iteration: self.log.iteration,
         });
@@ -929,7 +965,11 @@ impl Driver<'_> {
             }
         }
         let socket = self.opts.state_dir.join(LAUNCHER_SOCKET_FILE);
-        match channel::request(&socket, &Request::Spawn { count: 1 }, Duration::from_secs(10)) {
+        // Its node runs as many PEs as its type: a replacement may be of
+        // another shape than the member it replaces.
+        let pes = self.cloud.instance(instance).map_or(self.loaded.pes, |i| i.pes);
+        let spawn = Request::Spawn { count: 1, pes: Some(pes) };
+        match channel::request(&socket, &spawn, Duration::from_secs(10)) {
             Ok(Reply::Ok(pids)) if pids.len() == 1 => {
                 let pid = pids[0];
                 self.nodes.insert(instance.to_owned(), Node { pid, gone: false });
@@ -942,7 +982,12 @@ impl Driver<'_> {
                 }
                 let itype = self.cloud.instance(instance).map(|i| i.instance_type.clone()).unwrap_or_default();
                 self.place(instance, &itype, pid, say);
-                self.mark("booted", Some(instance), format!("{itype}: newcomer node started (pid {pid}){where_}"), say);
+                self.mark(
+                    "booted",
+                    Some(instance),
+                    format!("{itype}: newcomer node of {pes} PE{} started (pid {pid}){where_}", if pes == 1 { "" } else { "s" }),
+                    say,
+                );
             }
             other => {
                 let why = match other {
@@ -1105,8 +1150,10 @@ impl Driver<'_> {
             Err(e) => return self.relaunch_failed(kill.index, format!("cannot open {}: {e}", log_path.display()), say),
         };
         let nodes = kill.order.len() as u32;
+        // Uniform shapes only (check_mode): every node runs pesPerPod PEs.
         let launch = Launch {
             nodes,
+            node_pes: &[],
             program: &self.program,
             args: &self.args,
             restore: restore.as_deref(),

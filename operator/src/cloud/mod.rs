@@ -79,7 +79,8 @@ pub struct Loaded {
     pub replicas: u32,
     /// On-demand members (node 0 first).
     pub on_demand: u32,
-    /// `pesPerPod`.
+    /// `pesPerPod`: what a relaunch starts every node with; the instance
+    /// types' own PE counts decide otherwise.
     pub pes: u32,
     /// The policy's settings, from the spec.
     pub policy: PolicyConfig,
@@ -143,7 +144,6 @@ impl Loaded {
             launch_members: (0..replicas).map(|k| format!("{name}-{k}")).collect(),
             on_demand,
             newcomer_prefix: policy.newcomer_prefix.clone(),
-            pes,
         };
         let (scenario, scripted) = Scenario::load(scenario_file, scenario_text, &shape)?;
         Ok(Loaded {
@@ -176,6 +176,30 @@ impl Loaded {
                     let spot = &fleet.spot[(k - self.on_demand) as usize % fleet.spot.len()];
                     (name, Capacity::Spot, spot.clone())
                 }
+            })
+            .collect()
+    }
+}
+
+impl Loaded {
+    /// PEs of each launch instance, node 0 first (its type's).
+    pub fn launch_pes(&self) -> Vec<u32> {
+        self.launch_instances()
+            .iter()
+            .map(|(_, _, t)| self.scenario.pes_of(t))
+            .collect()
+    }
+
+    /// The fleet's types whose PE count is not the job's `pesPerPod`, as
+    /// `m5.xlarge (2 PEs)`: a relaunch from a checkpoint (the baselines'
+    /// modes) starts every node with `pesPerPod` PEs, so it cannot keep them.
+    pub fn other_shapes(&self) -> Vec<String> {
+        self.scenario
+            .fleet_types()
+            .into_iter()
+            .filter_map(|t| {
+                let pes = self.scenario.pes_of(t);
+                (pes != self.pes).then(|| format!("{t} ({pes} PE{})", if pes == 1 { "" } else { "s" }))
             })
             .collect()
     }
@@ -310,8 +334,19 @@ events:
         let e = Loaded::from_texts("job.yaml", "apiVersion: v1\nkind: ]\n", "s.yaml", SCENARIO)
             .expect_err("not YAML");
         assert!(e.to_string().starts_with("job.yaml:2:"), "{e}");
-        let e = Loaded::from_texts("job.yaml", &JOB.replace("pesPerPod: 1", "pesPerPod: 2"), "s.yaml", SCENARIO)
-            .expect_err("types run 1 PE");
-        assert!(e.to_string().contains("must match"), "{e}");
+    }
+
+    #[test]
+    fn types_of_other_pe_counts_load_and_are_named_for_a_relaunch() {
+        let l = Loaded::from_texts("job.yaml", JOB, "s.yaml", SCENARIO).expect("valid");
+        assert_eq!(l.launch_pes(), [1, 1, 1]);
+        assert!(l.other_shapes().is_empty(), "every type runs pesPerPod PEs");
+        let mixed = SCENARIO.replace("name: b, pes: 1", "name: b, pes: 2");
+        let l = Loaded::from_texts("job.yaml", JOB, "s.yaml", &mixed).expect("mixed shapes are valid");
+        assert_eq!(l.launch_pes(), [1, 2, 1], "demo-1 runs on b");
+        assert_eq!(l.other_shapes(), ["b (2 PEs)"]);
+        let l = Loaded::from_texts("job.yaml", &JOB.replace("pesPerPod: 1", "pesPerPod: 2"), "s.yaml", SCENARIO)
+            .expect("the types decide the PEs");
+        assert_eq!(l.other_shapes(), ["a (1 PE)", "b (1 PE)"]);
     }
 }

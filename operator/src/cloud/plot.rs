@@ -50,7 +50,7 @@ pub fn svg(record: &Record) -> String {
     let max_members = record
         .samples
         .iter()
-        .map(|s| s.on_demand + s.spot + s.waiting + s.booting)
+        .map(|s| (s.on_demand + s.spot + s.waiting + s.booting).max(s.on_demand_pes + s.spot_pes))
         .max()
         .unwrap_or(1)
         .max(record.target)
@@ -72,7 +72,7 @@ pub fn svg(record: &Record) -> String {
     let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
     let _ = writeln!(
         s,
-        r#"<text x="{LEFT}" y="20" font-size="14">{} on {}: members by capacity, iteration rate, events (time factor {})</text>"#,
+        r#"<text x="{LEFT}" y="20" font-size="14">{} on {}: members by capacity (and PEs), iteration rate, events (time factor {})</text>"#,
         esc(&record.job),
         esc(&record.scenario),
         record.time_factor
@@ -124,6 +124,28 @@ pub fn svg(record: &Record) -> String {
         y(f64::from(record.target)) - 4.0,
         record.target
     );
+    // PEs in the view, where instance types of different PE counts make
+    // them differ from the members (same axis: one unit is a member or a PE).
+    if record.samples.iter().any(|s| s.on_demand_pes + s.spot_pes != s.on_demand + s.spot) {
+        let mut path = String::new();
+        for (i, smp) in record.samples.iter().enumerate() {
+            let next_t = record.samples.get(i + 1).map_or(t_max, |n| n.sim);
+            let pes = f64::from(smp.on_demand_pes + smp.spot_pes);
+            let _ = write!(
+                path,
+                "{}{:.1},{:.1} L{:.1},{:.1} ",
+                if i == 0 { "M" } else { "L" },
+                x(smp.sim),
+                y(pes),
+                x(next_t),
+                y(pes)
+            );
+        }
+        let _ = writeln!(
+            s,
+            r##"<path d="{path}" fill="none" stroke="#e377c2" stroke-width="2" stroke-dasharray="6 3"><title>PEs of the members</title></path>"##
+        );
+    }
     // Iteration rate.
     if rate.len() > 1 {
         let pts: Vec<String> = rate.iter().map(|(t, r)| format!("{:.1},{:.1}", x(*t), yr(*r))).collect();
@@ -210,10 +232,11 @@ pub fn svg(record: &Record) -> String {
         ("#d62728", "N notice"),
         ("#000000", "T termination"),
         ("#1f77b4", "C rescale committed"),
+        ("#e377c2", "PEs of the members (dashed; mixed shapes)"),
     ];
     for (i, (color, name)) in legend.iter().enumerate() {
-        let lx = LEFT + (i % 4) as f64 * 210.0;
-        let ly = H - 32.0 + (i / 4) as f64 * 18.0;
+        let lx = LEFT + (i % 5) as f64 * 190.0;
+        let ly = H - 32.0 + (i / 5) as f64 * 18.0;
         let _ = writeln!(
             s,
             r#"<rect x="{lx:.1}" y="{:.1}" width="12" height="12" fill="{color}"/><text x="{:.1}" y="{:.1}">{name}</text>"#,
@@ -251,7 +274,10 @@ mod tests {
                 real: f64::from(k),
                 on_demand: 1,
                 spot: 2,
+                on_demand_pes: 1,
+                spot_pes: 2,
                 waiting: u32::from(k == 4),
+                waiting_pes: u32::from(k == 4),
                 booting: 0,
                 iteration: Some(u64::from(k) * 100),
             });
@@ -269,7 +295,7 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("j&lt;1&gt;"), "names are escaped");
         assert_eq!(svg.matches("<polyline").count(), 1, "one rate line");
-        assert_eq!(svg.matches("<path").count(), 3, "three stacked layers");
+        assert_eq!(svg.matches("<path").count(), 3, "three stacked layers, no PE line: one PE a member");
         // Three marker lines (ready is not drawn), each labelled.
         assert_eq!(svg.matches(">N<title>").count(), 1);
         assert_eq!(svg.matches(">C<title>").count(), 1);
@@ -277,6 +303,11 @@ mod tests {
         // Samples 1 s apart, rates over 2 s windows.
         assert_eq!(iteration_rate(&r).len(), 4);
         assert!((iteration_rate(&r)[0].1 - 100.0).abs() < 1e-9);
+        // A 2-PE replacement: the PEs get a line of their own.
+        r.samples[6].spot_pes = 3;
+        let svg = super::svg(&r);
+        assert_eq!(svg.matches("<path").count(), 4, "the layers and the PE line");
+        assert!(svg.contains("<title>PEs of the members</title>"));
     }
 
     #[test]

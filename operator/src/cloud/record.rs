@@ -41,8 +41,14 @@ pub struct Sample {
     pub on_demand: u32,
     /// Spot members in the view.
     pub spot: u32,
+    /// PEs of the on-demand members (instance types may differ in PEs).
+    pub on_demand_pes: u32,
+    /// PEs of the spot members.
+    pub spot_pes: u32,
     /// Newcomers registered and waiting for admission.
     pub waiting: u32,
+    /// Their PEs.
+    pub waiting_pes: u32,
     /// Instances requested and not yet running a node (booting, no capacity).
     pub booting: u32,
     /// The job's last reported iteration.
@@ -187,8 +193,12 @@ pub struct Record {
     pub real_seconds: f64,
     /// Simulated seconds.
     pub sim_seconds: f64,
-    /// The policy's target size.
+    /// The policy's target size, in members (instances).
     pub target: u32,
+    /// PEs of the launch fleet: the capacity a job of mixed shapes is
+    /// measured against in PE-seconds (a replacement of another shape
+    /// changes the PEs, not the member count).
+    pub target_pes: u32,
 }
 
 /// Figures derived from a record.
@@ -199,10 +209,15 @@ pub struct Summary {
     pub committed_by_reason: BTreeMap<String, u32>,
     /// Rescales that failed.
     pub failed: u32,
-    /// Simulated member-seconds the job ran below its target size.
+    /// Simulated member-seconds (instance-seconds) the job ran below its
+    /// target size.
     pub member_seconds_short: f64,
+    /// Simulated PE-seconds the job ran below the launch fleet's PEs.
+    pub pe_seconds_short: f64,
     /// Simulated instance-seconds newcomers waited, running, for admission.
     pub idle_newcomer_seconds: f64,
+    /// The same in PE-seconds.
+    pub idle_newcomer_pe_seconds: f64,
     /// Cost of the fleet as run.
     pub cost: f64,
     /// Cost of the same instance time all on demand.
@@ -245,7 +260,10 @@ impl Record {
             let dt = w[1].sim - w[0].sim;
             let members = w[0].on_demand + w[0].spot;
             s.member_seconds_short += f64::from(self.target.saturating_sub(members)) * dt;
+            let pes = w[0].on_demand_pes + w[0].spot_pes;
+            s.pe_seconds_short += f64::from(self.target_pes.saturating_sub(pes)) * dt;
             s.idle_newcomer_seconds += f64::from(w[0].waiting) * dt;
+            s.idle_newcomer_pe_seconds += f64::from(w[0].waiting_pes) * dt;
         }
         let end = std::time::Duration::from_secs_f64(self.sim_seconds);
         for i in &self.instances {
@@ -322,9 +340,18 @@ impl Record {
         );
         row(
             "capacity lost",
-            format!("{:.0} member-seconds below the target of {} (simulated)", s.member_seconds_short, self.target),
+            format!(
+                "{:.0} member-seconds below the target of {} members, {:.0} PE-seconds below the launch fleet's {} PEs (simulated)",
+                s.member_seconds_short, self.target, s.pe_seconds_short, self.target_pes
+            ),
         );
-        row("idle newcomers", format!("{:.0} instance-seconds waiting for admission", s.idle_newcomer_seconds));
+        row(
+            "idle newcomers",
+            format!(
+                "{:.0} instance-seconds ({:.0} PE-seconds) waiting for admission",
+                s.idle_newcomer_seconds, s.idle_newcomer_pe_seconds
+            ),
+        );
         if self.mode == "checkpoint-restart" {
             row(
                 "checkpoints",
@@ -371,7 +398,10 @@ mod tests {
             sim,
             on_demand: od,
             spot,
+            on_demand_pes: od,
+            spot_pes: spot,
             waiting,
+            waiting_pes: waiting,
             ..Sample::default()
         }
     }
@@ -380,6 +410,7 @@ mod tests {
     fn the_summary_integrates_shortfall_and_idle_time_and_counts_rescales() {
         let mut r = Record {
             target: 4,
+            target_pes: 4,
             sim_seconds: 30.0,
             ..Record::default()
         };
@@ -423,6 +454,37 @@ mod tests {
         });
         let table = r.table();
         assert!(table.contains("1 written (0.25 s of sync-point waits and writes); 3.00 s of work redone"), "{table}");
+    }
+
+    #[test]
+    fn capacity_is_counted_in_members_and_in_pes() {
+        // Launch: one on-demand and three spot instances of 1 PE; a spot
+        // member is lost for 10 s, then a 2-PE instance replaces it.
+        let mut r = Record {
+            target: 4,
+            target_pes: 4,
+            sim_seconds: 30.0,
+            ..Record::default()
+        };
+        let s = |sim, spot, spot_pes, waiting_pes| Sample {
+            sim,
+            on_demand: 1,
+            on_demand_pes: 1,
+            spot,
+            spot_pes,
+            waiting: u32::from(waiting_pes > 0),
+            waiting_pes,
+            ..Sample::default()
+        };
+        r.samples = vec![s(0.0, 3, 3, 0), s(10.0, 2, 2, 2), s(20.0, 3, 4, 0), s(30.0, 3, 4, 0)];
+        let sum = r.summary();
+        assert_eq!(sum.member_seconds_short, 10.0);
+        assert_eq!(sum.pe_seconds_short, 10.0, "more PEs than at launch is no shortfall");
+        assert_eq!(sum.idle_newcomer_seconds, 10.0);
+        assert_eq!(sum.idle_newcomer_pe_seconds, 20.0, "the waiting newcomer runs 2 PEs");
+        let table = r.table();
+        assert!(table.contains("10 member-seconds below the target of 4 members, 10 PE-seconds below the launch fleet's 4 PEs"), "{table}");
+        assert!(table.contains("10 instance-seconds (20 PE-seconds) waiting"), "{table}");
     }
 
     #[test]

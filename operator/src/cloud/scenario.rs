@@ -12,7 +12,7 @@
 //! instance type or a notice for a member that never exists, the line is
 //! found from the entry's position in its list).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -27,9 +27,12 @@ pub const DEFAULT_NOTICE_SECONDS: f64 = 120.0;
 pub struct InstanceType {
     /// Its name, e.g. `m5.large`.
     pub name: String,
-    /// PEs a node on it runs (the job's `pesPerPod` must match).
+    /// PEs a node on it runs (its vCPUs, say). Types of different PE
+    /// counts may share a fleet; the job's `pesPerPod` is what a relaunch
+    /// (the baselines' `--mode`s) starts every node with.
     pub pes: u32,
-    /// Relative speed: 1.0 is `cpuPerSpeed` cores per PE.
+    /// Relative speed of each of its PEs: 1.0 is `cpuPerSpeed` cores per
+    /// PE (an instance's CPU quota is `speed * pes * cpuPerSpeed` cores).
     pub speed: f64,
     /// Hourly prices.
     pub price: Price,
@@ -54,9 +57,15 @@ pub struct Fleet {
     /// Types of the launch spot members, taken in turn.
     pub spot: Vec<String>,
     /// Type of replacements and newcomers; default: the first spot type
-    /// (a replacement of a member takes that member's type).
+    /// (a replacement of a member takes that member's type, or the one
+    /// [`Fleet::replace_with`] names for it).
     #[serde(default)]
     pub replacement: Option<String>,
+    /// The type of a spot member's replacement, by the member's type
+    /// (`{ m5.large: m5.xlarge }`: a 1-PE member is replaced by a 2-PE
+    /// instance); a type it does not name is replaced by its own type.
+    #[serde(default)]
+    pub replace_with: BTreeMap<String, String>,
     /// Simulated seconds from asking for a spot instance to its node
     /// starting (EC2 launch and boot, pod scheduling, image pull).
     #[serde(default = "default_boot")]
@@ -221,9 +230,11 @@ pub struct JobShape {
     /// Prefix of newcomers' names (`{job}-n`): `{prefix}{k}` names the k-th
     /// newcomer the policy launches.
     pub newcomer_prefix: String,
-    /// PEs per node (`pesPerPod`).
-    pub pes: u32,
 }
+
+/// Most PEs an instance type may run (the launcher's bound on a newcomer's
+/// PE count, `spawn K pes=P`).
+pub const MAX_PES: u32 = crate::local::channel::MAX_SPAWN_PES;
 
 impl Scenario {
     /// Parses and checks a scenario file against the job it will run.
@@ -264,13 +275,10 @@ impl Scenario {
             if prices.iter().any(|p| !p.is_finite() || *p < 0.0) {
                 return Err(err(line, format!("instance type {:?}: prices must not be negative", t.name)));
             }
-            if t.pes != job.pes {
+            if !(1..=MAX_PES).contains(&t.pes) {
                 return Err(err(
                     line,
-                    format!(
-                        "instance type {:?} runs {} PEs, the job {} per node (pesPerPod): they must match",
-                        t.name, t.pes, job.pes
-                    ),
+                    format!("instance type {:?}: pes must be from 1 to {MAX_PES}, not {}", t.name, t.pes),
                 ));
             }
         }
@@ -293,6 +301,10 @@ impl Scenario {
         }
         if let Some(t) = &scenario.fleet.replacement {
             known(t, "replacement")?;
+        }
+        for (from, to) in &scenario.fleet.replace_with {
+            known(from, "replaceWith")?;
+            known(to, "replaceWith")?;
         }
         if !(scenario.fleet.boot_seconds.is_finite() && scenario.fleet.boot_seconds >= 0.0) {
             return Err(err(top("bootSeconds"), "bootSeconds must not be negative".into()));
@@ -322,6 +334,23 @@ impl Scenario {
     /// The instance type named `name` (validated to exist).
     pub fn instance_type(&self, name: &str) -> Option<&InstanceType> {
         self.instance_types.iter().find(|t| t.name == name)
+    }
+
+    /// PEs of the instance type named `name` (1 for an unknown name,
+    /// which validation refuses).
+    pub fn pes_of(&self, name: &str) -> u32 {
+        self.instance_type(name).map_or(1, |t| t.pes)
+    }
+
+    /// The types the job's instances may run on: on-demand, spot,
+    /// newcomers and replacements, each once.
+    pub fn fleet_types(&self) -> BTreeSet<&str> {
+        let f = &self.fleet;
+        std::iter::once(f.on_demand.as_str())
+            .chain(f.spot.iter().map(String::as_str))
+            .chain(f.replacement.as_deref())
+            .chain(f.replace_with.values().map(String::as_str))
+            .collect()
     }
 }
 
@@ -434,7 +463,6 @@ mod tests {
             launch_members: vec!["j-0".into(), "j-1".into(), "j-2".into()],
             on_demand: 1,
             newcomer_prefix: "j-n".into(),
-            pes: 1,
         }
     }
 
@@ -535,12 +563,31 @@ events:
         assert!(e.line.is_some(), "serde_yaml reports the line: {e}");
         let e = refused(&GOOD.replace("    rebalanceRecommendation: j-1", "    rebalanceRecommendation: j-1\n    terminate: j-1"));
         assert!(e.message.contains("one thing"), "{e}");
-        let e = refused(&GOOD.replace("pes: 1\n    speed: 0.5", "pes: 2\n    speed: 0.5"));
-        assert!(e.message.contains("must match"), "{e}");
+        let e = refused(&GOOD.replace("pes: 1\n    speed: 0.5", "pes: 0\n    speed: 0.5"));
+        assert!(e.message.contains("pes must be from 1 to 1024, not 0"), "{e}");
         assert_eq!(e.line, Some(7));
         let e = refused(&GOOD.replace("timeFactor: 10", "timeFactor: 0"));
         assert_eq!(e.line, Some(1));
         let e = refused(&GOOD.replace("bootSeconds: 20", "bootSecs: 20"));
         assert!(e.message.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn instance_types_of_different_pe_counts_share_a_fleet() {
+        let text = GOOD
+            .replace("pes: 1\n    speed: 0.5", "pes: 2\n    speed: 0.5")
+            .replace("  bootSeconds: 20\n", "  bootSeconds: 20\n  replaceWith: { big: small }\n");
+        let (s, _) = Scenario::load("s.yaml", &text, &job()).expect("mixed shapes are valid");
+        assert_eq!((s.pes_of("big"), s.pes_of("small")), (1, 2));
+        assert_eq!(s.fleet.replace_with.get("big").map(String::as_str), Some("small"));
+        assert_eq!(s.fleet_types().into_iter().collect::<Vec<_>>(), ["big", "small"]);
+    }
+
+    #[test]
+    fn a_replacement_map_naming_an_unknown_type_is_refused_naming_its_line() {
+        let text = GOOD.replace("  bootSeconds: 20\n", "  bootSeconds: 20\n  replaceWith: { big: huge }\n");
+        let e = refused(&text);
+        assert_eq!(e.line, Some(15), "{e}");
+        assert!(e.message.contains("fleet.replaceWith: unknown instance type \"huge\""), "{e}");
     }
 }

@@ -85,6 +85,8 @@ pub struct Instance {
     pub name: String,
     /// Its type.
     pub instance_type: String,
+    /// PEs its node runs (its type's).
+    pub pes: u32,
     /// On-demand or spot.
     #[serde(serialize_with = "capacity_name")]
     pub capacity: Capacity,
@@ -223,6 +225,7 @@ impl Cloud {
             Instance {
                 name: name.to_owned(),
                 instance_type: itype.to_owned(),
+                pes: t.pes,
                 capacity,
                 state,
                 requested_at: now,
@@ -247,11 +250,11 @@ impl Cloud {
 
     /// The type a replacement for `for_member` (or a plain newcomer) runs on.
     pub fn replacement_type(&self, for_member: Option<&str>) -> String {
+        let fleet = &self.scenario.fleet;
         let from_member = for_member
             .and_then(|m| self.instances.get(m))
             .filter(|i| i.capacity == Capacity::Spot)
-            .map(|i| i.instance_type.clone());
-        let fleet = &self.scenario.fleet;
+            .map(|i| fleet.replace_with.get(&i.instance_type).unwrap_or(&i.instance_type).clone());
         from_member
             .or_else(|| fleet.replacement.clone())
             .or_else(|| fleet.spot.first().cloned())
@@ -499,7 +502,6 @@ events:
             launch_members: vec!["j-0".into(), "j-1".into(), "j-2".into()],
             on_demand: 1,
             newcomer_prefix: "j-n".into(),
-            pes: 1,
         }
     }
 
@@ -560,6 +562,22 @@ events:
         assert!((cost("j-1").1 - 3.6 * 50.0 / 3600.0).abs() < 1e-9);
         assert!((cost("j-2").0 - 0.9 * 90.0 / 3600.0).abs() < 1e-9);
         assert!((cost("j-0").0 - 3.6).abs() < 1e-9, "on demand, still running");
+    }
+
+    #[test]
+    fn a_replacement_takes_its_members_type_or_the_one_replace_with_names() {
+        let c = cloud(SCENARIO);
+        assert_eq!(c.replacement_type(Some("j-2")), "small");
+        assert_eq!(c.replacement_type(Some("j-0")), "big", "on demand: the first spot type");
+        assert_eq!(c.instance("j-2").unwrap().pes, 1);
+        let mixed = SCENARIO
+            .replace("name: small, pes: 1", "name: small, pes: 2")
+            .replace("bootSeconds: 20 }", "bootSeconds: 20, replaceWith: { big: small } }");
+        let c = cloud(&mixed);
+        assert_eq!(c.replacement_type(Some("j-1")), "small", "big is replaced by small");
+        assert_eq!(c.replacement_type(Some("j-2")), "small");
+        assert_eq!(c.instance("j-2").unwrap().pes, 2);
+        assert_eq!(c.replacement_type(None), "big", "a plain newcomer: the first spot type");
     }
 
     #[test]

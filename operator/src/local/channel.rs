@@ -9,6 +9,8 @@
 //!
 //! ```text
 //! spawn K            ->  ok PID,PID,...      start K newcomers (1..=64); their pids
+//! spawn K pes=P      ->  ok PID,PID,...      the same, each running P PEs (1..=1024)
+//!                                            instead of the job's --pes-per-node
 //! stop PID,PID,...   ->  ok PID,PID,...      SIGTERM newcomers not (yet) admitted; those stopped
 //! anything else      ->  error MESSAGE
 //! ```
@@ -31,6 +33,10 @@ use super::process::POLL_INTERVAL;
 /// Most newcomers one `spawn` request may start.
 pub const MAX_SPAWN: u32 = 64;
 
+/// Most PEs a `spawn K pes=P` newcomer may run (a bound on typos, not a
+/// limit of the runtime: `ductile run --pes-per-node` takes any count).
+pub const MAX_SPAWN_PES: u32 = 1024;
+
 /// Longest request or reply line accepted, in bytes (a reply lists at most
 /// [`MAX_SPAWN`] pids, or one message).
 const MAX_LINE: u64 = 4096;
@@ -46,6 +52,10 @@ pub enum Request {
     Spawn {
         /// How many, `1..=MAX_SPAWN`.
         count: u32,
+        /// PEs each runs, `1..=MAX_SPAWN_PES`; `None`: the job's
+        /// `--pes-per-node`. A local fleet may mix node shapes (an
+        /// instance type of the local cloud with more vCPUs).
+        pes: Option<u32>,
     },
     /// Stop these newcomers, which must not have been admitted.
     Stop {
@@ -96,7 +106,11 @@ impl Request {
     /// The request as sent, newline included.
     pub fn to_line(&self) -> String {
         match self {
-            Request::Spawn { count } => format!("spawn {count}\n"),
+            Request::Spawn { count, pes: None } => format!("spawn {count}\n"),
+            Request::Spawn {
+                count,
+                pes: Some(pes),
+            } => format!("spawn {count} pes={pes}\n"),
             Request::Stop { pids } => format!("stop {}\n", join_pids(pids)),
             Request::Restart { nodes, dir } => format!("restart {nodes} {}\n", dir.display()),
             Request::CancelRestart => "cancel-restart\n".to_owned(),
@@ -119,12 +133,32 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
     let line = line.strip_suffix('\n').unwrap_or(line);
     let (verb, rest) = line.split_once(' ').unwrap_or((line, ""));
     match verb {
-        "spawn" => match rest.parse::<u32>() {
-            Ok(count) if (1..=MAX_SPAWN).contains(&count) => Ok(Request::Spawn { count }),
-            _ => Err(format!(
-                "spawn takes a number of newcomers from 1 to {MAX_SPAWN}, not {rest:?}"
-            )),
-        },
+        "spawn" => {
+            let (count, pes) = match rest.split_once(' ') {
+                Some((count, option)) => (count, Some(option)),
+                None => (rest, None),
+            };
+            let count = match count.parse::<u32>() {
+                Ok(count) if (1..=MAX_SPAWN).contains(&count) => count,
+                _ => {
+                    return Err(format!(
+                        "spawn takes a number of newcomers from 1 to {MAX_SPAWN}, not {rest:?}"
+                    ))
+                }
+            };
+            let pes = match pes {
+                None => None,
+                Some(option) => match option.strip_prefix("pes=").map(str::parse::<u32>) {
+                    Some(Ok(pes)) if (1..=MAX_SPAWN_PES).contains(&pes) => Some(pes),
+                    _ => {
+                        return Err(format!(
+                            "spawn K takes at most `pes=P`, P from 1 to {MAX_SPAWN_PES}, not {option:?}"
+                        ))
+                    }
+                },
+            };
+            Ok(Request::Spawn { count, pes })
+        }
         "stop" => {
             let pids = parse_pids(rest)?;
             if pids.is_empty() {
@@ -147,7 +181,7 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
         "cancel-restart" if rest.is_empty() => Ok(Request::CancelRestart),
         "cancel-restart" => Err(format!("cancel-restart takes nothing, not {rest:?}")),
         _ => Err(format!(
-            "unknown request {verb:?}: expected `spawn K`, `stop PID,...`, `restart N DIR` or `cancel-restart`"
+            "unknown request {verb:?}: expected `spawn K [pes=P]`, `stop PID,...`, `restart N DIR` or `cancel-restart`"
         )),
     }
 }
@@ -359,8 +393,46 @@ mod tests {
     #[test]
     fn requests_parse_and_print_as_lines() {
         let table: &[(&str, Result<Request, &str>)] = &[
-            ("spawn 2\n", Ok(Request::Spawn { count: 2 })),
-            ("spawn 64", Ok(Request::Spawn { count: 64 })),
+            ("spawn 2\n", Ok(Request::Spawn { count: 2, pes: None })),
+            ("spawn 64", Ok(Request::Spawn { count: 64, pes: None })),
+            (
+                "spawn 1 pes=2\n",
+                Ok(Request::Spawn {
+                    count: 1,
+                    pes: Some(2),
+                }),
+            ),
+            (
+                "spawn 3 pes=1024",
+                Ok(Request::Spawn {
+                    count: 3,
+                    pes: Some(1024),
+                }),
+            ),
+            (
+                "spawn 1 pes=0\n",
+                Err("spawn K takes at most `pes=P`, P from 1 to 1024, not \"pes=0\""),
+            ),
+            (
+                "spawn 1 pes=1025\n",
+                Err("spawn K takes at most `pes=P`, P from 1 to 1024, not \"pes=1025\""),
+            ),
+            (
+                "spawn 1 pes=\n",
+                Err("spawn K takes at most `pes=P`, P from 1 to 1024, not \"pes=\""),
+            ),
+            (
+                "spawn 1 cores=2\n",
+                Err("spawn K takes at most `pes=P`, P from 1 to 1024, not \"cores=2\""),
+            ),
+            (
+                "spawn 1 pes=2 pes=3\n",
+                Err("spawn K takes at most `pes=P`, P from 1 to 1024, not \"pes=2 pes=3\""),
+            ),
+            (
+                "spawn pes=2\n",
+                Err("spawn takes a number of newcomers from 1 to 64, not \"pes=2\""),
+            ),
             (
                 "spawn 0\n",
                 Err("spawn takes a number of newcomers from 1 to 64, not \"0\""),
@@ -395,11 +467,11 @@ mod tests {
             ("stop 1\n", Err("\"1\" is not a pid")),
             (
                 "SPAWN 1\n",
-                Err("unknown request \"SPAWN\": expected `spawn K`, `stop PID,...`, `restart N DIR` or `cancel-restart`"),
+                Err("unknown request \"SPAWN\": expected `spawn K [pes=P]`, `stop PID,...`, `restart N DIR` or `cancel-restart`"),
             ),
             (
                 "",
-                Err("unknown request \"\": expected `spawn K`, `stop PID,...`, `restart N DIR` or `cancel-restart`"),
+                Err("unknown request \"\": expected `spawn K [pes=P]`, `stop PID,...`, `restart N DIR` or `cancel-restart`"),
             ),
             (
                 "restart 3 /tmp/job/ckpt\n",
@@ -469,7 +541,7 @@ mod tests {
         let tool = {
             let path = path.clone();
             thread::spawn(move || {
-                request(&path, &Request::Spawn { count: 2 }, Duration::from_secs(10))
+                request(&path, &Request::Spawn { count: 2, pes: None }, Duration::from_secs(10))
             })
         };
         let pending = loop {
@@ -478,7 +550,7 @@ mod tests {
             }
             thread::sleep(POLL_INTERVAL);
         };
-        assert_eq!(pending.request, Request::Spawn { count: 2 });
+        assert_eq!(pending.request, Request::Spawn { count: 2, pes: None });
         pending.answer(Reply::Ok(vec![100, 101]));
         assert_eq!(tool.join().unwrap().unwrap(), Reply::Ok(vec![100, 101]));
 
@@ -491,7 +563,7 @@ mod tests {
 
         drop(channel);
         assert!(!path.exists(), "socket left behind");
-        let err = request(&path, &Request::Spawn { count: 1 }, Duration::from_secs(1)).unwrap_err();
+        let err = request(&path, &Request::Spawn { count: 1, pes: None }, Duration::from_secs(1)).unwrap_err();
         assert!(matches!(err, ChannelError::NoLauncher { .. }), "{err}");
         assert!(err.to_string().contains("no launcher answers"), "{err}");
     }

@@ -55,8 +55,13 @@ pub struct JobSpec {
     pub state_dir: PathBuf,
     /// Number of node processes.
     pub nodes: u32,
-    /// PEs per node (`DUCTILE_PES`).
+    /// PEs per node (`DUCTILE_PES`), for every node [`Self::node_pes`]
+    /// does not name and for newcomers started without a count of their own.
     pub pes_per_node: u32,
+    /// PEs of each launch node, node 0 first (`ductile run --node-pes`);
+    /// empty: every node runs [`Self::pes_per_node`]. Otherwise exactly
+    /// [`Self::nodes`] counts of at least 1.
+    pub node_pes: Vec<u32>,
     /// Transport name handed to the nodes (`DUCTILE_TRANSPORT`).
     pub transport: String,
     /// Address the nodes' transports and the coordinator bind.
@@ -112,6 +117,7 @@ impl JobSpec {
             state_dir,
             nodes,
             pes_per_node,
+            node_pes: Vec::new(),
             transport: "tcp".to_owned(),
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             launch_timeout: Duration::from_secs(60),
@@ -127,6 +133,19 @@ impl JobSpec {
             restore: None,
             metrics_port: None,
         }
+    }
+
+    /// PEs of launch node `index`.
+    pub fn launch_pes(&self, index: u32) -> u32 {
+        self.node_pes
+            .get(index as usize)
+            .copied()
+            .unwrap_or(self.pes_per_node)
+    }
+
+    /// Whether the launch nodes do not all run [`Self::pes_per_node`] PEs.
+    pub fn mixed_shapes(&self) -> bool {
+        self.node_pes.iter().any(|&p| p != self.pes_per_node)
     }
 
     fn command_line(&self) -> Vec<String> {
@@ -407,6 +426,23 @@ pub fn launch(
             "--nodes and --pes-per-node must be at least 1".to_owned(),
         ));
     }
+    if !spec.node_pes.is_empty() && spec.node_pes.len() != spec.nodes as usize {
+        return Err(LaunchError::InvalidSpec(format!(
+            "--node-pes names {} PE counts for {} nodes: give one per node",
+            spec.node_pes.len(),
+            spec.nodes
+        )));
+    }
+    if spec.node_pes.contains(&0) {
+        return Err(LaunchError::InvalidSpec(
+            "--node-pes: every node runs at least 1 PE".to_owned(),
+        ));
+    }
+    if spec.restore.is_some() && spec.mixed_shapes() {
+        return Err(LaunchError::InvalidSpec(
+            "--restore with --node-pes of different counts: a relaunch from a checkpoint runs nodes of one shape (--pes-per-node)".to_owned(),
+        ));
+    }
     if spec.transport.is_empty() {
         return Err(LaunchError::InvalidSpec(
             "--transport must not be empty".to_owned(),
@@ -483,6 +519,8 @@ pub fn launch(
                 tracing::info!(nodes, dir = %ckpt.display(), "relaunching the job from its checkpoint");
                 let mut next = spec.clone();
                 next.nodes = nodes;
+                // Refused for mixed shapes (watch.rs): one shape again.
+                next.node_pes.clear();
                 next.restore = Some(ckpt);
                 state.nodes.clear();
                 state.newcomers.clear();
@@ -557,13 +595,19 @@ enum Joining {
 /// The command that starts one node of the job: the program and its
 /// arguments, the environment contract, standard input from /dev/null and its
 /// own process group; standard output and error inherited.
-fn node_command(spec: &JobSpec, program: &Path, env: &NodeEnv, joining: &Joining) -> Command {
+fn node_command(
+    spec: &JobSpec,
+    program: &Path,
+    env: &NodeEnv,
+    joining: &Joining,
+    pes: u32,
+) -> Command {
     let mut cmd = Command::new(program);
     cmd.arg0(&spec.program)
         .args(&spec.args)
         .env(contract::ENV_COORDINATOR, &env.coordinator)
         .env(contract::ENV_SECRET, &env.secret_hex)
-        .env(contract::ENV_PES, spec.pes_per_node.to_string())
+        .env(contract::ENV_PES, pes.to_string())
         .env(contract::ENV_BIND, spec.bind.to_string())
         .env(contract::ENV_TRANSPORT, &spec.transport)
         .env(contract::ENV_LAUNCHER_PID, &env.launcher_pid)
@@ -668,7 +712,8 @@ fn start_processes(
             control_file: dir.control_file(),
             metrics_file: dir.metrics_file(),
         };
-        let child = node_command(spec, program, &env, &joining)
+        let pes = spec.launch_pes(index);
+        let child = node_command(spec, program, &env, &joining, pes)
             .spawn()
             .map_err(|source| LaunchError::NodeSpawn {
                 index,
@@ -676,12 +721,8 @@ fn start_processes(
                 source,
             })?;
         let pid = child.id();
-        tracing::info!(index, pid, "node started");
-        state.nodes.push(NodeRecord {
-            index,
-            pid,
-            pes: spec.pes_per_node,
-        });
+        tracing::info!(index, pid, pes, "node started");
+        state.nodes.push(NodeRecord { index, pid, pes });
         fleet
             .nodes
             .push(Supervised::new(format!("node {index}"), child));

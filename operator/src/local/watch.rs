@@ -19,7 +19,8 @@ use super::channel::{Channel, Reply, Request};
 use super::process::{self, signal_group, Exit, Supervised, POLL_INTERVAL};
 use super::supervise::{self, JobEnd, Limits, Supervisor};
 use super::{
-    node_command, restart_lost_coordinator, tail_of, Fleet, Joining, RunningJob, StopRequest,
+    node_command, restart_lost_coordinator, tail_of, Fleet, JobSpec, Joining, RunningJob,
+    StopRequest,
 };
 use crate::state::{unix_ms, JobState, NewcomerRecord};
 
@@ -249,15 +250,26 @@ impl<'a, 'j> Watch<'a, 'j> {
     fn answer_requests(&mut self) {
         while let Some(request) = self.channel.as_ref().and_then(Channel::try_next) {
             let reply = match &request.request {
-                Request::Spawn { count } => {
-                    let reply =
-                        spawn_newcomers(self.job, *count, self.fleet, &mut self.sup, self.state);
+                Request::Spawn { count, pes } => {
+                    let pes = pes.unwrap_or(self.job.spec.pes_per_node);
+                    let reply = spawn_newcomers(
+                        self.job,
+                        *count,
+                        pes,
+                        self.fleet,
+                        &mut self.sup,
+                        self.state,
+                    );
                     self.record_changed |= matches!(reply, Reply::Ok(_));
                     reply
                 }
                 Request::Stop { pids } => stop_newcomers(pids, self.fleet, &self.sup),
                 Request::Restart { nodes, dir } => {
-                    if self.restart.is_some() {
+                    if let Some(pes) = mixed_shapes(self.job.spec, self.state) {
+                        Reply::Error(format!(
+                            "{MIXED_RELAUNCH}: this job runs nodes of {pes} PEs"
+                        ))
+                    } else if self.restart.is_some() {
                         Reply::Error("a restart is already arranged".to_owned())
                     } else {
                         tracing::info!(nodes, dir = %dir.display(), "restart arranged for when the job checkpoints");
@@ -466,12 +478,37 @@ fn spawn_view_probe(
     rx
 }
 
-/// Starts `count` newcomers as children of this launcher, supervised and
-/// recorded like the launch members. All or nothing: if one cannot be
-/// started, those started with it are stopped again (and dropped).
+/// Why a relaunch from a checkpoint is refused for a job of mixed shapes.
+pub const MIXED_RELAUNCH: &str = "a relaunch from a checkpoint starts every node with --pes-per-node PEs, and cannot keep nodes of different PE counts";
+
+/// The PE counts of the job's running processes (launch nodes and
+/// newcomers not ended), as `1, 2`, when they are not all the job's
+/// `--pes-per-node`.
+fn mixed_shapes(spec: &JobSpec, state: &JobState) -> Option<String> {
+    let running = state
+        .nodes
+        .iter()
+        .map(|n| n.pes)
+        .chain(state.newcomers.iter().filter(|n| n.exit.is_none()).map(|n| n.pes));
+    let counts: std::collections::BTreeSet<u32> =
+        running.chain([spec.pes_per_node]).collect();
+    (counts.len() > 1).then(|| {
+        counts
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
+}
+
+/// Starts `count` newcomers of `pes` PEs each as children of this
+/// launcher, supervised and recorded like the launch members. All or
+/// nothing: if one cannot be started, those started with it are stopped
+/// again (and dropped).
 fn spawn_newcomers(
     job: &RunningJob<'_>,
     count: u32,
+    pes: u32,
     fleet: &mut Fleet,
     sup: &mut Supervisor,
     state: &mut JobState,
@@ -481,7 +518,8 @@ fn spawn_newcomers(
     }
     let mut pids = Vec::new();
     for _ in 0..count {
-        let spawned = node_command(job.spec, job.program, job.env, &Joining::Newcomer).spawn();
+        let spawned =
+            node_command(job.spec, job.program, job.env, &Joining::Newcomer, pes).spawn();
         let child = match spawned {
             Ok(child) => child,
             Err(err) => {
@@ -494,7 +532,7 @@ fn spawn_newcomers(
         };
         let pid = child.id();
         let n = sup.newcomer_spawned(pid, job.t0.elapsed());
-        tracing::info!(newcomer = n, pid, "newcomer started");
+        tracing::info!(newcomer = n, pid, pes, "newcomer started");
         fleet
             .newcomers
             .insert(n, Supervised::new(format!("newcomer {n}"), child));
@@ -502,7 +540,7 @@ fn spawn_newcomers(
         state.newcomers.push(NewcomerRecord {
             number: n,
             pid,
-            pes: job.spec.pes_per_node,
+            pes,
             started_at_unix_ms: unix_ms(SystemTime::now()),
             admitted: false,
             dropped: false,
