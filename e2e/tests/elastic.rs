@@ -86,6 +86,37 @@ fn expand_three_to_four_admits_a_newcomer_that_adopts_the_job() {
     completes_with(job, &want);
 }
 
+/// Newcomers of another shape, as a spot instance of a bigger type:
+/// `--pes` gives the newcomers of a live rescale their own PE count. A
+/// 1-PE node is replaced by a 2-PE one, then a 3-PE node joins; the PE
+/// counts add up, the survivors stay, and the result is the one-node one.
+/// A relaunch cannot keep mixed shapes, so `--pes` with `--mode restart`
+/// is refused before anything starts.
+#[test]
+fn newcomers_of_another_pe_count_join_live_and_the_checksum_holds() {
+    let spec = ductile_e2e::jacobi_args(12_000);
+    let want = reference_checksum(&spec);
+    let job = start_jacobi(2, 1, &spec);
+    let before = job.members();
+    let report = job.ductile(&["rescale", "--remove", "1", "--add", "1", "--pes", "2"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (2, 3));
+    let report = job.ductile(&["expand", "--nodes", "1", "--pes", "3"]);
+    assert_eq!((num(&report, "pes_before"), num(&report, "pes")), (3, 6));
+    let after = job.members();
+    assert_eq!(after[0].pid, before[0].pid, "node 0 stays");
+    assert_eq!(after.iter().map(|m| m.pes).collect::<Vec<_>>(), [1, 2, 3]);
+
+    let out = job
+        .spawn_ductile(&["expand", "--nodes", "1", "--pes", "2", "--mode", "restart"])
+        .wait_with_output()
+        .expect("ductile");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--pes is for live rescales"), "{stderr}");
+    assert_eq!(job.members().len(), 3, "nothing was started");
+    completes_with(job, &want);
+}
+
 #[test]
 fn one_rescale_removes_two_nodes_and_admits_two() {
     let spec = ductile_e2e::jacobi_args(12_000);

@@ -36,7 +36,7 @@ use std::time::Duration;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use ductile_coordinator::proto::NodeId;
 
-use crate::local::channel::MAX_SPAWN;
+use crate::local::channel::{MAX_SPAWN, MAX_SPAWN_PES};
 use crate::state::DEFAULT_JOB;
 
 mod cloud;
@@ -182,6 +182,11 @@ pub struct ScaleArgs {
     /// never leaves).
     #[arg(long, short = 'n', value_name = "N", value_parser = parse_count)]
     pub nodes: u32,
+    /// PEs each newcomer runs, when the job grows [default: the job's --pes-per-node]: a
+    /// node of another shape, as an instance type with more or fewer
+    /// vCPUs. Live rescales only.
+    #[arg(long, value_name = "P", value_parser = parse_spawn_pes)]
+    pub pes: Option<u32>,
     /// Common options.
     #[command(flatten)]
     pub options: RescaleOptions,
@@ -214,6 +219,11 @@ pub struct ExpandArgs {
     /// Number of nodes to add (a change, not a total: see `ductile scale`).
     #[arg(long, short = 'n', value_name = "K", value_parser = parse_spawn_count)]
     pub nodes: u32,
+    /// PEs each newcomer runs [default: the job's --pes-per-node]: a
+    /// node of another shape, as an instance type with more or fewer
+    /// vCPUs. Live rescales only.
+    #[arg(long, value_name = "P", value_parser = parse_spawn_pes)]
+    pub pes: Option<u32>,
     /// Common options.
     #[command(flatten)]
     pub options: RescaleOptions,
@@ -245,6 +255,11 @@ pub struct RescaleArgs {
     /// Start this many newcomers and admit them.
     #[arg(long, value_name = "K", value_parser = parse_spawn_count)]
     pub add: Option<u32>,
+    /// PEs each newcomer runs [default: the job's --pes-per-node]: a
+    /// node of another shape, as an instance type with more or fewer
+    /// vCPUs. Live rescales only.
+    #[arg(long, value_name = "P", value_parser = parse_spawn_pes, requires = "add")]
+    pub pes: Option<u32>,
     /// Common options.
     #[command(flatten)]
     pub options: RescaleOptions,
@@ -362,6 +377,15 @@ pub fn parse_spawn_count(text: &str) -> Result<u32, String> {
     Ok(n)
 }
 
+/// Parses the PE count of newcomers: 1 to [`MAX_SPAWN_PES`].
+pub fn parse_spawn_pes(text: &str) -> Result<u32, String> {
+    let n = parse_count(text)?;
+    if n > MAX_SPAWN_PES {
+        return Err(format!("at most {MAX_SPAWN_PES} PEs per node"));
+    }
+    Ok(n)
+}
+
 /// Parses a positive number of seconds (`2`, `0.5`).
 pub fn parse_secs(text: &str) -> Result<Duration, String> {
     let secs: f64 = text
@@ -427,14 +451,14 @@ pub fn dispatch(cli: Cli) -> i32 {
         Command::Status(args) => status(args),
         Command::Stop(args) => stop::stop(&args),
         Command::List(args) => list::list(&args),
-        Command::Scale(args) => rescale::scale(args.nodes, &args.options),
-        Command::Expand(args) => rescale(Removal::None, args.nodes, &args.options),
+        Command::Scale(args) => rescale::scale(args.nodes, args.pes, &args.options),
+        Command::Expand(args) => rescale(Removal::None, args.nodes, args.pes, &args.options),
         Command::Shrink(args) => {
             let removal = match args.nodes {
                 Some(k) => Removal::Highest(k),
                 None => Removal::Ids(args.remove),
             };
-            rescale(removal, 0, &args.options)
+            rescale(removal, 0, None, &args.options)
         }
         Command::Rescale(args) => {
             let removal = if args.remove.is_empty() {
@@ -442,7 +466,7 @@ pub fn dispatch(cli: Cli) -> i32 {
             } else {
                 Removal::Ids(args.remove)
             };
-            rescale(removal, args.add.unwrap_or(0), &args.options)
+            rescale(removal, args.add.unwrap_or(0), args.pes, &args.options)
         }
         Command::Coordinator { args } => {
             let argv = std::iter::once(OsString::from("ductile coordinator")).chain(args);
@@ -703,6 +727,28 @@ mod tests {
         assert_eq!((args.nodes, args.remove), (None, vec![3, 1]));
         assert_eq!(args.options.target.state_dir, Some(PathBuf::from("/s")));
         assert_eq!(args.options.timeout, Duration::from_secs(5));
+
+        let Command::Expand(args) = parse(&["expand", "-n", "1", "--pes", "4"]).unwrap() else {
+            panic!("not expand")
+        };
+        assert_eq!((args.nodes, args.pes), (1, Some(4)));
+        let Command::Rescale(args) = parse(&["rescale", "--remove", "1", "--add", "1", "--pes", "2"]).unwrap()
+        else {
+            panic!("not rescale")
+        };
+        assert_eq!((args.add, args.pes), (Some(1), Some(2)));
+        let Command::Scale(args) = parse(&["scale", "-n", "3", "--pes", "2"]).unwrap() else {
+            panic!("not scale")
+        };
+        assert_eq!(args.pes, Some(2));
+        for bad in [
+            &["expand", "-n", "1", "--pes", "0"][..],
+            &["expand", "-n", "1", "--pes", "1025"],
+            &["rescale", "--remove", "1", "--pes", "2"],
+            &["shrink", "-n", "1", "--pes", "2"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
 
         let Command::Shrink(args) = parse(&["shrink", "-n", "1"]).unwrap() else {
             panic!("not shrink")

@@ -210,7 +210,7 @@ fn pid_list(pids: &[u32]) -> String {
 /// `ductile scale --nodes N`: the job's size as a target (like `kubectl
 /// scale --replicas`): the difference to the current size is added
 /// (`expand`) or removed from the highest-numbered nodes (`shrink`).
-pub fn scale(nodes: u32, options: &RescaleOptions) -> i32 {
+pub fn scale(nodes: u32, pes: Option<u32>, options: &RescaleOptions) -> i32 {
     let current = match connect_job(&options.target, options.timeout) {
         Ok(mut job) => match job.client.status() {
             Ok(status) => status.members.len() as u32,
@@ -240,9 +240,9 @@ pub fn scale(nodes: u32, options: &RescaleOptions) -> i32 {
                 ));
                 return EXIT_USAGE;
             }
-            rescale(Removal::None, add, options)
+            rescale(Removal::None, add, pes, options)
         }
-        std::cmp::Ordering::Less => rescale(Removal::Highest(current - nodes), 0, options),
+        std::cmp::Ordering::Less => rescale(Removal::Highest(current - nodes), 0, None, options),
     }
 }
 
@@ -253,7 +253,13 @@ const SPAWN_REPLY_FLOOR: Duration = Duration::from_secs(10);
 /// request against the job's membership, has the launcher start the
 /// newcomers and waits until they are registered, then asks node 0 for the
 /// rescale and reports it. Returns the exit code.
-pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
+/// `pes`: the newcomers' PE count (`None`: the job's).
+pub fn rescale(removal: Removal, add: u32, pes: Option<u32>, options: &RescaleOptions) -> i32 {
+    if pes.is_some() && options.mode == Mode::Restart {
+        // A relaunch starts every node with one shape (docs/cli.md).
+        say("--pes is for live rescales: --mode restart relaunches every node with the job's --pes-per-node");
+        return EXIT_USAGE;
+    }
     let deadline = Instant::now() + options.timeout;
     let mut job = match connect_job(&options.target, options.timeout) {
         Ok(job) => job,
@@ -290,10 +296,7 @@ pub fn rescale(removal: Removal, add: u32, options: &RescaleOptions) -> i32 {
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(SPAWN_REPLY_FLOOR);
-        let asked = ask_launcher(&job.dir, &Request::Spawn {
-                count: add,
-                pes: None,
-            }, left);
+        let asked = ask_launcher(&job.dir, &Request::Spawn { count: add, pes }, left);
         match asked {
             Ok(pids) => spawned = pids,
             Err(code) => return code,
