@@ -188,7 +188,8 @@ mod tests {
     /// Many senders race the receiver going to sleep: every message is
     /// received, the receiver never sleeps through one (a lost wake-up
     /// would leave it blocked with no deadline: the test then fails at its
-    /// limit instead of hanging), and a wake-up is paid per sleep, not per push.
+    /// limit instead of hanging), and a wake-up is paid per sleep, not per
+    /// push: never more wake-ups than the receiver's calls to `sleep`.
     #[test]
     fn no_wake_up_is_lost_when_pushes_race_the_receiver_going_to_sleep() {
         const SENDERS: u64 = 4;
@@ -198,17 +199,18 @@ mod tests {
         let rx_inbox = inbox.clone();
         std::thread::spawn(move || {
             let _ = rx_inbox.thread.set(std::thread::current());
-            let (mut got, mut sum) = (0u64, 0u64);
+            let (mut got, mut sum, mut calls) = (0u64, 0u64, 0u64);
             while got < SENDERS * EACH {
                 while let Some(env) = rx_inbox.queue.pop() {
                     got += 1;
                     sum += env.payload.take::<u64>().expect("a u64");
                 }
                 if got < SENDERS * EACH {
+                    calls += 1;
                     rx_inbox.sleep(None, || false);
                 }
             }
-            let _ = done_tx.send(sum);
+            let _ = done_tx.send((sum, calls));
         });
         let senders: Vec<_> = (0..SENDERS)
             .map(|s| {
@@ -231,7 +233,7 @@ mod tests {
             s.join().expect("a sender");
         }
         let n = SENDERS * EACH;
-        let sum = done_rx
+        let (sum, calls) = done_rx
             .recv_timeout(Duration::from_secs(120))
             .expect("the receiver got every message (a lost wake-up leaves it asleep)");
         assert_eq!(sum, n * (n - 1) / 2, "every message once");
@@ -240,13 +242,14 @@ mod tests {
             "the receiver slept while messages came (else the race was not tested)"
         );
         // A wake-up is paid only by the first push that finds the flag
-        // set, and the flag is set once per sleep (or per look at the
-        // queue that found work after all): far fewer than the pushes.
+        // set, and each call to `sleep` sets it once: at most one wake-up
+        // per call, however many pushes met the sleeping PE. (How many
+        // calls there are depends on the scheduler: under load the
+        // receiver may sleep after nearly every message.)
         assert!(
-            inbox.wakeups() * 4 <= n,
-            "{} wake-ups for {n} messages ({} sleeps)",
-            inbox.wakeups(),
-            inbox.sleeps()
+            inbox.wakeups() <= calls,
+            "{} wake-ups for {calls} calls to sleep ({n} messages)",
+            inbox.wakeups()
         );
     }
 
