@@ -784,6 +784,54 @@ fn every_stage_passes_at_1_2_4_and_16_nodes() {
     }
 }
 
+/// Node 0 lives for the whole job (thousands of rescales on spot
+/// capacity): nothing its driver keeps may grow with the rescales, the
+/// newcomers (each a new uid) or the departed nodes. 300 rescales of random
+/// kinds (expand, shrink, replace), each with frames in flight: after every
+/// one, node 0 and every member keep no event for later and their frame
+/// counts cover the current view only.
+#[test]
+fn node_0_keeps_nothing_per_rescale_newcomer_or_departed_node() {
+    const RESCALES: u64 = 300;
+    let mut sim = Sim::new(&[1, 2, 1], 0, DrainMode::Tree, 15);
+    let mut next_uid = 2000;
+    for i in 0..RESCALES {
+        let n = sim.view.members.len() as u32;
+        let kind = sim.rng.gen_range(0..3);
+        let (remove, admit) = match kind {
+            0 if n < 6 => (vec![], 1),
+            1 if n > 2 => (vec![sim.rng.gen_range(1..n)], 0),
+            _ => (vec![sim.rng.gen_range(1..n)], 1),
+        };
+        for _ in 0..admit {
+            // A newcomer registers: a new uid each time.
+            let driver = Driver::newcomer(cfg(2, DrainMode::Tree), sim.now);
+            sim.nodes
+                .insert(next_uid, SimNode::new(next_uid, 2, driver, None));
+            sim.pending.push(next_uid);
+            next_uid += 1;
+        }
+        let before = sim.members();
+        let removed: Vec<u64> = remove.iter().map(|&k| before[k as usize]).collect();
+        sim.traffic(1);
+        sim.rescale(remove, admit);
+        sim.run();
+        assert_rescaled(&sim, &before, &removed, 8 + i);
+        let nodes = sim.view.members.len();
+        for uid in sim.members() {
+            let d = &sim.nodes[&uid].driver;
+            assert!(
+                d.early.is_empty(),
+                "rescale {i}: uid {uid} keeps {} events",
+                d.early.len()
+            );
+            assert!(d.counts.sent.len() <= nodes && d.counts.received.len() <= nodes);
+            assert!(!d.busy() && d.next_deadline().is_none());
+        }
+    }
+    assert_eq!(sim.nodes[&100].stages.len() as u64, 3 * RESCALES);
+}
+
 #[test]
 fn a_peer_that_never_answers_the_drain_fails_it_by_name() {
     let mut sim = Sim::new(&[1, 1, 1, 1], 0, DrainMode::Tree, 3);
