@@ -141,6 +141,10 @@ pub trait Sink: Send + Sync + 'static {
     fn lost(&self, peer_uid: u64, reason: String);
 }
 
+/// Writes the next bytes of a frame, in order: what a transport hands to
+/// the caller of [`Transport::send_with`].
+pub type FrameWrite<'a> = dyn FnMut(&[&[u8]]) -> std::io::Result<()> + 'a;
+
 /// Moves frames between the nodes of a view.
 pub trait Transport: Send + Sync + 'static {
     /// This node's address, as published in the view (opaque bytes).
@@ -152,6 +156,41 @@ pub trait Transport: Send + Sync + 'static {
     /// instead of copying it; the default sends it as one part.
     fn send_frame(&self, to: NodeId, tag: Tag, frame: Vec<u8>) -> Result<(), TransportError> {
         self.send(to, tag, &[&frame])
+    }
+    /// Sends one frame of `len` bytes that `fill` writes in pieces, in
+    /// order, through the writer it is given (a message's header, then its
+    /// body from the payload's own memory). Frames of one pair keep their
+    /// order whatever the pieces. A transport that writes vectored (TCP)
+    /// sends the pieces as they come, without a gather copy; the default
+    /// gathers them into one buffer for [`Transport::send_frame`]. If `fill`
+    /// fails or writes other than `len` bytes, nothing usable reaches the
+    /// peer and the error is returned.
+    fn send_with(
+        &self,
+        to: NodeId,
+        tag: Tag,
+        len: usize,
+        fill: &mut dyn FnMut(&mut FrameWrite<'_>) -> std::io::Result<()>,
+    ) -> Result<(), TransportError> {
+        let mut frame = Vec::with_capacity(len);
+        fill(&mut |parts: &[&[u8]]| {
+            parts.iter().for_each(|p| frame.extend_from_slice(p));
+            Ok(())
+        })
+        .map_err(|source| TransportError::Io {
+            context: format!("encoding a frame for node {to}"),
+            source,
+        })?;
+        if frame.len() != len {
+            return Err(TransportError::Io {
+                context: format!("encoding a frame for node {to}"),
+                source: std::io::Error::other(format!(
+                    "{} bytes written where {len} were announced",
+                    frame.len()
+                )),
+            });
+        }
+        self.send_frame(to, tag, frame)
     }
     /// Brings endpoints in line with `view`, in which this node is `me`.
     fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError>;
