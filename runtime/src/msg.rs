@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::topo::Pe;
+use crate::transport::FrameWrite;
 
 /// A type that can travel as a message: serialisable for other nodes, cloneable
 /// for broadcasts, passed by value inside a node.
@@ -267,8 +268,6 @@ pub fn decode_frame_rank(
         .map(|(rank, _)| rank)
         .map_err(|e| e.to_string())
 }
-
-pub use crate::transport::FrameWrite;
 
 /// A byte string at least this long is written from its own memory rather
 /// than gathered into the small-field buffer.

@@ -229,6 +229,44 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A transport that only takes whole frames: the default `send_with`.
+    struct Whole(std::sync::Mutex<Vec<Vec<u8>>>);
+    impl Transport for Whole {
+        fn address(&self) -> Vec<u8> {
+            vec![]
+        }
+        fn send(&self, _: NodeId, _: Tag, parts: &[&[u8]]) -> Result<(), TransportError> {
+            self.0.lock().unwrap().push(parts.concat());
+            Ok(())
+        }
+        fn reconcile(&self, _: &View, _: NodeId) -> Result<Reconciled, TransportError> {
+            Ok(Reconciled::default())
+        }
+        fn shutdown(&self) {}
+    }
+
+    #[test]
+    fn the_default_send_with_gathers_the_pieces_into_one_frame_and_checks_its_length() {
+        let t = Whole(Default::default());
+        let big = vec![9u8; 100_000];
+        t.send_with(1, Tag(0), 100_005, &mut |w| {
+            w(&[b"ab", &big])?;
+            w(&[b"cde"])
+        })
+        .unwrap();
+        let sent = t.0.lock().unwrap().clone();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(&sent[0][..2], b"ab");
+        assert_eq!(&sent[0][100_002..], b"cde");
+        let short = t.send_with(1, Tag(0), 10, &mut |w| w(&[b"abc"]));
+        assert!(short.unwrap_err().to_string().contains("were announced"));
+        let failed = t.send_with(1, Tag(0), 3, &mut |_| {
+            Err(std::io::Error::other("bad body"))
+        });
+        assert!(failed.unwrap_err().to_string().contains("bad body"));
+        assert_eq!(t.0.lock().unwrap().len(), 1, "nothing sent for either");
+    }
+
     proptest! {
         #[test]
         fn tag_fields_roundtrip(src in 0u32..(1 << SRC_BITS), epoch: u64, kind in 0u32..(1 << KIND_BITS)) {
