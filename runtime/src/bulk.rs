@@ -56,7 +56,7 @@ struct BulkVisitor<T>(std::marker::PhantomData<T>);
 impl<T: Pod> BulkVisitor<T> {
     fn check<E: serde::de::Error>(len: usize) -> Result<(), E> {
         let size = std::mem::size_of::<T>().max(1);
-        if len % size != 0 {
+        if !len.is_multiple_of(size) {
             return Err(E::custom(format!(
                 "{len} bytes is not a whole number of {size}-byte values"
             )));
