@@ -4,6 +4,10 @@
 //! Inside a node an envelope carries the message value itself
 //! ([`Payload::Local`]); it is serialised only when it crosses to another node,
 //! into one frame: a postcard [`WireHeader`] followed by the postcard body.
+//! The frame is written in pieces ([`write_frame`]): small fields gathered
+//! into one buffer, each large byte string (a [`Bulk`](crate::Bulk) body, a
+//! forwarded wire body) handed to the transport from the payload's own
+//! memory, so a transport that writes vectored (TCP) copies nothing.
 
 use std::any::Any;
 
@@ -11,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::topo::Pe;
+use crate::transport::FrameWrite;
 
 /// A type that can travel as a message: serialisable for other nodes, cloneable
 /// for broadcasts, passed by value inside a node.
@@ -90,15 +95,20 @@ pub(crate) enum Dest {
 
 /// A message value that can be encoded on demand and cloned for broadcasts.
 pub(crate) trait ErasedMsg: Send {
-    /// Appends the encoding to `out` (one buffer for header and body).
-    fn encode_into(&self, out: Vec<u8>) -> Vec<u8>;
+    /// The length of the encoding, without encoding.
+    fn encoded_len(&self) -> usize;
+    /// Writes the encoding through `g`.
+    fn encode_gather(&self, g: &mut Gather<'_, '_>) -> postcard::Result<()>;
     fn clone_box(&self) -> Box<dyn ErasedMsg>;
     fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
 }
 
 impl<T: Message> ErasedMsg for T {
-    fn encode_into(&self, out: Vec<u8>) -> Vec<u8> {
-        postcard::to_extend(self, out).expect("encoding into a Vec cannot fail")
+    fn encoded_len(&self) -> usize {
+        postcard::experimental::serialized_size(self).expect("sizing an encoding cannot fail")
+    }
+    fn encode_gather(&self, g: &mut Gather<'_, '_>) -> postcard::Result<()> {
+        postcard::serialize_with_flavor(self, g)
     }
     fn clone_box(&self) -> Box<dyn ErasedMsg> {
         Box::new(self.clone())
@@ -259,25 +269,129 @@ pub fn decode_frame_rank(
         .map_err(|e| e.to_string())
 }
 
-/// Encodes an envelope leaving for PE `dest_pe` as one frame: the header,
-/// then the body, in one buffer, so that a transport can hand the buffer
-/// itself to the network (UCX) instead of gathering parts into a copy.
-pub(crate) fn encode_frame(dest_pe: Pe, env: &Envelope) -> Vec<u8> {
-    let header = WireHeader {
+/// A byte string at least this long is written from its own memory rather
+/// than gathered into the small-field buffer.
+pub(crate) const GATHER_MIN: usize = 4096;
+/// Small fields are written once this many have gathered.
+const GATHER_BUF: usize = 64 * 1024;
+
+/// A postcard flavor that writes a frame in pieces through a [`FrameWrite`]:
+/// small fields gathered into one buffer, each byte string of
+/// [`GATHER_MIN`] bytes or more written straight from the value's memory,
+/// together with the buffer before it (one vectored write, no copy).
+pub(crate) struct Gather<'a, 'w> {
+    buf: Vec<u8>,
+    write: &'a mut FrameWrite<'w>,
+    error: Option<std::io::Error>,
+}
+
+impl<'a, 'w> Gather<'a, 'w> {
+    fn new(write: &'a mut FrameWrite<'w>) -> Self {
+        Gather {
+            buf: Vec::with_capacity(256),
+            write,
+            error: None,
+        }
+    }
+    fn emit(&mut self, big: &[u8]) -> postcard::Result<()> {
+        let r = if self.buf.is_empty() {
+            (self.write)(&[big])
+        } else {
+            (self.write)(&[&self.buf, big])
+        };
+        self.buf.clear();
+        r.map_err(|e| {
+            self.error = Some(e);
+            postcard::Error::SerializeBufferFull
+        })
+    }
+    /// Writes what is still gathered; the io error that stopped the frame, if any.
+    fn finish(mut self, r: postcard::Result<()>) -> std::io::Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        r.map_err(|e| std::io::Error::other(format!("encoding the message: {e}")))?;
+        if !self.buf.is_empty() {
+            (self.write)(&[&self.buf])?;
+        }
+        Ok(())
+    }
+}
+
+impl postcard::ser_flavors::Flavor for &mut Gather<'_, '_> {
+    type Output = ();
+    fn try_push(&mut self, b: u8) -> postcard::Result<()> {
+        self.buf.push(b);
+        Ok(())
+    }
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        if data.len() >= GATHER_MIN {
+            return self.emit(data);
+        }
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= GATHER_BUF {
+            return self.emit(&[]);
+        }
+        Ok(())
+    }
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
+fn wire_header(dest_pe: Pe, env: &Envelope) -> WireHeader {
+    WireHeader {
         dest_pe,
         prio: env.prio,
         counted: env.counted,
         dest: env.dest.clone(),
-    };
-    let head = postcard::to_allocvec(&header).expect("encoding into a Vec cannot fail");
-    match &env.payload {
-        Payload::Local(b) => b.encode_into(head),
-        Payload::Wire { bytes, offset } => {
-            let mut f = head;
-            f.extend_from_slice(&bytes[*offset..]);
-            f
-        }
     }
+}
+
+/// The length of the frame [`write_frame`] writes for `env` leaving for PE
+/// `dest_pe`, without encoding it (a transport announces it first).
+pub(crate) fn frame_len(dest_pe: Pe, env: &Envelope) -> usize {
+    let head = postcard::experimental::serialized_size(&wire_header(dest_pe, env))
+        .expect("sizing an encoding cannot fail");
+    head + match &env.payload {
+        Payload::Local(b) => b.encoded_len(),
+        Payload::Wire { bytes, offset } => bytes.len() - offset,
+    }
+}
+
+/// Writes the frame of an envelope leaving for PE `dest_pe` through
+/// `write`: the header, then the body, exactly [`frame_len`] bytes. Large
+/// byte strings of the body (a [`Bulk`](crate::Bulk)'s contents, the body
+/// of a wire payload sent on) go to `write` from their own memory.
+pub(crate) fn write_frame(
+    dest_pe: Pe,
+    env: &Envelope,
+    write: &mut FrameWrite<'_>,
+) -> std::io::Result<()> {
+    let mut g = Gather::new(write);
+    let mut r = postcard::serialize_with_flavor(&wire_header(dest_pe, env), &mut g);
+    if r.is_ok() {
+        r = match &env.payload {
+            Payload::Local(b) => b.encode_gather(&mut g),
+            Payload::Wire { bytes, offset } => {
+                postcard::ser_flavors::Flavor::try_extend(&mut &mut g, &bytes[*offset..])
+            }
+        };
+    }
+    g.finish(r)
+}
+
+/// Encodes an envelope leaving for PE `dest_pe` as one frame in one buffer
+/// (what [`write_frame`] writes, gathered).
+#[cfg(test)]
+pub(crate) fn encode_frame(dest_pe: Pe, env: &Envelope) -> Vec<u8> {
+    let mut out = Vec::with_capacity(frame_len(dest_pe, env));
+    write_frame(dest_pe, env, &mut |parts: &[&[u8]]| {
+        parts.iter().for_each(|p| out.extend_from_slice(p));
+        Ok(())
+    })
+    .expect("encoding into a Vec cannot fail");
+    out
 }
 
 #[cfg(test)]
@@ -285,7 +399,7 @@ mod tests {
     use super::*;
     use crate::system::SysMsg;
     use crate::topo::Topology;
-    use crate::transport::{kind, Tag};
+    use crate::transport::{Tag, kind};
     use ductile_coordinator::proto::{Member, View};
     use proptest::prelude::*;
 
@@ -364,6 +478,125 @@ mod tests {
             decode_frame(&t, Tag::new(0, 7, kind::ENVELOPE), vec![0xff; 3]),
             Err(FrameRefused::Malformed(_))
         ));
+    }
+
+    /// A message with a large byte body among small fields, as an
+    /// application sends one (`pingpong`'s, a ghost row).
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    enum Big {
+        Small(u32),
+        Data {
+            step: u64,
+            row: crate::Bulk<f64>,
+            bytes: crate::Bulk<u8>,
+        },
+    }
+
+    fn big_env(n: usize) -> (Envelope, Big) {
+        let msg = Big::Data {
+            step: 77,
+            row: crate::Bulk((0..n).map(|i| i as f64 * 0.5).collect()),
+            bytes: crate::Bulk((0..n).map(|i| (i % 251) as u8).collect()),
+        };
+        let env = Envelope {
+            prio: 2,
+            dest: Dest::Element {
+                coll: 3,
+                key: 1,
+                src: 0,
+            },
+            payload: Payload::local(msg.clone()),
+            counted: true,
+        };
+        (env, msg)
+    }
+
+    /// The pieces `write_frame` hands to a transport: (address, bytes) each.
+    fn pieces(dest_pe: Pe, env: &Envelope) -> Vec<(usize, Vec<u8>)> {
+        let mut out = Vec::new();
+        write_frame(dest_pe, env, &mut |parts: &[&[u8]]| {
+            out.extend(parts.iter().map(|p| (p.as_ptr() as usize, p.to_vec())));
+            Ok(())
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn a_large_body_is_written_from_the_messages_own_memory_and_round_trips() {
+        for n in [0, 10, GATHER_MIN, 100_000] {
+            let (env, msg) = big_env(n);
+            let parts = pieces(3, &env);
+            let frame: Vec<u8> = parts.iter().flat_map(|(_, p)| p.clone()).collect();
+            assert_eq!(frame.len(), frame_len(3, &env), "n={n}: announced length");
+            assert_eq!(frame, encode_frame(3, &env), "n={n}: one encoding");
+            let (rank, got) = decode_frame(&topo(), Tag::new(0, 7, kind::ENVELOPE), frame).unwrap();
+            assert_eq!(rank, 1);
+            assert_eq!(got.payload.take::<Big>().unwrap(), msg, "n={n}");
+            // Bodies of GATHER_MIN bytes or more are pieces of their own.
+            let big_pieces = parts.iter().filter(|(_, p)| p.len() >= GATHER_MIN).count();
+            let want = [n * 8, n].iter().filter(|&&l| l >= GATHER_MIN).count();
+            assert!(big_pieces >= want, "n={n}: {big_pieces} large pieces");
+        }
+    }
+
+    #[test]
+    fn no_byte_of_a_large_bulk_is_copied_on_the_way_out() {
+        let row = crate::Bulk(vec![1.25f64; 50_000]);
+        let addr = row.as_ptr() as usize;
+        let env = Envelope {
+            prio: 0,
+            dest: Dest::System,
+            payload: Payload::local(row),
+            counted: false,
+        };
+        // Boxing into the envelope moved the vector, not its data.
+        let parts = pieces(2, &env);
+        let body = parts
+            .iter()
+            .find(|(_, p)| p.len() == 50_000 * 8)
+            .expect("the body is one piece");
+        assert_eq!(body.0, addr, "the piece is the Bulk's own memory");
+        // A wire body sent on (broadcast forwarding) is written from its buffer too.
+        let frame = encode_frame(2, &env);
+        let (_, got) = decode_frame(&topo(), Tag::new(0, 7, kind::ENVELOPE), frame).unwrap();
+        let Payload::Wire { bytes, offset } = &got.payload else {
+            unreachable!()
+        };
+        let start = bytes[*offset..].as_ptr() as usize;
+        let parts = pieces(3, &got);
+        assert!(
+            parts
+                .iter()
+                .any(|(a, p)| *a == start && p.len() == bytes.len() - offset)
+        );
+        let again: Vec<u8> = parts.into_iter().flat_map(|(_, p)| p).collect();
+        let (_, env2) = decode_frame(&topo(), Tag::new(0, 7, kind::ENVELOPE), again).unwrap();
+        assert_eq!(
+            env2.payload.take::<crate::Bulk<f64>>().unwrap().0,
+            vec![1.25; 50_000]
+        );
+    }
+
+    #[test]
+    fn a_truncated_frame_is_refused_with_a_reason_never_misread() {
+        let (env, _) = big_env(5000);
+        let frame = encode_frame(3, &env);
+        for cut in [0, 1, 5, 20, frame.len() / 2, frame.len() - 1] {
+            let t = frame[..cut].to_vec();
+            match decode_frame(&topo(), Tag::new(0, 7, kind::ENVELOPE), t) {
+                Err(FrameRefused::Malformed(_)) => {}
+                Err(e) => panic!("cut {cut}: refused for another reason: {e}"),
+                Ok((_, got)) => {
+                    let e = got.payload.take::<Big>().unwrap_err();
+                    let why = e.to_string();
+                    assert!(
+                        why.contains("malformed") && why.contains("Big"),
+                        "cut {cut}: {why}"
+                    );
+                }
+            }
+        }
     }
 
     proptest! {

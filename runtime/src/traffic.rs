@@ -6,9 +6,9 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 
+use ductile_coordinator::metrics::prometheus::IntCounterVec;
 use ductile_coordinator::metrics::prometheus::core::{Collector, Desc};
 use ductile_coordinator::metrics::prometheus::proto::MetricFamily;
-use ductile_coordinator::metrics::prometheus::IntCounterVec;
 use ductile_coordinator::metrics::{self as exposition};
 use ductile_coordinator::proto::{NodeId, View};
 
@@ -178,6 +178,17 @@ impl Transport for CountedTransport {
         self.traffic.sent_frames.add(1);
         self.traffic.sent_bytes.add(frame.len() as u64);
         self.inner.send_frame(to, tag, frame)
+    }
+    fn send_with(
+        &self,
+        to: NodeId,
+        tag: Tag,
+        len: usize,
+        fill: &mut dyn FnMut(&mut crate::transport::FrameWrite<'_>) -> std::io::Result<()>,
+    ) -> Result<(), TransportError> {
+        self.traffic.sent_frames.add(1);
+        self.traffic.sent_bytes.add(len as u64);
+        self.inner.send_with(to, tag, len, fill)
     }
     fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError> {
         self.inner.reconcile(view, me)

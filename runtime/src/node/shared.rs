@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use ductile_coordinator::proto::View;
 use tracing::{error, info, warn};
 
-use crate::msg::{decode_frame, CollId};
+use crate::msg::{CollId, decode_frame};
 use crate::operation::OperationSlot;
 use crate::options::Options;
 use crate::pe::Inbox;
@@ -19,7 +19,7 @@ use crate::registry::Registry;
 use crate::rescale::driver::Counts;
 use crate::rescale::{ControlFrame, Desk, FrameCounts, NodeEvent};
 use crate::topo::Topology;
-use crate::transport::{kind, Sink, Tag, Transport, TransportError};
+use crate::transport::{Sink, Tag, Transport, TransportError, kind};
 
 /// State shared by every thread of a node.
 pub(crate) struct NodeShared {
@@ -210,8 +210,15 @@ impl NodeShared {
         ((self.uid.load(Ordering::Relaxed) + 1) << 32) | n as u64
     }
 
-    /// Sends an encoded envelope frame (see `msg::encode_frame`) to `node`.
-    pub(crate) fn send_to_node(&self, node: u32, frame: Vec<u8>) -> Result<(), TransportError> {
+    /// Sends `env`, for PE `dest_pe`, to `node` as one frame, written
+    /// through the transport in pieces (`msg::write_frame`: a large body
+    /// from the message's own memory).
+    pub(crate) fn send_to_node(
+        &self,
+        node: u32,
+        dest_pe: crate::topo::Pe,
+        env: &crate::msg::Envelope,
+    ) -> Result<(), TransportError> {
         let topo = self
             .topology_now()
             .expect("sending before the topology is installed");
@@ -219,10 +226,11 @@ impl NodeShared {
             .transport
             .get()
             .ok_or(TransportError::NoEndpoint(node))?;
-        t.send_frame(
+        t.send_with(
             node,
             Tag::new(topo.my_node(), topo.epoch(), kind::ENVELOPE),
-            frame,
+            crate::msg::frame_len(dest_pe, env),
+            &mut |w| crate::msg::write_frame(dest_pe, env, w),
         )?;
         *self
             .frames

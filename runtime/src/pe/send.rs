@@ -1,11 +1,12 @@
 //! The only way out of a PE: to itself, to another PE of the node (its
-//! inbox), or to another node (one encoded frame through the transport).
+//! inbox), or to another node (one frame, written through the transport
+//! from the message's memory).
 //! Messages for a collection this PE has not seen created yet wait here.
 
 use tracing::debug;
 
 use super::PeState;
-use crate::msg::{encode_frame, CollId, Dest, Envelope, Payload};
+use crate::msg::{CollId, Dest, Envelope, Payload};
 use crate::system::SysMsg;
 use crate::topo::Pe as PeId;
 
@@ -71,9 +72,8 @@ impl PeState {
     }
 
     fn send_remote(&mut self, pe: PeId, env: Envelope) {
-        let frame = encode_frame(pe, &env);
         let node = self.topo.node_of(pe);
-        if let Err(e) = self.node.send_to_node(node, frame) {
+        if let Err(e) = self.node.send_to_node(node, pe, &env) {
             // Every PE sending to a lost node gets here: one line per node
             // says so (`lose_peer`), the rest is debug detail.
             debug!(pe = self.pe, to_node = node, "send failed: {e}");

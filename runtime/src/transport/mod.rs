@@ -141,6 +141,10 @@ pub trait Sink: Send + Sync + 'static {
     fn lost(&self, peer_uid: u64, reason: String);
 }
 
+/// Writes the next bytes of a frame, in order: what a transport hands to
+/// the caller of [`Transport::send_with`].
+pub type FrameWrite<'a> = dyn FnMut(&[&[u8]]) -> std::io::Result<()> + 'a;
+
 /// Moves frames between the nodes of a view.
 pub trait Transport: Send + Sync + 'static {
     /// This node's address, as published in the view (opaque bytes).
@@ -152,6 +156,41 @@ pub trait Transport: Send + Sync + 'static {
     /// instead of copying it; the default sends it as one part.
     fn send_frame(&self, to: NodeId, tag: Tag, frame: Vec<u8>) -> Result<(), TransportError> {
         self.send(to, tag, &[&frame])
+    }
+    /// Sends one frame of `len` bytes that `fill` writes in pieces, in
+    /// order, through the writer it is given (a message's header, then its
+    /// body from the payload's own memory). Frames of one pair keep their
+    /// order whatever the pieces. A transport that writes vectored (TCP)
+    /// sends the pieces as they come, without a gather copy; the default
+    /// gathers them into one buffer for [`Transport::send_frame`]. If `fill`
+    /// fails or writes other than `len` bytes, nothing usable reaches the
+    /// peer and the error is returned.
+    fn send_with(
+        &self,
+        to: NodeId,
+        tag: Tag,
+        len: usize,
+        fill: &mut dyn FnMut(&mut FrameWrite<'_>) -> std::io::Result<()>,
+    ) -> Result<(), TransportError> {
+        let mut frame = Vec::with_capacity(len);
+        fill(&mut |parts: &[&[u8]]| {
+            parts.iter().for_each(|p| frame.extend_from_slice(p));
+            Ok(())
+        })
+        .map_err(|source| TransportError::Io {
+            context: format!("encoding a frame for node {to}"),
+            source,
+        })?;
+        if frame.len() != len {
+            return Err(TransportError::Io {
+                context: format!("encoding a frame for node {to}"),
+                source: std::io::Error::other(format!(
+                    "{} bytes written where {len} were announced",
+                    frame.len()
+                )),
+            });
+        }
+        self.send_frame(to, tag, frame)
     }
     /// Brings endpoints in line with `view`, in which this node is `me`.
     fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError>;
@@ -189,6 +228,44 @@ pub(crate) fn thread_cpu_ns(tid: u64) -> Option<u64> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A transport that only takes whole frames: the default `send_with`.
+    struct Whole(std::sync::Mutex<Vec<Vec<u8>>>);
+    impl Transport for Whole {
+        fn address(&self) -> Vec<u8> {
+            vec![]
+        }
+        fn send(&self, _: NodeId, _: Tag, parts: &[&[u8]]) -> Result<(), TransportError> {
+            self.0.lock().unwrap().push(parts.concat());
+            Ok(())
+        }
+        fn reconcile(&self, _: &View, _: NodeId) -> Result<Reconciled, TransportError> {
+            Ok(Reconciled::default())
+        }
+        fn shutdown(&self) {}
+    }
+
+    #[test]
+    fn the_default_send_with_gathers_the_pieces_into_one_frame_and_checks_its_length() {
+        let t = Whole(Default::default());
+        let big = vec![9u8; 100_000];
+        t.send_with(1, Tag(0), 100_005, &mut |w| {
+            w(&[b"ab", &big])?;
+            w(&[b"cde"])
+        })
+        .unwrap();
+        let sent = t.0.lock().unwrap().clone();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(&sent[0][..2], b"ab");
+        assert_eq!(&sent[0][100_002..], b"cde");
+        let short = t.send_with(1, Tag(0), 10, &mut |w| w(&[b"abc"]));
+        assert!(short.unwrap_err().to_string().contains("were announced"));
+        let failed = t.send_with(1, Tag(0), 3, &mut |_| {
+            Err(std::io::Error::other("bad body"))
+        });
+        assert!(failed.unwrap_err().to_string().contains("bad body"));
+        assert_eq!(t.0.lock().unwrap().len(), 1, "nothing sent for either");
+    }
 
     proptest! {
         #[test]

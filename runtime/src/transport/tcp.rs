@@ -8,9 +8,10 @@
 //! Frame layout: `[u32 LE length][u64 LE tag][length bytes]`.
 //!
 //! Sends write the header and the caller's parts with one `writev` (no
-//! gather copy). One receive thread per node (`ductile-tcp-rx`) accepts
-//! peers and reads every incoming connection from one epoll set (mio):
-//! small frames are parsed out of a per-connection staging buffer (one
+//! gather copy); `send_with` writes a frame piece by piece as the runtime
+//! encodes it, a large body straight from the message's memory. One
+//! receive thread per node (`ductile-tcp-rx`) accepts peers and reads
+//! every incoming connection from one epoll set (mio): small frames are parsed out of a per-connection staging buffer (one
 //! `read` for many frames), a large one is read straight into the buffer
 //! that is handed to the runtime (no zero-fill, no copy after receipt).
 //! When nothing arrives it blocks in epoll, after an optional bounded spin
@@ -33,7 +34,7 @@ use ductile_coordinator::proto::{NodeId, View};
 use ductile_coordinator::secret::Secret;
 use tracing::debug;
 
-use super::{Reconciled, Sink, Tag, Transport, TransportError};
+use super::{FrameWrite, Reconciled, Sink, Tag, Transport, TransportError};
 
 mod handshake;
 mod receive;
@@ -43,7 +44,7 @@ mod tests;
 
 pub use receive::DEFAULT_SPIN_US;
 use receive::{start_receiver, RxShared};
-use send::{write_frame, Endpoint};
+use send::{write_frame, write_frame_with, Endpoint};
 
 /// Largest frame accepted from a peer (1 GiB): bigger claims are malformed input.
 pub const MAX_FRAME: usize = 1 << 30;
@@ -123,6 +124,24 @@ impl Transport for TcpTransport {
             .ok_or(TransportError::NoEndpoint(to))?;
         let mut s = ep.stream.lock().expect("endpoint lock poisoned");
         write_frame(&mut s, tag, parts).map_err(io_err(format!("sending to node {to}")))
+    }
+
+    fn send_with(
+        &self,
+        to: NodeId,
+        tag: Tag,
+        len: usize,
+        fill: &mut dyn FnMut(&mut FrameWrite<'_>) -> io::Result<()>,
+    ) -> Result<(), TransportError> {
+        let ep = self
+            .out
+            .read()
+            .expect("endpoint table poisoned")
+            .get(&to)
+            .cloned()
+            .ok_or(TransportError::NoEndpoint(to))?;
+        let mut s = ep.stream.lock().expect("endpoint lock poisoned");
+        write_frame_with(&mut s, tag, len, fill).map_err(io_err(format!("sending to node {to}")))
     }
 
     fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError> {

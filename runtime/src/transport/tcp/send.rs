@@ -1,11 +1,11 @@
 //! The send side: one outgoing connection per peer, and the frame writer.
 
 use std::io::{self, IoSlice, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::sync::Mutex;
 
 use super::MAX_FRAME;
-use crate::transport::Tag;
+use crate::transport::{FrameWrite, Tag};
 
 /// An outgoing connection to the peer with uid `uid` (endpoints are kept
 /// by uid across views and re-indexed by node id).
@@ -18,6 +18,69 @@ pub(super) struct Endpoint {
 /// `writev` where the socket takes it all (no gather copy).
 pub(super) fn write_frame(s: &mut TcpStream, tag: Tag, parts: &[&[u8]]) -> io::Result<()> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
+    let head = frame_head(tag, len)?;
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
+    slices.push(IoSlice::new(&head));
+    slices.extend(
+        parts
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| IoSlice::new(p)),
+    );
+    write_all(s, &mut slices)
+}
+
+/// Writes one frame of `len` bytes whose body `fill` writes in pieces,
+/// each piece with one `writev` (the frame head goes with the first).
+/// A frame that `fill` could not finish, or finished at another length,
+/// leaves the stream unusable: it is shut down, so the peer sees the
+/// connection end mid-frame (a lost peer) rather than misread bytes.
+pub(super) fn write_frame_with(
+    s: &mut TcpStream,
+    tag: Tag,
+    len: usize,
+    fill: &mut dyn FnMut(&mut FrameWrite<'_>) -> io::Result<()>,
+) -> io::Result<()> {
+    let head = frame_head(tag, len)?;
+    let mut head_sent = false;
+    let mut written = 0usize;
+    let filled = fill(&mut |parts: &[&[u8]]| {
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
+        if !head_sent {
+            slices.push(IoSlice::new(&head));
+        }
+        for p in parts.iter().filter(|p| !p.is_empty()) {
+            written += p.len();
+            slices.push(IoSlice::new(p));
+        }
+        if written > len {
+            return Err(io::Error::other(format!(
+                "the frame overran its announced {len} bytes"
+            )));
+        }
+        write_all(s, &mut slices)?;
+        head_sent = true;
+        Ok(())
+    });
+    let r = filled.and_then(|()| {
+        if written != len {
+            return Err(io::Error::other(format!(
+                "{written} bytes written where {len} were announced"
+            )));
+        }
+        if !head_sent {
+            write_all(s, &mut [IoSlice::new(&head)])?;
+        }
+        Ok(())
+    });
+    if r.is_err() && (head_sent || written > 0) {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+    r
+}
+
+/// `[u32 LE length][u64 LE tag]`; refuses a length over [`MAX_FRAME`].
+fn frame_head(tag: Tag, len: usize) -> io::Result<[u8; 12]> {
     let len = u32::try_from(len)
         .ok()
         .filter(|&l| (l as usize) <= MAX_FRAME)
@@ -30,15 +93,11 @@ pub(super) fn write_frame(s: &mut TcpStream, tag: Tag, parts: &[&[u8]]) -> io::R
     let mut head = [0u8; 12];
     head[..4].copy_from_slice(&len.to_le_bytes());
     head[4..].copy_from_slice(&tag.0.to_le_bytes());
-    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
-    slices.push(IoSlice::new(&head));
-    slices.extend(
-        parts
-            .iter()
-            .filter(|p| !p.is_empty())
-            .map(|p| IoSlice::new(p)),
-    );
-    let mut bufs = &mut slices[..];
+    Ok(head)
+}
+
+fn write_all(s: &mut TcpStream, slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    let mut bufs = slices;
     while !bufs.is_empty() {
         match s.write_vectored(bufs) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

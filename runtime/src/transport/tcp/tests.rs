@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::handshake::dial_context;
 use super::*;
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender, unbounded};
 use ductile_coordinator::proto::Member;
 
 struct Collect(Sender<(Tag, Vec<u8>)>, Sender<String>);
@@ -183,7 +183,10 @@ fn a_peer_that_cannot_be_dialled_fails_the_reconcile_without_closing_the_others(
     let dead = listener.local_addr().unwrap();
     drop(listener);
     v.members[2].address = dead.to_string().into_bytes();
-    assert!(a.t.reconcile(&v, 0).is_err(), "an unreachable peer is an error");
+    assert!(
+        a.t.reconcile(&v, 0).is_err(),
+        "an unreachable peer is an error"
+    );
     a.t.send(1, Tag::new(0, 2, 1), &[b"to-b"]).unwrap();
     a.t.send(3, Tag::new(0, 2, 1), &[b"to-c"]).unwrap();
     assert_eq!(b.frames.recv_timeout(WAIT).unwrap().1, b"to-b");
@@ -262,6 +265,90 @@ fn small_frames_interleaved_with_large_ones_keep_per_pair_order() {
     check_mixed(&a.frames, N, 1);
     back.join().unwrap();
     assert!(a.lost.try_recv().is_err() && b.lost.try_recv().is_err());
+}
+
+/// Sends `f` through `send_with` in three pieces, the way the runtime
+/// writes a message: a small header, the body, a small tail.
+fn send_in_pieces(t: &TcpTransport, tag: Tag, f: &[u8]) -> Result<(), TransportError> {
+    let cut = f.len().min(3);
+    let (head, rest) = f.split_at(cut);
+    let (body, tail) = rest.split_at(rest.len() - rest.len().min(2));
+    t.send_with(1, tag, f.len(), &mut |w| {
+        w(&[head])?;
+        w(&[body])?;
+        w(&[tail])
+    })
+}
+
+#[test]
+fn frames_written_in_pieces_from_two_threads_arrive_whole_and_in_order() {
+    let s = Secret::generate();
+    let (a, b) = (node(&s, 1), node(&s, 2));
+    let v = view(1, &[&a, &b]);
+    a.t.reconcile(&v, 0).unwrap();
+    b.t.reconcile(&v, 1).unwrap();
+    const N: u32 = 40;
+    // Two senders on one node share the connection: kind 1 writes in
+    // pieces, kind 2 whole frames; neither may tear the other's frames.
+    let at = a.t.clone();
+    let other = std::thread::spawn(move || {
+        for i in 0..N {
+            at.send(1, Tag::new(0, 1, 2), &[&mixed_frame(i)]).unwrap();
+        }
+    });
+    for i in 0..N {
+        send_in_pieces(&a.t, Tag::new(0, 1, 1), &mixed_frame(i)).unwrap();
+    }
+    other.join().unwrap();
+    let mut next = [0u32; 2];
+    for _ in 0..2 * N {
+        let (tag, f) = b.frames.recv_timeout(WAIT).unwrap();
+        let k = tag.kind() as usize - 1;
+        let i = next[k];
+        assert!(
+            f == mixed_frame(i),
+            "kind {} frame {i}: content or order",
+            k + 1
+        );
+        next[k] += 1;
+    }
+    assert_eq!(next, [N, N]);
+    assert!(a.lost.try_recv().is_err() && b.lost.try_recv().is_err());
+}
+
+#[test]
+fn a_frame_written_short_of_its_length_is_refused_and_never_misread() {
+    let s = Secret::generate();
+    let (a, b) = (node(&s, 1), node(&s, 2));
+    let v = view(1, &[&a, &b]);
+    a.t.reconcile(&v, 0).unwrap();
+    b.t.reconcile(&v, 1).unwrap();
+    send_in_pieces(&a.t, Tag::new(0, 1, 1), b"whole").unwrap();
+    let err =
+        a.t.send_with(1, Tag::new(0, 1, 1), 100_000, &mut |w| w(&[&[7u8; 70_000]]))
+            .unwrap_err();
+    assert!(err.to_string().contains("were announced"), "{err}");
+    assert_eq!(b.frames.recv_timeout(WAIT).unwrap().1, b"whole");
+    // The torn frame ends the connection: the peer reports it, delivers nothing of it.
+    let reason = b.lost.recv_timeout(WAIT).unwrap();
+    assert!(reason.contains("inside a frame"), "{reason}");
+    assert!(
+        b.frames.try_recv().is_err(),
+        "no partial frame is delivered"
+    );
+    // A fill that fails before writing leaves the connection usable.
+    let (c, d) = (node(&s, 3), node(&s, 4));
+    let v = view(1, &[&c, &d]);
+    c.t.reconcile(&v, 0).unwrap();
+    d.t.reconcile(&v, 1).unwrap();
+    let err =
+        c.t.send_with(1, Tag::new(0, 1, 1), 8, &mut |_| {
+            Err(std::io::Error::other("no"))
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("no"), "{err}");
+    send_in_pieces(&c.t, Tag::new(0, 1, 1), b"after").unwrap();
+    assert_eq!(d.frames.recv_timeout(WAIT).unwrap().1, b"after");
 }
 
 #[test]
