@@ -232,10 +232,13 @@ fn a_notice_handled_by_a_restart_without_rebalancing_keeps_the_checksum() {
 fn a_notice_handled_by_a_kill_and_a_relaunch_from_the_last_periodic_checkpoint_keeps_the_checksum() {
     // `--mode checkpoint-restart`: a disk checkpoint every 25 simulated
     // seconds; the notice's emergency rescale kills every process and
-    // relaunches the job from the last one, redoing the work since.
+    // relaunches the job from the last one, redoing the work since. The
+    // notice comes late enough (150 s, 7.5 s real) that a checkpoint has
+    // been written first even on a loaded machine: at load 17 the first
+    // took more than 65 simulated seconds.
     let r = rehearse_with(
         ITERS,
-        "  - { at: 60, interruption: rehearsal-3, deadline: 120 }\n",
+        "  - { at: 150, interruption: rehearsal-3, deadline: 120 }\n",
         &["--mode", "checkpoint-restart", "--checkpoint-every", "25"],
     );
     let record = r.record();
