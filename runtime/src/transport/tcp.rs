@@ -107,6 +107,16 @@ impl TcpTransport {
     pub fn set_uid(&self, uid: u64) {
         *self.my_uid.write().expect("uid lock poisoned") = uid;
     }
+
+    /// The outgoing connection to node `to` in the current view.
+    fn endpoint(&self, to: NodeId) -> Result<Arc<Endpoint>, TransportError> {
+        self.out
+            .read()
+            .expect("endpoint table poisoned")
+            .get(&to)
+            .cloned()
+            .ok_or(TransportError::NoEndpoint(to))
+    }
 }
 
 impl Transport for TcpTransport {
@@ -115,13 +125,7 @@ impl Transport for TcpTransport {
     }
 
     fn send(&self, to: NodeId, tag: Tag, parts: &[&[u8]]) -> Result<(), TransportError> {
-        let ep = self
-            .out
-            .read()
-            .expect("endpoint table poisoned")
-            .get(&to)
-            .cloned()
-            .ok_or(TransportError::NoEndpoint(to))?;
+        let ep = self.endpoint(to)?;
         let mut s = ep.stream.lock().expect("endpoint lock poisoned");
         write_frame(&mut s, tag, parts).map_err(io_err(format!("sending to node {to}")))
     }
@@ -133,13 +137,7 @@ impl Transport for TcpTransport {
         len: usize,
         fill: &mut dyn FnMut(&mut FrameWrite<'_>) -> io::Result<()>,
     ) -> Result<(), TransportError> {
-        let ep = self
-            .out
-            .read()
-            .expect("endpoint table poisoned")
-            .get(&to)
-            .cloned()
-            .ok_or(TransportError::NoEndpoint(to))?;
+        let ep = self.endpoint(to)?;
         let mut s = ep.stream.lock().expect("endpoint lock poisoned");
         write_frame_with(&mut s, tag, len, fill).map_err(io_err(format!("sending to node {to}")))
     }

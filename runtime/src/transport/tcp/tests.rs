@@ -63,6 +63,16 @@ fn view(epoch: u64, nodes: &[&Node]) -> View {
     }
 }
 
+/// Two nodes (uids 1 and 2) of one view at epoch 1, each reconciled to it.
+fn connected_pair() -> (Node, Node) {
+    let s = Secret::generate();
+    let (a, b) = (node(&s, 1), node(&s, 2));
+    let v = view(1, &[&a, &b]);
+    a.t.reconcile(&v, 0).unwrap();
+    b.t.reconcile(&v, 1).unwrap();
+    (a, b)
+}
+
 const WAIT: Duration = Duration::from_secs(5);
 
 #[test]
@@ -243,11 +253,7 @@ fn check_mixed(frames: &Receiver<(Tag, Vec<u8>)>, n: u32, src: NodeId) {
 
 #[test]
 fn small_frames_interleaved_with_large_ones_keep_per_pair_order() {
-    let s = Secret::generate();
-    let (a, b) = (node(&s, 1), node(&s, 2));
-    let v = view(1, &[&a, &b]);
-    a.t.reconcile(&v, 0).unwrap();
-    b.t.reconcile(&v, 1).unwrap();
+    let (a, b) = connected_pair();
     const N: u32 = 40;
     // Both directions at once, through send (parts) and send_frame.
     let bt = b.t.clone();
@@ -282,11 +288,7 @@ fn send_in_pieces(t: &TcpTransport, tag: Tag, f: &[u8]) -> Result<(), TransportE
 
 #[test]
 fn frames_written_in_pieces_from_two_threads_arrive_whole_and_in_order() {
-    let s = Secret::generate();
-    let (a, b) = (node(&s, 1), node(&s, 2));
-    let v = view(1, &[&a, &b]);
-    a.t.reconcile(&v, 0).unwrap();
-    b.t.reconcile(&v, 1).unwrap();
+    let (a, b) = connected_pair();
     const N: u32 = 40;
     // Two senders on one node share the connection: kind 1 writes in
     // pieces, kind 2 whole frames; neither may tear the other's frames.
@@ -318,11 +320,7 @@ fn frames_written_in_pieces_from_two_threads_arrive_whole_and_in_order() {
 
 #[test]
 fn a_frame_written_short_of_its_length_is_refused_and_never_misread() {
-    let s = Secret::generate();
-    let (a, b) = (node(&s, 1), node(&s, 2));
-    let v = view(1, &[&a, &b]);
-    a.t.reconcile(&v, 0).unwrap();
-    b.t.reconcile(&v, 1).unwrap();
+    let (a, b) = connected_pair();
     send_in_pieces(&a.t, Tag::new(0, 1, 1), b"whole").unwrap();
     let err =
         a.t.send_with(1, Tag::new(0, 1, 1), 100_000, &mut |w| w(&[&[7u8; 70_000]]))
@@ -337,10 +335,7 @@ fn a_frame_written_short_of_its_length_is_refused_and_never_misread() {
         "no partial frame is delivered"
     );
     // A fill that fails before writing leaves the connection usable.
-    let (c, d) = (node(&s, 3), node(&s, 4));
-    let v = view(1, &[&c, &d]);
-    c.t.reconcile(&v, 0).unwrap();
-    d.t.reconcile(&v, 1).unwrap();
+    let (c, d) = connected_pair();
     let err =
         c.t.send_with(1, Tag::new(0, 1, 1), 8, &mut |_| {
             Err(std::io::Error::other("no"))
@@ -383,11 +378,7 @@ fn a_peer_lost_inside_a_large_frame_is_reported_and_nothing_hangs() {
 
 #[test]
 fn an_idle_transport_sleeps() {
-    let s = Secret::generate();
-    let (a, b) = (node(&s, 1), node(&s, 2));
-    let v = view(1, &[&a, &b]);
-    a.t.reconcile(&v, 0).unwrap();
-    b.t.reconcile(&v, 1).unwrap();
+    let (a, b) = connected_pair();
     for i in 0..100u32 {
         a.t.send(1, Tag::new(0, 1, 1), &[&i.to_le_bytes()]).unwrap();
         b.t.send(0, Tag::new(1, 1, 1), &[&i.to_le_bytes()]).unwrap();
