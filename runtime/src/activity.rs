@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 use ductile_coordinator::control::RescaleReport;
 use ductile_coordinator::metrics::prometheus::core::Collector;
 use ductile_coordinator::metrics::prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
 };
 use ductile_coordinator::metrics::{self as exposition};
 
@@ -203,6 +203,84 @@ pub(crate) fn rescale_committed(report: &RescaleReport) {
 /// rescale's, its wall time, and what it moved.
 pub(crate) fn lb_step(forced: bool, seconds: f64, migrations: u64, bytes: u64) {
     RESCALES.lb_step(forced, seconds, migrations, bytes);
+}
+
+/// Node 0's record of buddy checkpoints and recoveries (`+ft-every`,
+/// `pe/buddy.rs`); vectors, so none shows before the first observation.
+pub(crate) struct Recoveries {
+    recoveries: IntCounterVec,
+    last_recovery: GaugeVec,
+    checkpoints: HistogramVec,
+    checkpoint_bytes: GaugeVec,
+}
+
+impl Recoveries {
+    fn new() -> Self {
+        Recoveries {
+            recoveries: counter(
+                "ductile_recoveries_total",
+                "Members lost without notice that the job recovered from live (rolled back to its last buddy checkpoint), on node 0.",
+                &[],
+            ),
+            last_recovery: GaugeVec::new(
+                Opts::new(
+                    "ductile_last_recovery_seconds",
+                    "The last recovery's time from the loss noticed to the job running again (excluding the work redone since the checkpoint).",
+                ),
+                &[],
+            )
+            .expect("a valid gauge"),
+            checkpoints: histogram(
+                "ductile_buddy_checkpoint_seconds",
+                "Time of complete buddy checkpoints: quiescence, every PE's copy taken and stored at its buddy.",
+                &STAGE_BUCKETS,
+                &[],
+            ),
+            checkpoint_bytes: GaugeVec::new(
+                Opts::new(
+                    "ductile_buddy_checkpoint_bytes",
+                    "Chare state in the last complete buddy checkpoint, summed over PEs (each is held twice: by its PE and by its buddy).",
+                ),
+                &[],
+            )
+            .expect("a valid gauge"),
+        }
+    }
+
+    fn register(&self, registry: &Registry) {
+        for family in [
+            Box::new(self.recoveries.clone()) as Box<dyn Collector>,
+            Box::new(self.last_recovery.clone()),
+            Box::new(self.checkpoints.clone()),
+            Box::new(self.checkpoint_bytes.clone()),
+        ] {
+            exposition::register(registry, family);
+        }
+    }
+}
+
+static RECOVERIES: LazyLock<Recoveries> = LazyLock::new(|| {
+    let r = Recoveries::new();
+    r.register(exposition::registry());
+    r
+});
+
+/// Records a complete buddy checkpoint.
+pub(crate) fn buddy_checkpoint(seconds: f64, bytes: u64) {
+    RECOVERIES.checkpoints.with_label_values(&[] as &[&str]).observe(seconds);
+    RECOVERIES
+        .checkpoint_bytes
+        .with_label_values(&[] as &[&str])
+        .set(bytes as f64);
+}
+
+/// Records a recovery that took `seconds` from the loss to the job running.
+pub(crate) fn recovered(seconds: f64) {
+    RECOVERIES.recoveries.with_label_values(&[] as &[&str]).inc();
+    RECOVERIES
+        .last_recovery
+        .with_label_values(&[] as &[&str])
+        .set(seconds);
 }
 
 /// The program's progress (`Ctx::report_progress`).

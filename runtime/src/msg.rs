@@ -69,6 +69,11 @@ pub(crate) enum Target {
     Checkpoint {
         coll: CollId,
     },
+    /// The runtime: the job is quiescent at `coll`'s sync point; take the
+    /// buddy checkpoint that is waiting (`+ft-every`).
+    BuddyCheckpoint {
+        coll: CollId,
+    },
 }
 
 /// Where an envelope goes once it reaches its destination PE.

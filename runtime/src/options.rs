@@ -16,6 +16,7 @@
 //! | `+lb-period SECS` | periodic balancing: an `at_sync` step only balances when SECS have passed since the last one that did (others resume at once) |
 //! | `+pe-affinity[=on\|off\|auto]` | pin PE `i` of a node to the `i`-th CPU it may use; default `auto`: only when the node has exactly a CPU per PE (a dedicated cpuset); bare `+pe-affinity` is `on` |
 //! | `+pe-speed PE:F,...` | emulate slower PEs: PE `PE` does `F` times the work per second (0 < F <= 1) |
+//! | `+ft-every K` | fault tolerance: at every K-th `at_sync` sync point every PE keeps an in-memory checkpoint of its chares and sends a copy to a buddy PE on the next node; a node other than node 0 lost without notice is then recovered live (docs/elasticity.md, "Node loss without notice"); default 0, off |
 //! | `+link-delay-us MAX` | emulate an uneven network: each frame from another node waits a random 0..MAX µs before delivery (order per link kept), so messages on different paths overtake each other; for tests |
 //!
 //! Values may follow as the next argument or after `=`.
@@ -59,6 +60,9 @@ pub struct Options {
     /// `+lb-restore on|off`: whether a restored job's first step balances
     /// (with [`Options::rescale_strategy`]) or resumes the restore's placement.
     pub lb_restore: bool,
+    /// `+ft-every K`: take a buddy checkpoint at every K-th sync point and
+    /// recover from the loss of a node (0: off).
+    pub ft_every: u32,
 }
 
 impl Default for Options {
@@ -79,6 +83,7 @@ impl Default for Options {
             lb_smoothing: lb::steady::DEFAULT_SMOOTHING,
             lb_min_gain: lb::steady::DEFAULT_MIN_GAIN,
             lb_restore: true,
+            ft_every: 0,
         }
     }
 }
@@ -164,8 +169,12 @@ pub fn parse(args: Vec<String>) -> Result<(Options, Vec<String>), String> {
                     _ => return Err(format!("+lb-restore: `{v}` is not on or off")),
                 };
             }
+            "ft-every" => {
+                let v = value("a number of sync points")?;
+                opts.ft_every = v.parse().map_err(|_| format!("+ft-every: `{v}` is not a whole number of sync points (0: off)"))?;
+            }
             other => {
-                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +lb-smoothing, +lb-min-gain, +lb-rescale, +lb-restore, +pe-affinity, +pe-speed, +link-delay-us)"))
+                return Err(format!("unknown runtime option +{other} (known: +lb, +lb-params, +lb-dump, +lb-report, +lb-period, +lb-smoothing, +lb-min-gain, +lb-rescale, +lb-restore, +ft-every, +pe-affinity, +pe-speed, +link-delay-us)"))
             }
         }
     }
@@ -272,6 +281,10 @@ mod tests {
             .unwrap_err()
             .contains("unknown runtime option"));
         assert!(parse(args(&["+lb"])).unwrap_err().contains("needs"));
+        assert_eq!(parse(args(&["+ft-every", "5"])).unwrap().0.ft_every, 5);
+        assert_eq!(parse(args(&["+ft-every=3"])).unwrap().0.ft_every, 3);
+        assert_eq!(parse(args(&[])).unwrap().0.ft_every, 0, "off by default");
+        assert!(parse(args(&["+ft-every", "-1"])).unwrap_err().contains("+ft-every"));
         assert!(parse(args(&["+lb-params", "tolerance=0.5", "+lb", "Refine"])).is_err());
     }
 }

@@ -16,6 +16,7 @@
 //! | quiescence detection | [`quiescence::Quiescence`] | `pe/quiescence.rs` |
 //! | load balancing | [`balance::Balancing`] | `pe/balance.rs` |
 //! | checkpoint and restore | [`checkpoint::Checkpointing`] | `pe/checkpoint.rs` |
+//! | buddy checkpoints in memory, a recovery's rollback | [`buddy::Buddy`] | `pe/buddy.rs` |
 //! | the rescale's PE side | [`rescale::Rescaling`] | `pe/rescale.rs` (PE 0's), `pe/reentry.rs` (every PE's stop and re-entry) |
 //! | timers (`PeCtx::after`) | [`timers::Timers`] | `pe/timers.rs` |
 //!
@@ -32,6 +33,7 @@ use tracing::error;
 
 mod api;
 mod balance;
+mod buddy;
 mod checkpoint;
 mod location;
 mod queue;
@@ -79,6 +81,7 @@ pub(crate) struct PeState {
     qd: quiescence::Quiescence,
     lb: balance::Balancing,
     ckpt: checkpoint::Checkpointing,
+    ft: buddy::Buddy,
     rescaling: rescale::Rescaling,
     timers: timers::Timers,
     /// The job is ending: nothing more runs here.
@@ -108,6 +111,7 @@ impl Scheduler {
             qd: quiescence::Quiescence::default(),
             lb,
             ckpt: checkpoint::Checkpointing::default(),
+            ft: buddy::Buddy::default(),
             rescaling: rescale::Rescaling::default(),
             timers: timers::Timers::default(),
             exiting: false,
@@ -182,6 +186,7 @@ impl Scheduler {
             Service::Balance => self.on_balance(msg),
             Service::Checkpoint => self.on_checkpoint(msg),
             Service::Rescale => self.on_rescale(msg),
+            Service::Buddy => self.on_buddy(msg),
             Service::None => error!(
                 pe = self.ctx.pe,
                 "dropping a doubly wrapped runtime message"
@@ -222,6 +227,41 @@ impl Scheduler {
 
     fn coll_name(&self, coll: CollId) -> String {
         format!("collection {coll:#x}")
+    }
+}
+
+impl PeState {
+    /// A recovery: forgets every runtime service's state of the failed
+    /// epoch (queued and held messages, locations, reductions, quiescence,
+    /// load statistics, timers), as on a fresh PE of the current view; the
+    /// buddy copies and readonly values stay. Not ready until PE 0's
+    /// `Adopt` (PE 0 is).
+    fn reset_runtime_state(&mut self) {
+        let pe = self.pe;
+        self.queue = queue::RunQueue::default();
+        self.startup.ready = pe == 0;
+        self.startup.held_in.clear();
+        self.startup.held_out.clear();
+        self.startup.in_main_ctor = false;
+        self.loc = location::Locations::new(&self.node, pe);
+        self.red = reduction::Reductions::new(pe);
+        self.qd = quiescence::Quiescence::default();
+        self.lb = balance::Balancing::new(&self.node, pe);
+        self.ckpt = checkpoint::Checkpointing::default();
+        self.timers = timers::Timers::default();
+        self.rescaling.stop_order = None;
+    }
+}
+
+/// The message the node puts first in a PE's inbox to stop it for a
+/// recovery: the PE leaves its scheduler loop as for a rescale's stop,
+/// before anything queued runs.
+pub(crate) fn recovery_stop(order: crate::system::StopOrder) -> Envelope {
+    Envelope {
+        prio: i32::MIN,
+        dest: Dest::System,
+        payload: crate::msg::Payload::local(SysMsg::RescaleStop(order)),
+        counted: false,
     }
 }
 

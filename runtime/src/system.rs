@@ -215,6 +215,33 @@ pub(crate) enum SysMsg {
     RestoreSent,
     /// To PE 0: every `Restore` sent here arrived.
     RestoreAck,
+    /// From PE 0 to every PE (the job is quiescent at a sync point): take
+    /// buddy checkpoint `gen` (`+ft-every`, see `pe/buddy.rs`).
+    BuddySnapshot { gen: u64 },
+    /// From a PE to its buddy: its chares at checkpoint `gen`.
+    BuddyCopy {
+        gen: u64,
+        /// The owner, numbered in the checkpoint's view.
+        pe: Pe,
+        /// Its group and nodegroup members: `(collection, next reduction)`.
+        members: Vec<(CollId, u32)>,
+        chares: Vec<crate::checkpoint::SavedChare>,
+    },
+    /// To PE 0: PE `pe`'s copy of checkpoint `gen` is stored at its buddy
+    /// (chares, bytes of their state), or why not.
+    BuddyStored {
+        gen: u64,
+        pe: Pe,
+        members: Vec<(CollId, u32)>,
+        result: Result<(u64, u64), String>,
+    },
+    /// From PE 0 to every PE: checkpoint `gen` is complete everywhere;
+    /// older ones may go.
+    BuddyComplete { gen: u64 },
+    /// From PE 0 to every PE of a recovery, after its `Adopt`: restore your
+    /// own chares of checkpoint `gen` and the copies you hold of the lost
+    /// PEs `lost` (numbered in the checkpoint's view), then `RestoreSent`.
+    BuddyRestore { gen: u64, lost: Vec<Pe> },
 }
 
 /// What every node needs to know to take part in a rescale.
@@ -270,6 +297,8 @@ pub(crate) enum Service {
     Checkpoint,
     /// The rescale's PE side.
     Rescale,
+    /// Buddy checkpoints and the rollback of a recovery.
+    Buddy,
     /// A `Leaf` inside a `Leaf`: no service, dropped.
     None,
 }
@@ -308,6 +337,11 @@ impl SysMsg {
             | SysMsg::RescaleStop(_)
             | SysMsg::Adopt(_)
             | SysMsg::Adopted => Service::Rescale,
+            SysMsg::BuddySnapshot { .. }
+            | SysMsg::BuddyCopy { .. }
+            | SysMsg::BuddyStored { .. }
+            | SysMsg::BuddyComplete { .. }
+            | SysMsg::BuddyRestore { .. } => Service::Buddy,
             SysMsg::Leaf(_) => Service::None,
         }
     }

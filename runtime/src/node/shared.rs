@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use ductile_coordinator::proto::View;
-use tracing::{error, info, warn};
+use ductile_coordinator::proto::{ServerMsg, View};
+use tracing::{debug, error, info, warn};
 
 use crate::msg::{CollId, decode_frame};
 use crate::operation::OperationSlot;
@@ -49,6 +49,9 @@ pub(crate) struct NodeShared {
     frames: Mutex<FrameCounts>,
     draining: AtomicBool,
     pub(super) events: crossbeam_channel::Sender<NodeEvent>,
+    /// The member lost without notice that the node is recovering from:
+    /// its node id, uid, and when the driver began the recovery.
+    loss: Mutex<Option<(u32, u64, std::time::Instant)>>,
 }
 
 impl NodeShared {
@@ -78,6 +81,7 @@ impl NodeShared {
             frames: Mutex::new(FrameCounts::default()),
             draining: AtomicBool::new(false),
             events,
+            loss: Mutex::new(None),
         }
     }
 
@@ -296,6 +300,37 @@ impl NodeShared {
         }
     }
 
+    /// Member `peer_uid` was lost (`reason`: how it was noticed). With
+    /// `+ft-every`, the node's rescale driver hears of it as of a loss the
+    /// coordinator reported, and recovers when it can (or ends the job, as
+    /// below); otherwise the job ends here (`lose_peer`).
+    pub(crate) fn peer_lost(&self, peer_uid: u64, reason: &str) {
+        let member = self.view().and_then(|v| v.by_uid(peer_uid).map(|m| (v.epoch, m.node)));
+        match member {
+            Some((epoch, node)) if self.options.ft_every > 0 => {
+                debug!(node, uid = peer_uid, "member lost: {reason}");
+                let lost = ServerMsg::MemberLost {
+                    epoch,
+                    node,
+                    uid: peer_uid,
+                };
+                let _ = self.events.send(NodeEvent::Coordinator(lost));
+            }
+            _ => self.lose_peer(peer_uid, reason),
+        }
+    }
+
+    /// The driver began recovering from the loss of `node` (uid `uid`).
+    pub(crate) fn note_loss(&self, node: u32, uid: u64) {
+        *self.loss.lock().expect("loss lock poisoned") =
+            Some((node, uid, std::time::Instant::now()));
+    }
+
+    /// The loss being recovered from, once (PE 0 reports it).
+    pub(crate) fn take_loss(&self) -> Option<(u32, u64, std::time::Instant)> {
+        self.loss.lock().expect("loss lock poisoned").take()
+    }
+
     pub(crate) fn aborting(&self) -> bool {
         self.aborting.load(Ordering::Relaxed)
     }
@@ -373,7 +408,7 @@ impl Sink for NodeSink {
                 warn!("the connection from uid {peer_uid}, not a member, ended: {reason}");
                 return;
             }
-            node.lose_peer(peer_uid, &format!("its connection ended ({reason})"));
+            node.peer_lost(peer_uid, &format!("its connection ended ({reason})"));
         }
     }
 }

@@ -153,8 +153,8 @@ impl PeState {
     }
 
     /// Root: every element of `coll` is at sync (its `at_sync` reduction
-    /// completed): a checkpoint or a rescale may take the step, `+lb-period`
-    /// may skip it, otherwise a step starts.
+    /// completed): a checkpoint, a rescale or a buddy checkpoint may take
+    /// the step, `+lb-period` may skip it, otherwise a step starts.
     pub(super) fn lb_sync(&mut self, coll: CollId) {
         if self.checkpoint_at_sync(coll) {
             return;
@@ -164,6 +164,24 @@ impl PeState {
             r.defer_sync(coll);
             return;
         }
+        if self.buddy_at_sync(coll) {
+            return;
+        }
+        self.lb_periodic(coll);
+    }
+
+    /// Root: a buddy checkpoint held `coll`'s sync point and is over: a
+    /// rescale requested meanwhile takes the step, or it runs.
+    pub(super) fn lb_after_checkpoint(&mut self, coll: CollId) {
+        if let Some(r) = &mut self.rescaling.root {
+            r.defer_sync(coll);
+            return;
+        }
+        self.lb_periodic(coll);
+    }
+
+    /// Root: `+lb-period` may skip the step; otherwise it starts.
+    fn lb_periodic(&mut self, coll: CollId) {
         if let Some(period) = self.node.options.lb_period {
             let last = self
                 .lb

@@ -76,12 +76,20 @@ pub(crate) struct RootCheckpoint {
 
 /// PE 0's bookkeeping of a restore.
 pub(crate) struct RootRestore {
-    dir: PathBuf,
-    synced: CollId,
-    acks: u32,
-    chares: u64,
-    started: Instant,
-    placed_ms: f64,
+    pub(super) source: RestoreSource,
+    pub(super) synced: CollId,
+    pub(super) acks: u32,
+    pub(super) chares: u64,
+    pub(super) started: Instant,
+    pub(super) placed_ms: f64,
+}
+
+/// Where a restore's chares come from.
+pub(crate) enum RestoreSource {
+    /// A restarted job's checkpoint directory.
+    Dir(PathBuf),
+    /// A recovery's buddy checkpoint (`pe/buddy.rs`), in memory.
+    Recovery(super::buddy::Recovery),
 }
 
 impl PeState {
@@ -136,7 +144,7 @@ impl PeState {
         }
     }
 
-    fn checkpoint_answer(&mut self, result: Result<CheckpointReport, CheckpointError>) {
+    pub(super) fn checkpoint_answer(&mut self, result: Result<CheckpointReport, CheckpointError>) {
         if let Some(desk) = self.node.operation.take_checkpoint_if(|_| true) {
             let _ = desk.reply.send(result);
         }
@@ -144,7 +152,7 @@ impl PeState {
 
     /// What this PE holds that a checkpoint cannot capture: application
     /// messages waiting anywhere, reductions under way.
-    fn unsettled(&self) -> Option<String> {
+    pub(super) fn unsettled(&self) -> Option<String> {
         let queued = self
             .queue
             .fifo
@@ -193,34 +201,10 @@ impl Scheduler {
         let result = match self.ctx.unsettled() {
             Some(why) => Err(why),
             None => {
-                let mut colls: Vec<CollId> = self
-                    .stores
-                    .keys()
-                    .copied()
-                    .filter(|&c| c != MAIN_COLL)
-                    .collect();
-                colls.sort_unstable();
-                let mut chares = Vec::new();
-                for coll in colls {
-                    let store = &self.stores[&coll];
-                    let mut keys: Vec<IndexKey> =
-                        store.locals().into_iter().map(|(k, _)| k).collect();
-                    keys.sort_unstable();
-                    for key in keys {
-                        if let Some((state, meta)) = store.snapshot(key) {
-                            chares.push(SavedChare {
-                                coll,
-                                key,
-                                state,
-                                meta,
-                            });
-                        }
-                    }
-                }
                 let file = PeFile {
                     pe: me,
                     node: self.ctx.topo.my_node(),
-                    chares,
+                    chares: self.snapshot_chares(),
                 };
                 let n = file.chares.len() as u64;
                 write(&pe_path(Path::new(dir), me), &file)
@@ -230,6 +214,35 @@ impl Scheduler {
         };
         self.ctx
             .send_sys(0, SysMsg::CheckpointWritten { pe: me, result });
+    }
+
+    /// Every chare here but main, as saved, in a fixed order (collection,
+    /// then key); they stay where they are.
+    pub(super) fn snapshot_chares(&self) -> Vec<SavedChare> {
+        let mut colls: Vec<CollId> = self
+            .stores
+            .keys()
+            .copied()
+            .filter(|&c| c != MAIN_COLL)
+            .collect();
+        colls.sort_unstable();
+        let mut chares = Vec::new();
+        for coll in colls {
+            let store = &self.stores[&coll];
+            let mut keys: Vec<IndexKey> = store.locals().into_iter().map(|(k, _)| k).collect();
+            keys.sort_unstable();
+            for key in keys {
+                if let Some((state, meta)) = store.snapshot(key) {
+                    chares.push(SavedChare {
+                        coll,
+                        key,
+                        state,
+                        meta,
+                    });
+                }
+            }
+        }
+        chares
     }
 
     /// Root: one PE's files are written (or not).
@@ -303,6 +316,13 @@ impl Scheduler {
             .operation
             .with_checkpoint(|d| d.dir.clone())
             .ok_or(CheckpointError::Withdrawn)?;
+        let job = self.job_snapshot(synced)?;
+        write(&job_path(&dir), &job)
+    }
+
+    /// Root: what only PE 0 holds (main, readonly values, collections,
+    /// populations, counters), at the sync point of `synced`.
+    pub(super) fn job_snapshot(&self, synced: CollId) -> Result<JobFile, CheckpointError> {
         let (state, meta) = self
             .stores
             .get(&MAIN_COLL)
@@ -345,7 +365,7 @@ impl Scheduler {
                 b.1 = b.1.max(store.last_broadcast());
             }
         }
-        let job = JobFile {
+        Ok(JobFile {
             pes: self.ctx.num_pes(),
             nodes: self.ctx.topo.num_nodes(),
             readonly,
@@ -361,8 +381,7 @@ impl Scheduler {
                 meta,
             },
             rescale_callbacks: self.ctx.rescaling.callbacks.clone(),
-        };
-        write(&job_path(&dir), &job)
+        })
     }
 
     /// PE 0 of a restarted job: everything main would have done, from the files.
@@ -516,7 +535,7 @@ impl Scheduler {
             dir.display()
         );
         self.ctx.ckpt.restoring = Some(RootRestore {
-            dir: dir.to_path_buf(),
+            source: RestoreSource::Dir(dir.to_path_buf()),
             synced: job.synced,
             acks: 0,
             chares,
@@ -587,6 +606,18 @@ impl Scheduler {
             return;
         };
         let total_ms = r.started.elapsed().as_secs_f64() * 1e3;
+        // The job runs at its new size: tell the program, as a live rescale does.
+        let pes = self.ctx.num_pes();
+        for cb in self.ctx.rescaling.callbacks.clone() {
+            self.ctx.deliver_callback(&cb, &Value::U32(pes));
+        }
+        let dir = match r.source {
+            RestoreSource::Dir(dir) => dir,
+            RestoreSource::Recovery(recovery) => {
+                self.ctx.recovered(recovery, r.chares, r.placed_ms, total_ms, migrations);
+                return;
+            }
+        };
         info!(
             chares = r.chares,
             placed_ms = r.placed_ms,
@@ -602,12 +633,7 @@ impl Scheduler {
             "balanced": self.ctx.node.options.lb_restore,
             "migrations": migrations,
         });
-        // The job runs at its new size: tell the program, as a live rescale does.
-        let pes = self.ctx.num_pes();
-        for cb in self.ctx.rescaling.callbacks.clone() {
-            self.ctx.deliver_callback(&cb, &Value::U32(pes));
-        }
-        let path = r.dir.join("restored.json");
+        let path = dir.join("restored.json");
         if let Err(e) = crate::files::write_atomically(&path, record.to_string()) {
             warn!("cannot write {}: {e}", path.display());
         }

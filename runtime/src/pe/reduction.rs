@@ -107,6 +107,7 @@ impl PeState {
             Target::Broadcast { coll } => self.broadcast(coll, 0, payload),
             Target::Member { coll, pe } => self.send_member(coll, pe, 0, payload),
             Target::Checkpoint { coll } => self.checkpoint_quiescent(coll),
+            Target::BuddyCheckpoint { .. } => self.buddy_quiescent(),
             // Root: every element of `coll` is at sync.
             Target::LbSync { coll } => self.lb_sync(coll),
         }

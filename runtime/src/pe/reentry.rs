@@ -47,6 +47,9 @@ pub(crate) struct Reentry {
     /// The node's `rescale` span: each PE's re-entry logs under it
     /// (`rescale/spans.rs`).
     pub span: tracing::Span,
+    /// A recovery: the PEs roll back to the last buddy checkpoint
+    /// (`pe/buddy.rs`) instead of re-entering where they stopped.
+    pub rollback: bool,
 }
 
 impl Scheduler {
@@ -70,6 +73,10 @@ impl Scheduler {
                 Ok(PeCommand::HandOver { leaving }) => {
                     self.hand_over(inbox, leaving);
                     let _ = events.send(NodeEvent::HandedOver);
+                }
+                Ok(PeCommand::Resume(r, _)) if r.rollback => {
+                    self.roll_back(&r);
+                    return None;
                 }
                 Ok(PeCommand::Resume(r, late)) => {
                     self.reenter(&r, late);
@@ -250,6 +257,9 @@ impl Scheduler {
             self.ctx.qd.next_wave_at = Some(Instant::now());
         }
         self.ctx.lb.here.clear();
+        // Buddy checkpoints are of the view left: the next sync point
+        // takes a new one.
+        self.ctx.buddy_forget();
         // The time stopped was neither work nor idleness: the next load
         // statistics start now (else survivors look loaded and newcomers
         // empty to the balancing step that follows).

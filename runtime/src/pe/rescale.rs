@@ -166,7 +166,11 @@ impl Scheduler {
             };
             let next = match &r.phase {
                 // `lb_done` calls again when the step in progress ends.
-                RootPhase::Waiting if !self.ctx.lb.roots.is_empty() => return,
+                // A buddy checkpoint in progress too (`pe/buddy.rs` calls
+                // again when it is complete).
+                RootPhase::Waiting if !self.ctx.lb.roots.is_empty() || self.ctx.buddy_busy() => {
+                    return
+                }
                 RootPhase::Waiting => Next::Evacuate(r.order.plan.leaving_pes.clone()),
                 RootPhase::Evacuating(colls) if colls.is_empty() => Next::Stop(r.order.clone()),
                 RootPhase::Adopting(0) => Next::Populate(r.new_pes > 0),

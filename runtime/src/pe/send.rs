@@ -75,9 +75,9 @@ impl PeState {
         let node = self.topo.node_of(pe);
         if let Err(e) = self.node.send_to_node(node, pe, &env) {
             // Every PE sending to a lost node gets here: one line per node
-            // says so (`lose_peer`), the rest is debug detail.
+            // says so (`peer_lost`), the rest is debug detail.
             debug!(pe = self.pe, to_node = node, "send failed: {e}");
-            self.node.lose_peer(
+            self.node.peer_lost(
                 self.topo.uid_of(node),
                 &format!("sending to it failed ({e})"),
             );

@@ -110,7 +110,7 @@ impl Shell {
             step: StageBounds::get().step,
             admission: super::ADMISSION_WAIT,
             commit_tries: COMMIT_TRIES,
-            recover: false,
+            recover: self.node.options.ft_every > 0,
         }
     }
 
@@ -333,16 +333,27 @@ impl Shell {
                 };
                 self.answers.push_back(Event::Installed(answer));
             }
-            // Not produced while `Config::recover` is off (the PEs'
-            // rollback is not built): said plainly if it ever is.
-            Action::Recover { order } => node.abort(format!(
-                "recovering from the loss of nodes {:?} is not available yet; ending the job",
-                order.remove
-            )),
-            Action::Discard | Action::Resume { rollback: true, .. } => {
-                node.abort("node-loss recovery is not available yet; ending the job".into());
+            Action::Recover { order } => {
+                // A member was lost without notice: every local PE stops
+                // before anything it queued runs, and rolls back later.
+                let topo = self.driver().topology().cloned();
+                if let (Some(topo), Some(&lost)) = (topo, order.remove.first()) {
+                    node.note_loss(lost, topo.uid_of(lost));
+                }
+                for inbox in &node.inboxes {
+                    inbox.push(crate::pe::recovery_stop(order.clone()));
+                }
             }
-            Action::Resume { old, new, plan, .. } => {
+            Action::Discard => {
+                let dropped: usize = node.inboxes.iter().map(|i| i.take_all().len()).sum();
+                debug!(dropped, "the failed epoch's envelopes dropped");
+            }
+            Action::Resume {
+                old,
+                new,
+                plan,
+                rollback,
+            } => {
                 // Measurement only: contexts re-created here are on the
                 // critical path, inside node 0's re-entry stage.
                 if let Some(ms) = crate::gpu::context_on_reentry() {
@@ -353,6 +364,7 @@ impl Shell {
                     new,
                     plan,
                     span: self.spans.rescale(),
+                    rollback,
                 });
                 let late = std::mem::take(&mut self.late);
                 let mut late = late.into_iter();

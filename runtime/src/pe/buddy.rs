@@ -1,0 +1,617 @@
+//! Buddy checkpoints in memory and the PE side of a recovery (`+ft-every
+//! K`; docs/elasticity.md, "Node loss without notice").
+//!
+//! Checkpoint, driven by PE 0: at every K-th sync point (every `at_sync`
+//! of every element of an array; the first one after a start, a rescale
+//! or a recovery whatever K) PE 0 waits for quiescence, as the restart
+//! checkpoint does, then tells every PE to take checkpoint `gen`
+//! ([`SysMsg::BuddySnapshot`]). Each PE keeps a copy of its chares and
+//! sends another to its buddy: the PE of the same rank on the next node of
+//! the view ([`buddy_of`]), so no chare's two copies share a node. The
+//! buddy stores it and tells PE 0, which also keeps the job's own state
+//! (main, readonly values, collections, populations, counters; node 0 is
+//! never lost, so that copy stays on it). Once every PE's copy is stored,
+//! `gen` is complete: PE 0 says so to every PE, which drops older
+//! checkpoints, and the step the sync point was for runs. Until then the
+//! previous complete checkpoint is kept everywhere (double checkpointing):
+//! a loss during a checkpoint still finds a consistent one.
+//!
+//! Recovery: the node drivers stop every survivor, drain, drop the failed
+//! epoch's messages, commit the view without the lost node and resume with
+//! a rollback ([`Scheduler::roll_back`]): every PE forgets its runtime
+//! state and its chares; PE 0 restores main and the job's state from its
+//! copy, has every PE adopt the collections as a newcomer would, and tells
+//! every PE to restore its own chares and the copies it holds of the lost
+//! PEs ([`SysMsg::BuddyRestore`]). Then the step the checkpoint's sync
+//! point was for runs (`pe/checkpoint.rs`'s restore path: it balances with
+//! `+lb-rescale`'s strategy and resumes the elements), and the job goes on
+//! from the checkpointed iteration in the same processes.
+//!
+//! A rescale's re-entry drops every copy (the departed nodes took theirs
+//! along and PE numbers changed): the next sync point checkpoints again,
+//! and a loss before it ends the job, saying why.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use ductile_coordinator::proto::NodeId;
+use tracing::{debug, info, warn};
+
+use super::checkpoint::{RestoreSource, RootRestore};
+use super::reduction::Population;
+use super::{PeState, Scheduler, misrouted};
+use crate::checkpoint::{JobFile, SavedChare};
+use crate::msg::{CallbackSpec, CollId, MAIN_COLL, Target};
+use crate::rescale::RescaleFailed;
+use crate::system::{AdoptedColl, Adoption, SysMsg};
+use crate::topo::{Pe as PeId, Topology};
+
+use super::Reentry;
+
+/// A PE's buddy checkpoints; PE 0 also drives them.
+#[derive(Default)]
+pub(super) struct Buddy {
+    /// This PE's chares, by checkpoint.
+    own: BTreeMap<u64, Vec<SavedChare>>,
+    /// The copies kept here for other PEs: `(checkpoint, owner)`.
+    held: BTreeMap<(u64, PeId), Vec<SavedChare>>,
+    /// Root: sync points since the last checkpoint.
+    syncs: u32,
+    /// Root: the number of the next checkpoint.
+    next_gen: u64,
+    /// Root: the checkpoint being taken.
+    taking: Option<Taking>,
+    /// Root: the last complete checkpoint.
+    complete: Option<Complete>,
+}
+
+/// Root: a checkpoint being taken.
+struct Taking {
+    gen: u64,
+    /// The array whose sync point it was taken at.
+    coll: CollId,
+    started: Instant,
+    /// Sync points of other arrays that came meanwhile: their steps wait.
+    deferred: Vec<CollId>,
+    job: Option<JobFile>,
+    stored: u32,
+    chares: u64,
+    bytes: u64,
+    members: BTreeMap<PeId, Vec<(CollId, u32)>>,
+    failures: Vec<String>,
+}
+
+/// Root: a checkpoint whose copies are all stored.
+struct Complete {
+    gen: u64,
+    /// The view it was taken in: PE numbers in it are that view's.
+    epoch: u64,
+    job: JobFile,
+    chares: u64,
+    /// Every PE's group and nodegroup members: `(collection, next reduction)`.
+    members: BTreeMap<PeId, Vec<(CollId, u32)>>,
+}
+
+/// A recovery in progress (the restore's source), for its report.
+pub(crate) struct Recovery {
+    /// The lost node, numbered in the view it was lost from.
+    pub node: NodeId,
+    pub uid: u64,
+    /// The checkpoint rolled back to.
+    pub gen: u64,
+    /// When the loss was noticed on node 0.
+    pub noticed: Instant,
+}
+
+/// The buddy of PE `pe`: the PE of the same rank on the next node of
+/// `topo` (rank modulo that node's PEs, when nodes differ in size).
+pub(crate) fn buddy_of(topo: &Topology, pe: PeId) -> PeId {
+    let node = topo.node_of(pe);
+    let rank = pe - topo.first_pe(node);
+    let next = (node + 1) % topo.num_nodes();
+    topo.first_pe(next) + rank % topo.pes_on(next)
+}
+
+impl Buddy {
+    /// Drops every copy: after a rescale, or once a recovery used them.
+    fn forget(&mut self) {
+        self.own.clear();
+        self.held.clear();
+        self.syncs = 0;
+        self.taking = None;
+        self.complete = None;
+    }
+}
+
+impl PeState {
+    /// Root: every element of `coll` is at sync. Returns whether a buddy
+    /// checkpoint takes the sync point (its step runs once it is complete).
+    pub(super) fn buddy_at_sync(&mut self, coll: CollId) -> bool {
+        let every = self.node.options.ft_every;
+        if every == 0 || self.topo.num_nodes() < 2 {
+            return false;
+        }
+        if let Some(t) = &mut self.ft.taking {
+            // Another array's elements wait at sync while the copies are
+            // taken: its step must not move any of them now.
+            t.deferred.push(coll);
+            return true;
+        }
+        self.ft.syncs += 1;
+        if self.ft.complete.is_some() && self.ft.syncs < every {
+            return false;
+        }
+        self.ft.syncs = 0;
+        let gen = self.ft.next_gen;
+        self.ft.next_gen += 1;
+        self.ft.taking = Some(Taking {
+            gen,
+            coll,
+            started: Instant::now(),
+            deferred: Vec::new(),
+            job: None,
+            stored: 0,
+            chares: 0,
+            bytes: 0,
+            members: BTreeMap::new(),
+            failures: Vec::new(),
+        });
+        // Quiescence: nothing of the application queued or in flight.
+        self.send_sys(
+            0,
+            SysMsg::QdStart {
+                callback: CallbackSpec {
+                    target: Target::BuddyCheckpoint { coll },
+                    prefix: Vec::new(),
+                },
+            },
+        );
+        true
+    }
+
+    /// Root: quiescent at the sync point; every PE takes the checkpoint.
+    pub(super) fn buddy_quiescent(&mut self) {
+        let Some(gen) = self.ft.taking.as_ref().map(|t| t.gen) else {
+            return;
+        };
+        for pe in 0..self.num_pes() {
+            self.send_sys(pe, SysMsg::BuddySnapshot { gen });
+        }
+    }
+
+    /// Whether a buddy checkpoint is being taken (a rescale waits for it).
+    pub(super) fn buddy_busy(&self) -> bool {
+        self.ft.taking.is_some()
+    }
+
+    /// A rescale re-entered: the copies are of the view it left.
+    pub(super) fn buddy_forget(&mut self) {
+        self.ft.forget();
+    }
+}
+
+impl Scheduler {
+    /// The buddy service's runtime messages.
+    pub(super) fn on_buddy(&mut self, msg: SysMsg) {
+        match msg {
+            SysMsg::BuddySnapshot { gen } => self.buddy_snapshot(gen),
+            SysMsg::BuddyCopy {
+                gen,
+                pe,
+                members,
+                chares,
+            } => {
+                let count = chares.len() as u64;
+                let bytes = chares.iter().map(|c| c.state.len() as u64).sum();
+                self.ctx.ft.held.insert((gen, pe), chares);
+                let result = Ok((count, bytes));
+                self.ctx.send_sys(
+                    0,
+                    SysMsg::BuddyStored {
+                        gen,
+                        pe,
+                        members,
+                        result,
+                    },
+                );
+            }
+            SysMsg::BuddyStored {
+                gen,
+                pe,
+                members,
+                result,
+            } => self.buddy_stored(gen, pe, members, result),
+            SysMsg::BuddyComplete { gen } => {
+                self.ctx.ft.own.retain(|&g, _| g >= gen);
+                self.ctx.ft.held.retain(|&(g, _), _| g >= gen);
+            }
+            SysMsg::BuddyRestore { gen, lost } => self.buddy_restore(gen, &lost),
+            other => misrouted(self.ctx.pe, "buddy", &other),
+        }
+    }
+
+    /// Every PE: keeps a copy of its chares and sends one to its buddy.
+    fn buddy_snapshot(&mut self, gen: u64) {
+        let me = self.ctx.pe;
+        if me == 0 {
+            let job = self
+                .ctx
+                .ft
+                .taking
+                .as_ref()
+                .map(|t| t.coll)
+                .map(|coll| self.job_snapshot(coll));
+            if let (Some(t), Some(job)) = (self.ctx.ft.taking.as_mut(), job) {
+                match job {
+                    Ok(job) => t.job = Some(job),
+                    Err(e) => t.failures.push(format!("the job's state: {e}")),
+                }
+            }
+        }
+        if let Some(why) = self.ctx.unsettled() {
+            let result = Err(why);
+            let members = Vec::new();
+            let stored = SysMsg::BuddyStored {
+                gen,
+                pe: me,
+                members,
+                result,
+            };
+            self.ctx.send_sys(0, stored);
+            return;
+        }
+        let chares = self.snapshot_chares();
+        let members = chares
+            .iter()
+            .filter(|c| !self.ctx.is_migratable(c.coll))
+            .map(|c| (c.coll, c.meta.next_red))
+            .collect();
+        self.ctx.ft.own.insert(gen, chares.clone());
+        let buddy = buddy_of(&self.ctx.topo, me);
+        self.ctx.send_sys(
+            buddy,
+            SysMsg::BuddyCopy {
+                gen,
+                pe: me,
+                members,
+                chares,
+            },
+        );
+    }
+
+    /// Root: PE `pe`'s copy is stored at its buddy (or could not be taken).
+    fn buddy_stored(
+        &mut self,
+        gen: u64,
+        pe: PeId,
+        members: Vec<(CollId, u32)>,
+        result: Result<(u64, u64), String>,
+    ) {
+        let npes = self.ctx.num_pes();
+        let Some(t) = self.ctx.ft.taking.as_mut().filter(|t| t.gen == gen) else {
+            debug!(gen, pe, "a buddy copy of a checkpoint no longer taken");
+            return;
+        };
+        t.stored += 1;
+        match result {
+            Ok((chares, bytes)) => {
+                t.chares += chares;
+                t.bytes += bytes;
+                t.members.insert(pe, members);
+            }
+            Err(e) => t.failures.push(e),
+        }
+        if t.stored < npes {
+            return;
+        }
+        let t = self.ctx.ft.taking.take().expect("checked");
+        let seconds = t.started.elapsed().as_secs_f64();
+        match t.job {
+            Some(job) if t.failures.is_empty() => {
+                for pe in 0..npes {
+                    self.ctx.send_sys(pe, SysMsg::BuddyComplete { gen });
+                }
+                debug!(
+                    gen,
+                    chares = t.chares,
+                    bytes = t.bytes,
+                    ms = seconds * 1e3,
+                    "buddy checkpoint complete"
+                );
+                crate::activity::buddy_checkpoint(seconds, t.bytes);
+                self.ctx.ft.complete = Some(Complete {
+                    gen,
+                    epoch: self.ctx.topo.epoch(),
+                    job,
+                    chares: t.chares,
+                    members: t.members,
+                });
+            }
+            _ => {
+                let kept = self.ctx.ft.complete.as_ref().map(|c| c.gen);
+                warn!(
+                    gen,
+                    "buddy checkpoint failed ({}); the last complete one ({kept:?}) stays",
+                    t.failures.join("; ")
+                );
+            }
+        }
+        // The steps whose sync points the checkpoint held run now.
+        for coll in std::iter::once(t.coll).chain(t.deferred) {
+            self.ctx.lb_after_checkpoint(coll);
+            if self.ctx.rescaling.root.is_some() {
+                self.rescale_advance();
+            }
+        }
+    }
+
+    /// Every survivor of a lost node, in the new view: forgets the failed
+    /// epoch (runtime state, queued messages, chares) and waits for PE 0's
+    /// restore; PE 0 starts it.
+    pub(super) fn roll_back(&mut self, r: &Reentry) {
+        let map = |pe: PeId| r.plan.pe_map.get(pe as usize).copied().flatten();
+        let old_me = self.ctx.pe;
+        let new_me = map(old_me).expect("only survivors roll back");
+        let _span = tracing::debug_span!(parent: &r.span, "rollback", epoch = r.old.epoch(), pe = old_me)
+            .entered();
+        let node = self.ctx.node.clone();
+        if self.ctx.rescaling.root.take().is_some() {
+            node.finish_rescale(Err(RescaleFailed::Abandoned {
+                why: "a node was lost without notice and the job rolled back to its last checkpoint"
+                    .into(),
+            }));
+        }
+        if self.ctx.ckpt.taking.take().is_some() {
+            self.ctx.checkpoint_answer(Err(crate::checkpoint::CheckpointError::Unsettled(
+                "a node was lost without notice and the job rolled back".into(),
+            )));
+        }
+        self.ctx.pe = new_me;
+        self.ctx.topo = r.new.clone();
+        self.ctx.reset_runtime_state();
+        self.stores.clear();
+        debug!(old = old_me, new = new_me, "PE rolled back; waiting for the restore");
+        if new_me == 0 {
+            self.buddy_recover(r);
+        }
+    }
+
+    /// PE 0 of a recovery: restores main and the job's state from the last
+    /// complete checkpoint and has every PE restore its chares.
+    fn buddy_recover(&mut self, r: &Reentry) {
+        let node = self.ctx.node.clone();
+        let (lost_node, uid, noticed) = node
+            .take_loss()
+            .unwrap_or((NodeId::MAX, 0, Instant::now()));
+        let lost: Vec<PeId> = (0..r.old.num_pes()).filter(|&p| r.plan.pe_map[p as usize].is_none()).collect();
+        let complete = self.ctx.ft.complete.take();
+        let c = match complete {
+            Some(c) if c.epoch == r.old.epoch() => c,
+            other => {
+                let why = match other {
+                    Some(c) => format!("the last one was taken in epoch {}", c.epoch),
+                    None => "none was complete (the job had not reached a checkpoint since its start or its last rescale)".into(),
+                };
+                node.abort(format!(
+                    "lost node {lost_node} (uid {uid}) without notice and no buddy checkpoint of epoch {} covers it: {why}; ending the job",
+                    r.old.epoch()
+                ));
+                return;
+            }
+        };
+        match self.restore_from_buddies(&c, r, &lost) {
+            Ok(()) => {
+                self.ctx.ckpt.restoring = Some(RootRestore {
+                    source: RestoreSource::Recovery(Recovery {
+                        node: lost_node,
+                        uid,
+                        gen: c.gen,
+                        noticed,
+                    }),
+                    synced: c.job.synced,
+                    acks: 0,
+                    chares: c.chares + 1,
+                    started: Instant::now(),
+                    placed_ms: 0.0,
+                });
+            }
+            Err(e) => node.abort(format!(
+                "lost node {lost_node} (uid {uid}) without notice; restoring checkpoint {} failed: {e}; ending the job",
+                c.gen
+            )),
+        }
+    }
+
+    fn restore_from_buddies(
+        &mut self,
+        c: &Complete,
+        r: &Reentry,
+        lost: &[PeId],
+    ) -> Result<(), String> {
+        let job = &c.job;
+        let reg = self.ctx.node.registry.clone();
+        let main_type = reg.main_type.ok_or("no main chare registered")?;
+        let entry = reg.chares.get(&main_type).expect("main type is registered");
+        let mut main = (entry.make)(MAIN_COLL);
+        main.unpack(0, &job.main.state, job.main.meta.clone(), &mut self.ctx)
+            .map_err(|e| format!("the main chare: {e}"))?;
+        self.stores.insert(MAIN_COLL, main);
+        self.ctx.loc.specs = job.specs.clone();
+        self.ctx.rescaling.callbacks = job.rescale_callbacks.clone();
+        self.ctx.loc.next_bcast = job.broadcasts.iter().copied().collect();
+        self.ctx.lb.steps = job.lb_steps.iter().copied().collect();
+        let mut populations: BTreeMap<CollId, Population> = job
+            .populations
+            .iter()
+            .map(|(coll, p)| {
+                let pop = Population {
+                    base: p.base,
+                    births: p.births.clone(),
+                    next_open: p.next_open,
+                    done: BTreeMap::new(),
+                };
+                (*coll, pop)
+            })
+            .collect();
+        // The lost PEs' group and nodegroup members end with them.
+        for pe in lost {
+            for &(coll, next_red) in c.members.get(pe).into_iter().flatten() {
+                if let Some(p) = populations.get_mut(&coll) {
+                    *p.births.entry(next_red).or_insert(0) -= 1;
+                }
+            }
+        }
+        let red_start: BTreeMap<CollId, u32> = job
+            .specs
+            .iter()
+            .filter_map(|spec| {
+                let p = populations.get(&spec.coll)?;
+                let pe0 = c.members.get(&0).into_iter().flatten();
+                let start = pe0
+                    .filter(|(coll, _)| *coll == spec.coll)
+                    .map(|(_, n)| *n)
+                    .next()
+                    .unwrap_or(p.next_open)
+                    .max(p.next_open);
+                Some((spec.coll, start))
+            })
+            .collect();
+        self.ctx.red.populations = populations.into_iter().collect();
+
+        let broadcasts: BTreeMap<CollId, u64> = job.broadcasts.iter().copied().collect();
+        let old_of: BTreeMap<PeId, PeId> = (0..r.old.num_pes())
+            .filter_map(|old| r.plan.pe_map[old as usize].map(|new| (new, old)))
+            .collect();
+        let pes = self.ctx.num_pes();
+        for pe in 0..pes {
+            let own = old_of.get(&pe).and_then(|old| c.members.get(old));
+            let colls = job
+                .specs
+                .iter()
+                .map(|spec| AdoptedColl {
+                    spec: spec.clone(),
+                    last_bcast: broadcasts.get(&spec.coll).copied().unwrap_or(0),
+                    red_start: red_start.get(&spec.coll).copied().unwrap_or(0),
+                    skip_members: own.is_some_and(|m| m.iter().any(|(coll, _)| *coll == spec.coll)),
+                })
+                .collect();
+            let adoption = Adoption {
+                readonly: job.readonly.clone(),
+                colls,
+            };
+            self.ctx.send_sys(pe, SysMsg::Adopt(adoption));
+            let restore = SysMsg::BuddyRestore {
+                gen: c.gen,
+                lost: lost.to_vec(),
+            };
+            self.ctx.send_sys(pe, restore);
+            self.ctx.send_sys(pe, SysMsg::RestoreSent);
+        }
+        info!(
+            gen = c.gen,
+            lost = ?lost,
+            pes,
+            chares = c.chares,
+            "rolling back to the last buddy checkpoint"
+        );
+        Ok(())
+    }
+
+    /// Every PE of a recovery: its own chares of checkpoint `gen`, and the
+    /// array elements of the lost PEs whose copies it holds, come back here.
+    fn buddy_restore(&mut self, gen: u64, lost: &[PeId]) {
+        let me = self.ctx.pe;
+        let Some(own) = self.ctx.ft.own.remove(&gen) else {
+            self.ctx.node.abort(format!(
+                "PE {me} holds no copy of buddy checkpoint {gen} to roll back to; ending the job"
+            ));
+            return;
+        };
+        let mut adopted = Vec::new();
+        for &pe in lost {
+            if let Some(copy) = self.ctx.ft.held.remove(&(gen, pe)) {
+                adopted.extend(copy.into_iter().filter(|c| self.ctx.is_migratable(c.coll)));
+            }
+        }
+        let (mine, theirs) = (own.len(), adopted.len());
+        for c in own.into_iter().chain(adopted) {
+            self.restore_chare(c.coll, c.key, &c.state, c.meta);
+        }
+        self.ctx.ft.forget();
+        debug!(pe = me, gen, mine, theirs, "chares restored from the buddy checkpoint");
+    }
+}
+
+impl PeState {
+    /// Root: the recovery's first step ended; the job runs again.
+    pub(super) fn recovered(
+        &mut self,
+        r: Recovery,
+        chares: u64,
+        placed_ms: f64,
+        total_ms: f64,
+        migrations: u64,
+    ) {
+        let seconds = r.noticed.elapsed().as_secs_f64();
+        info!(
+            node = r.node,
+            uid = r.uid,
+            checkpoint = r.gen,
+            chares,
+            placed_ms,
+            total_ms,
+            migrations,
+            "recovered from the loss of node {} (uid {}) in {:.1} ms: rolled back to buddy checkpoint {}, {} PEs",
+            r.node,
+            r.uid,
+            seconds * 1e3,
+            r.gen,
+            self.num_pes()
+        );
+        crate::activity::recovered(seconds);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ductile_coordinator::proto::{Member, View};
+
+    use super::*;
+
+    fn view(pes: &[u32]) -> View {
+        View {
+            epoch: 1,
+            members: pes
+                .iter()
+                .enumerate()
+                .map(|(i, &pes)| Member {
+                    node: i as u32,
+                    uid: 10 + i as u64,
+                    address: vec![],
+                    pes,
+                    host: "t".into(),
+                    pid: i as u32,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn every_pe_s_buddy_is_on_the_next_node_and_never_its_own() {
+        for shape in [&[1, 1][..], &[2, 2, 2], &[1, 3, 2], &[4, 1], &[2, 2, 2, 2, 2]] {
+            let topo = Topology::new(&view(shape), 0);
+            for pe in 0..topo.num_pes() {
+                let b = buddy_of(&topo, pe);
+                assert!(b < topo.num_pes(), "{shape:?}: PE {pe} -> {b}");
+                let next = (topo.node_of(pe) + 1) % topo.num_nodes();
+                assert_eq!(topo.node_of(b), next, "{shape:?}: PE {pe} -> {b}");
+            }
+        }
+        let topo = Topology::new(&view(&[2, 2]), 0);
+        assert_eq!(
+            (0..4).map(|p| buddy_of(&topo, p)).collect::<Vec<_>>(),
+            vec![2, 3, 0, 1],
+            "same rank on the next node"
+        );
+    }
+}
