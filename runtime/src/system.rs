@@ -217,31 +217,31 @@ pub(crate) enum SysMsg {
     RestoreAck,
     /// From PE 0 to every PE (the job is quiescent at a sync point): take
     /// buddy checkpoint `gen` (`+ft-every`, see `pe/buddy.rs`).
-    BuddySnapshot { gen: u64 },
-    /// From a PE to its buddy: its chares at checkpoint `gen`.
+    BuddySnapshot { ckpt: u64 },
+    /// From a PE to its buddy: its chares at checkpoint `ckpt`.
     BuddyCopy {
-        gen: u64,
+        ckpt: u64,
         /// The owner, numbered in the checkpoint's view.
         pe: Pe,
         /// Its group and nodegroup members: `(collection, next reduction)`.
         members: Vec<(CollId, u32)>,
         chares: Vec<crate::checkpoint::SavedChare>,
     },
-    /// To PE 0: PE `pe`'s copy of checkpoint `gen` is stored at its buddy
+    /// To PE 0: PE `pe`'s copy of checkpoint `ckpt` is stored at its buddy
     /// (chares, bytes of their state), or why not.
     BuddyStored {
-        gen: u64,
+        ckpt: u64,
         pe: Pe,
         members: Vec<(CollId, u32)>,
         result: Result<(u64, u64), String>,
     },
-    /// From PE 0 to every PE: checkpoint `gen` is complete everywhere;
+    /// From PE 0 to every PE: checkpoint `ckpt` is complete everywhere;
     /// older ones may go.
-    BuddyComplete { gen: u64 },
+    BuddyComplete { ckpt: u64 },
     /// From PE 0 to every PE of a recovery, after its `Adopt`: restore your
-    /// own chares of checkpoint `gen` and the copies you hold of the lost
+    /// own chares of checkpoint `ckpt` and the copies you hold of the lost
     /// PEs `lost` (numbered in the checkpoint's view), then `RestoreSent`.
-    BuddyRestore { gen: u64, lost: Vec<Pe> },
+    BuddyRestore { ckpt: u64, lost: Vec<Pe> },
 }
 
 /// What every node needs to know to take part in a rescale.

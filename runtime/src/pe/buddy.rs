@@ -4,14 +4,14 @@
 //! Checkpoint, driven by PE 0: at every K-th sync point (every `at_sync`
 //! of every element of an array; the first one after a start, a rescale
 //! or a recovery whatever K) PE 0 waits for quiescence, as the restart
-//! checkpoint does, then tells every PE to take checkpoint `gen`
+//! checkpoint does, then tells every PE to take checkpoint `ckpt`
 //! ([`SysMsg::BuddySnapshot`]). Each PE keeps a copy of its chares and
 //! sends another to its buddy: the PE of the same rank on the next node of
 //! the view ([`buddy_of`]), so no chare's two copies share a node. The
 //! buddy stores it and tells PE 0, which also keeps the job's own state
 //! (main, readonly values, collections, populations, counters; node 0 is
 //! never lost, so that copy stays on it). Once every PE's copy is stored,
-//! `gen` is complete: PE 0 says so to every PE, which drops older
+//! `ckpt` is complete: PE 0 says so to every PE, which drops older
 //! checkpoints, and the step the sync point was for runs. Until then the
 //! previous complete checkpoint is kept everywhere (double checkpointing):
 //! a loss during a checkpoint still finds a consistent one.
@@ -58,7 +58,7 @@ pub(super) struct Buddy {
     /// Root: sync points since the last checkpoint.
     syncs: u32,
     /// Root: the number of the next checkpoint.
-    next_gen: u64,
+    next_ckpt: u64,
     /// Root: the checkpoint being taken.
     taking: Option<Taking>,
     /// Root: the last complete checkpoint.
@@ -67,7 +67,7 @@ pub(super) struct Buddy {
 
 /// Root: a checkpoint being taken.
 struct Taking {
-    gen: u64,
+    ckpt: u64,
     /// The array whose sync point it was taken at.
     coll: CollId,
     started: Instant,
@@ -83,7 +83,7 @@ struct Taking {
 
 /// Root: a checkpoint whose copies are all stored.
 struct Complete {
-    gen: u64,
+    ckpt: u64,
     /// The view it was taken in: PE numbers in it are that view's.
     epoch: u64,
     job: JobFile,
@@ -98,7 +98,7 @@ pub(crate) struct Recovery {
     pub node: NodeId,
     pub uid: u64,
     /// The checkpoint rolled back to.
-    pub gen: u64,
+    pub ckpt: u64,
     /// When the loss was noticed on node 0.
     pub noticed: Instant,
 }
@@ -142,10 +142,10 @@ impl PeState {
             return false;
         }
         self.ft.syncs = 0;
-        let gen = self.ft.next_gen;
-        self.ft.next_gen += 1;
+        let ckpt = self.ft.next_ckpt;
+        self.ft.next_ckpt += 1;
         self.ft.taking = Some(Taking {
-            gen,
+            ckpt,
             coll,
             started: Instant::now(),
             deferred: Vec::new(),
@@ -171,11 +171,11 @@ impl PeState {
 
     /// Root: quiescent at the sync point; every PE takes the checkpoint.
     pub(super) fn buddy_quiescent(&mut self) {
-        let Some(gen) = self.ft.taking.as_ref().map(|t| t.gen) else {
+        let Some(ckpt) = self.ft.taking.as_ref().map(|t| t.ckpt) else {
             return;
         };
         for pe in 0..self.num_pes() {
-            self.send_sys(pe, SysMsg::BuddySnapshot { gen });
+            self.send_sys(pe, SysMsg::BuddySnapshot { ckpt });
         }
     }
 
@@ -194,21 +194,21 @@ impl Scheduler {
     /// The buddy service's runtime messages.
     pub(super) fn on_buddy(&mut self, msg: SysMsg) {
         match msg {
-            SysMsg::BuddySnapshot { gen } => self.buddy_snapshot(gen),
+            SysMsg::BuddySnapshot { ckpt } => self.buddy_snapshot(ckpt),
             SysMsg::BuddyCopy {
-                gen,
+                ckpt,
                 pe,
                 members,
                 chares,
             } => {
                 let count = chares.len() as u64;
                 let bytes = chares.iter().map(|c| c.state.len() as u64).sum();
-                self.ctx.ft.held.insert((gen, pe), chares);
+                self.ctx.ft.held.insert((ckpt, pe), chares);
                 let result = Ok((count, bytes));
                 self.ctx.send_sys(
                     0,
                     SysMsg::BuddyStored {
-                        gen,
+                        ckpt,
                         pe,
                         members,
                         result,
@@ -216,22 +216,22 @@ impl Scheduler {
                 );
             }
             SysMsg::BuddyStored {
-                gen,
+                ckpt,
                 pe,
                 members,
                 result,
-            } => self.buddy_stored(gen, pe, members, result),
-            SysMsg::BuddyComplete { gen } => {
-                self.ctx.ft.own.retain(|&g, _| g >= gen);
-                self.ctx.ft.held.retain(|&(g, _), _| g >= gen);
+            } => self.buddy_stored(ckpt, pe, members, result),
+            SysMsg::BuddyComplete { ckpt } => {
+                self.ctx.ft.own.retain(|&g, _| g >= ckpt);
+                self.ctx.ft.held.retain(|&(g, _), _| g >= ckpt);
             }
-            SysMsg::BuddyRestore { gen, lost } => self.buddy_restore(gen, &lost),
+            SysMsg::BuddyRestore { ckpt, lost } => self.buddy_restore(ckpt, &lost),
             other => misrouted(self.ctx.pe, "buddy", &other),
         }
     }
 
     /// Every PE: keeps a copy of its chares and sends one to its buddy.
-    fn buddy_snapshot(&mut self, gen: u64) {
+    fn buddy_snapshot(&mut self, ckpt: u64) {
         let me = self.ctx.pe;
         if me == 0 {
             let job = self
@@ -252,7 +252,7 @@ impl Scheduler {
             let result = Err(why);
             let members = Vec::new();
             let stored = SysMsg::BuddyStored {
-                gen,
+                ckpt,
                 pe: me,
                 members,
                 result,
@@ -266,12 +266,12 @@ impl Scheduler {
             .filter(|c| !self.ctx.is_migratable(c.coll))
             .map(|c| (c.coll, c.meta.next_red))
             .collect();
-        self.ctx.ft.own.insert(gen, chares.clone());
+        self.ctx.ft.own.insert(ckpt, chares.clone());
         let buddy = buddy_of(&self.ctx.topo, me);
         self.ctx.send_sys(
             buddy,
             SysMsg::BuddyCopy {
-                gen,
+                ckpt,
                 pe: me,
                 members,
                 chares,
@@ -282,14 +282,14 @@ impl Scheduler {
     /// Root: PE `pe`'s copy is stored at its buddy (or could not be taken).
     fn buddy_stored(
         &mut self,
-        gen: u64,
+        ckpt: u64,
         pe: PeId,
         members: Vec<(CollId, u32)>,
         result: Result<(u64, u64), String>,
     ) {
         let npes = self.ctx.num_pes();
-        let Some(t) = self.ctx.ft.taking.as_mut().filter(|t| t.gen == gen) else {
-            debug!(gen, pe, "a buddy copy of a checkpoint no longer taken");
+        let Some(t) = self.ctx.ft.taking.as_mut().filter(|t| t.ckpt == ckpt) else {
+            debug!(ckpt, pe, "a buddy copy of a checkpoint no longer taken");
             return;
         };
         t.stored += 1;
@@ -309,10 +309,10 @@ impl Scheduler {
         match t.job {
             Some(job) if t.failures.is_empty() => {
                 for pe in 0..npes {
-                    self.ctx.send_sys(pe, SysMsg::BuddyComplete { gen });
+                    self.ctx.send_sys(pe, SysMsg::BuddyComplete { ckpt });
                 }
                 debug!(
-                    gen,
+                    ckpt,
                     chares = t.chares,
                     bytes = t.bytes,
                     ms = seconds * 1e3,
@@ -320,7 +320,7 @@ impl Scheduler {
                 );
                 crate::activity::buddy_checkpoint(seconds, t.bytes);
                 self.ctx.ft.complete = Some(Complete {
-                    gen,
+                    ckpt,
                     epoch: self.ctx.topo.epoch(),
                     job,
                     chares: t.chares,
@@ -328,9 +328,9 @@ impl Scheduler {
                 });
             }
             _ => {
-                let kept = self.ctx.ft.complete.as_ref().map(|c| c.gen);
+                let kept = self.ctx.ft.complete.as_ref().map(|c| c.ckpt);
                 warn!(
-                    gen,
+                    ckpt,
                     "buddy checkpoint failed ({}); the last complete one ({kept:?}) stays",
                     t.failures.join("; ")
                 );
@@ -352,25 +352,32 @@ impl Scheduler {
         let map = |pe: PeId| r.plan.pe_map.get(pe as usize).copied().flatten();
         let old_me = self.ctx.pe;
         let new_me = map(old_me).expect("only survivors roll back");
-        let _span = tracing::debug_span!(parent: &r.span, "rollback", epoch = r.old.epoch(), pe = old_me)
-            .entered();
+        let _span =
+            tracing::debug_span!(parent: &r.span, "rollback", epoch = r.old.epoch(), pe = old_me)
+                .entered();
         let node = self.ctx.node.clone();
         if self.ctx.rescaling.root.take().is_some() {
             node.finish_rescale(Err(RescaleFailed::Abandoned {
-                why: "a node was lost without notice and the job rolled back to its last checkpoint"
-                    .into(),
+                why:
+                    "a node was lost without notice and the job rolled back to its last checkpoint"
+                        .into(),
             }));
         }
         if self.ctx.ckpt.taking.take().is_some() {
-            self.ctx.checkpoint_answer(Err(crate::checkpoint::CheckpointError::Unsettled(
-                "a node was lost without notice and the job rolled back".into(),
-            )));
+            self.ctx
+                .checkpoint_answer(Err(crate::checkpoint::CheckpointError::Unsettled(
+                    "a node was lost without notice and the job rolled back".into(),
+                )));
         }
         self.ctx.pe = new_me;
         self.ctx.topo = r.new.clone();
         self.ctx.reset_runtime_state();
         self.stores.clear();
-        debug!(old = old_me, new = new_me, "PE rolled back; waiting for the restore");
+        debug!(
+            old = old_me,
+            new = new_me,
+            "PE rolled back; waiting for the restore"
+        );
         if new_me == 0 {
             self.buddy_recover(r);
         }
@@ -380,10 +387,11 @@ impl Scheduler {
     /// complete checkpoint and has every PE restore its chares.
     fn buddy_recover(&mut self, r: &Reentry) {
         let node = self.ctx.node.clone();
-        let (lost_node, uid, noticed) = node
-            .take_loss()
-            .unwrap_or((NodeId::MAX, 0, Instant::now()));
-        let lost: Vec<PeId> = (0..r.old.num_pes()).filter(|&p| r.plan.pe_map[p as usize].is_none()).collect();
+        let (lost_node, uid, noticed) =
+            node.take_loss().unwrap_or((NodeId::MAX, 0, Instant::now()));
+        let lost: Vec<PeId> = (0..r.old.num_pes())
+            .filter(|&p| r.plan.pe_map[p as usize].is_none())
+            .collect();
         let complete = self.ctx.ft.complete.take();
         let c = match complete {
             Some(c) if c.epoch == r.old.epoch() => c,
@@ -405,7 +413,7 @@ impl Scheduler {
                     source: RestoreSource::Recovery(Recovery {
                         node: lost_node,
                         uid,
-                        gen: c.gen,
+                        ckpt: c.ckpt,
                         noticed,
                     }),
                     synced: c.job.synced,
@@ -417,7 +425,7 @@ impl Scheduler {
             }
             Err(e) => node.abort(format!(
                 "lost node {lost_node} (uid {uid}) without notice; restoring checkpoint {} failed: {e}; ending the job",
-                c.gen
+                c.ckpt
             )),
         }
     }
@@ -501,14 +509,14 @@ impl Scheduler {
             };
             self.ctx.send_sys(pe, SysMsg::Adopt(adoption));
             let restore = SysMsg::BuddyRestore {
-                gen: c.gen,
+                ckpt: c.ckpt,
                 lost: lost.to_vec(),
             };
             self.ctx.send_sys(pe, restore);
             self.ctx.send_sys(pe, SysMsg::RestoreSent);
         }
         info!(
-            gen = c.gen,
+            ckpt = c.ckpt,
             lost = ?lost,
             pes,
             chares = c.chares,
@@ -517,19 +525,19 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Every PE of a recovery: its own chares of checkpoint `gen`, and the
+    /// Every PE of a recovery: its own chares of checkpoint `ckpt`, and the
     /// array elements of the lost PEs whose copies it holds, come back here.
-    fn buddy_restore(&mut self, gen: u64, lost: &[PeId]) {
+    fn buddy_restore(&mut self, ckpt: u64, lost: &[PeId]) {
         let me = self.ctx.pe;
-        let Some(own) = self.ctx.ft.own.remove(&gen) else {
+        let Some(own) = self.ctx.ft.own.remove(&ckpt) else {
             self.ctx.node.abort(format!(
-                "PE {me} holds no copy of buddy checkpoint {gen} to roll back to; ending the job"
+                "PE {me} holds no copy of buddy checkpoint {ckpt} to roll back to; ending the job"
             ));
             return;
         };
         let mut adopted = Vec::new();
         for &pe in lost {
-            if let Some(copy) = self.ctx.ft.held.remove(&(gen, pe)) {
+            if let Some(copy) = self.ctx.ft.held.remove(&(ckpt, pe)) {
                 adopted.extend(copy.into_iter().filter(|c| self.ctx.is_migratable(c.coll)));
             }
         }
@@ -538,7 +546,10 @@ impl Scheduler {
             self.restore_chare(c.coll, c.key, &c.state, c.meta);
         }
         self.ctx.ft.forget();
-        debug!(pe = me, gen, mine, theirs, "chares restored from the buddy checkpoint");
+        debug!(
+            pe = me,
+            ckpt, mine, theirs, "chares restored from the buddy checkpoint"
+        );
     }
 }
 
@@ -556,7 +567,7 @@ impl PeState {
         info!(
             node = r.node,
             uid = r.uid,
-            checkpoint = r.gen,
+            checkpoint = r.ckpt,
             chares,
             placed_ms,
             total_ms,
@@ -565,7 +576,7 @@ impl PeState {
             r.node,
             r.uid,
             seconds * 1e3,
-            r.gen,
+            r.ckpt,
             self.num_pes()
         );
         crate::activity::recovered(seconds);
@@ -598,7 +609,13 @@ mod tests {
 
     #[test]
     fn every_pe_s_buddy_is_on_the_next_node_and_never_its_own() {
-        for shape in [&[1, 1][..], &[2, 2, 2], &[1, 3, 2], &[4, 1], &[2, 2, 2, 2, 2]] {
+        for shape in [
+            &[1, 1][..],
+            &[2, 2, 2],
+            &[1, 3, 2],
+            &[4, 1],
+            &[2, 2, 2, 2, 2],
+        ] {
             let topo = Topology::new(&view(shape), 0);
             for pe in 0..topo.num_pes() {
                 let b = buddy_of(&topo, pe);
