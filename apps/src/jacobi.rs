@@ -268,8 +268,13 @@ pub struct Block {
     y0: u32,
     w: usize,
     h: usize,
-    cur: Vec<f64>,
-    next: Vec<f64>,
+    /// The values, halos included: one byte string when the block is
+    /// packed (a migration, a checkpoint), not one element at a time.
+    cur: Bulk<f64>,
+    /// Scratch for the next sweep, never packed: re-made from `cur` (whose
+    /// boundary halos it needs) before the first sweep after an unpack.
+    #[serde(skip)]
+    next: Bulk<f64>,
     iter: u64,
     got: u32,
     need: u32,
@@ -385,6 +390,9 @@ impl Block {
                 .unwrap_or_else(|e| gpu_failed(me, e));
         }
         let _ = ctx;
+        if self.next.len() != self.cur.len() {
+            self.next = self.cur.clone();
+        }
         let res = sweep(&self.cur, &mut self.next, self.w, self.h, residual);
         std::mem::swap(&mut self.cur, &mut self.next);
         res
@@ -440,8 +448,8 @@ impl Chare for Block {
             y0,
             w,
             h,
-            next: cur.clone(),
-            cur,
+            next: Bulk(cur.clone()),
+            cur: Bulk(cur),
             iter: 0,
             got: 0,
             need: 0,

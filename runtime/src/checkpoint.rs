@@ -30,7 +30,7 @@ pub(crate) mod service;
 /// First bytes of every checkpoint file.
 pub const MAGIC: &[u8; 8] = b"DUCTCKPT";
 /// Format version; bumped on any change of the types below.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The longest a checkpoint request waits for a sync point (a request's
 /// `wait_ms` may ask for less).
 const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -43,7 +43,8 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 pub(crate) struct SavedChare {
     pub coll: CollId,
     pub key: IndexKey,
-    pub state: Vec<u8>,
+    /// The packed chare, as one byte string (not one element at a time).
+    pub state: crate::Bulk<u8>,
     pub meta: ElemMeta,
 }
 
@@ -183,7 +184,7 @@ mod tests {
             chares: vec![SavedChare {
                 coll: 7,
                 key: 42,
-                state: vec![1, 2, 3],
+                state: crate::Bulk(vec![1, 2, 3]),
                 meta: ElemMeta {
                     next_red: 5,
                     at_sync: true,

@@ -144,7 +144,7 @@ pub(crate) enum SysMsg {
     Migrate {
         coll: CollId,
         key: IndexKey,
-        state: Vec<u8>,
+        state: crate::Bulk<u8>,
         meta: ElemMeta,
         lb_step: Option<u64>,
     },
@@ -208,7 +208,7 @@ pub(crate) enum SysMsg {
     Restore {
         coll: CollId,
         key: IndexKey,
-        state: Vec<u8>,
+        state: crate::Bulk<u8>,
         meta: ElemMeta,
     },
     /// From the restoring PE 0, after every `Restore` for this PE.

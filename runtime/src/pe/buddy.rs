@@ -77,6 +77,8 @@ struct Taking {
     stored: u32,
     chares: u64,
     bytes: u64,
+    /// The largest copy of one PE.
+    max_pe_bytes: u64,
     members: BTreeMap<PeId, Vec<(CollId, u32)>>,
     failures: Vec<String>,
 }
@@ -101,6 +103,11 @@ pub(crate) struct Recovery {
     pub ckpt: u64,
     /// When the loss was noticed on node 0.
     pub noticed: Instant,
+    /// The load-balancing step the checkpoint's sync point was for.
+    pub step: u64,
+    /// A checkpoint that was being taken when the node was lost (the
+    /// previous complete one was used).
+    pub interrupted: Option<u64>,
 }
 
 /// The buddy of PE `pe`: the PE of the same rank on the next node of
@@ -153,6 +160,7 @@ impl PeState {
             stored: 0,
             chares: 0,
             bytes: 0,
+            max_pe_bytes: 0,
             members: BTreeMap::new(),
             failures: Vec::new(),
         });
@@ -297,6 +305,7 @@ impl Scheduler {
             Ok((chares, bytes)) => {
                 t.chares += chares;
                 t.bytes += bytes;
+                t.max_pe_bytes = t.max_pe_bytes.max(bytes);
                 t.members.insert(pe, members);
             }
             Err(e) => t.failures.push(e),
@@ -311,13 +320,19 @@ impl Scheduler {
                 for pe in 0..npes {
                     self.ctx.send_sys(pe, SysMsg::BuddyComplete { ckpt });
                 }
-                debug!(
-                    ckpt,
-                    chares = t.chares,
-                    bytes = t.bytes,
-                    ms = seconds * 1e3,
-                    "buddy checkpoint complete"
+                // Each PE holds its own copy and its buddy's: about twice
+                // `max_pe_bytes` at most, three times while the next is taken.
+                let line = format!(
+                    "ft checkpoint={ckpt} chares={} bytes={} max_pe_bytes={} total_ms={:.3}",
+                    t.chares,
+                    t.bytes,
+                    t.max_pe_bytes,
+                    seconds * 1e3
                 );
+                info!("{line}");
+                if self.ctx.node.options.lb_report {
+                    println!("{line}");
+                }
                 crate::activity::buddy_checkpoint(seconds, t.bytes);
                 self.ctx.ft.complete = Some(Complete {
                     ckpt,
@@ -392,6 +407,7 @@ impl Scheduler {
         let lost: Vec<PeId> = (0..r.old.num_pes())
             .filter(|&p| r.plan.pe_map[p as usize].is_none())
             .collect();
+        let interrupted = self.ctx.ft.taking.take().map(|t| t.ckpt);
         let complete = self.ctx.ft.complete.take();
         let c = match complete {
             Some(c) if c.epoch == r.old.epoch() => c,
@@ -415,6 +431,8 @@ impl Scheduler {
                         uid,
                         ckpt: c.ckpt,
                         noticed,
+                        step: c.job.lb_steps.iter().find(|(coll, _)| *coll == c.job.synced).map_or(0, |(_, s)| *s),
+                        interrupted,
                     }),
                     synced: c.job.synced,
                     acks: 0,
@@ -568,15 +586,17 @@ impl PeState {
             node = r.node,
             uid = r.uid,
             checkpoint = r.ckpt,
+            interrupted_checkpoint = ?r.interrupted,
             chares,
             placed_ms,
             total_ms,
             migrations,
-            "recovered from the loss of node {} (uid {}) in {:.1} ms: rolled back to buddy checkpoint {}, {} PEs",
+            "recovered from the loss of node {} (uid {}) in {:.1} ms: rolled back to buddy checkpoint {} (the sync point of LB step {}), {} PEs",
             r.node,
             r.uid,
             seconds * 1e3,
             r.ckpt,
+            r.step + 1,
             self.num_pes()
         );
         crate::activity::recovered(seconds);

@@ -236,7 +236,7 @@ impl Scheduler {
                     chares.push(SavedChare {
                         coll,
                         key,
-                        state,
+                        state: crate::Bulk(state),
                         meta,
                     });
                 }
@@ -377,7 +377,7 @@ impl Scheduler {
             main: SavedChare {
                 coll: MAIN_COLL,
                 key: 0,
-                state,
+                state: crate::Bulk(state),
                 meta,
             },
             rescale_callbacks: self.ctx.rescaling.callbacks.clone(),

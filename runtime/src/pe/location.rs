@@ -108,7 +108,8 @@ impl PeState {
             SysMsg::Migrate {
                 coll,
                 key,
-                state,
+                // One byte string, sent from its own memory.
+                state: crate::Bulk(state),
                 meta,
                 lb_step,
             },
