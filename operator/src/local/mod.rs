@@ -177,9 +177,7 @@ impl JobSpec {
 pub const ENV_STAGE_TIMEOUT_MS: &str = "DUCTILE_RESCALE_STAGE_TIMEOUT_MS";
 /// Its default.
 pub const DEFAULT_STAGE_TIMEOUT_MS: u64 = 30_000;
-/// The runtime option that turns on its in-memory checkpoints and the
-/// recovery from a member lost without notice (docs/runtime.md).
-pub const FT_EVERY_FLAG: &str = "+ft-every";
+pub use crate::contract::FT_EVERY_FLAG;
 
 /// K of the program arguments' last `+ft-every K` (or `+ft-every=K`), when
 /// it is a whole number of at least 1: the job runs with fault tolerance.
