@@ -43,6 +43,13 @@
 
 use std::time::Duration;
 
+/// The runtime option that turns on its in-memory buddy checkpoints, one
+/// every K-th load-balancing sync point, and the recovery from a member
+/// lost without notice (issue 20): `+ft-every K`. The operator appends it to
+/// every pod's node container with `spec.faultTolerance`; the local
+/// launcher reads it from the program's arguments.
+pub const FT_EVERY_FLAG: &str = "+ft-every";
+
 /// Port of the coordinator in node 0's pod.
 pub const COORDINATOR_PORT: i32 = 7070;
 /// Port of PE 0's control endpoint (rescale requests) in node 0's pod.

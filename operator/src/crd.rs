@@ -157,6 +157,15 @@ pub struct ElasticJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsSpec>,
 
+    /// Survive a node lost without notice (a pod or instance gone with no
+    /// interruption notice): the runtime keeps in-memory checkpoints on
+    /// buddy nodes and, when a node other than node 0 dies, rolls the
+    /// survivors back to the last complete one and goes on without it;
+    /// the operator counts the recovery (`status.recoveries`) and launches
+    /// a replacement. Absent: a lost node fails the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault_tolerance: Option<FaultTolerance>,
+
     /// What happens when the job fails (node 0 or the coordinator fails, or a
     /// node exits with an error). A lost spot node is not a failure: the job
     /// shrinks.
@@ -571,6 +580,17 @@ pub struct MetricsSpec {
     pub port: i32,
 }
 
+/// The runtime's fault tolerance (docs/operator.md, "Fault tolerance").
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FaultTolerance {
+    /// An in-memory checkpoint every this many load-balancing sync points
+    /// (`at_sync`) of the program: the operator appends the runtime option
+    /// `+ft-every K` to the node container's arguments in every pod.
+    #[schemars(range(min = 1))]
+    pub checkpoint_every: i32,
+}
+
 /// `backoffLimit` when the spec does not say (a Kubernetes Job's default).
 pub const DEFAULT_BACKOFF_LIMIT: i32 = 6;
 
@@ -635,6 +655,11 @@ pub struct ElasticJobStatus {
     /// Whole-job relaunches so far (`restartPolicy: OnFailure`).
     #[serde(default)]
     pub restarts: i32,
+    /// Members lost without notice that the job recovered from (with
+    /// `faultTolerance`): it went on without them from its last in-memory
+    /// checkpoint.
+    #[serde(default)]
+    pub recoveries: i32,
     /// Pods whose node got a rebalance recommendation or an interruption notice.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub at_risk: Vec<String>,
@@ -767,6 +792,12 @@ pub enum SpecProblem {
     /// Empty secret name.
     #[error("secretRef.name is empty")]
     SecretName,
+    /// `faultTolerance.checkpointEvery` below 1.
+    #[error("faultTolerance.checkpointEvery is {0}; it must be at least 1")]
+    CheckpointEvery(i32),
+    /// Fault tolerance on a node container with neither command nor args.
+    #[error("faultTolerance needs the node container's command or args: the operator appends +ft-every to its arguments, and cannot extend an image's own CMD")]
+    FaultToleranceNoCommand,
 }
 
 /// Every problem found in an ElasticJob spec (never empty).
@@ -876,6 +907,20 @@ impl ElasticJobSpec {
                 problems.push(P::SecretName);
             }
         }
+        if let Some(ft) = &self.fault_tolerance {
+            if ft.checkpoint_every < 1 {
+                problems.push(P::CheckpointEvery(ft.checkpoint_every));
+            }
+            let no_command = self
+                .template
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.containers.first())
+                .is_some_and(|c| c.command.is_none() && c.args.is_none());
+            if no_command {
+                problems.push(P::FaultToleranceNoCommand);
+            }
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -915,6 +960,14 @@ impl ElasticJobSpec {
             LaunchPolicy::AllReplicas => self.replicas,
             LaunchPolicy::MinReplicas => self.min_replicas.clamp(1, self.replicas.max(1)),
         }
+    }
+
+    /// With `faultTolerance`: K of the runtime's `+ft-every K` (at least 1).
+    pub fn checkpoint_every(&self) -> Option<u32> {
+        self.fault_tolerance
+            .as_ref()
+            .and_then(|ft| u32::try_from(ft.checkpoint_every).ok())
+            .filter(|&k| k >= 1)
     }
 
     /// Relaunches allowed under `OnFailure`, default filled in.
@@ -1096,6 +1149,7 @@ mod tests {
             rescale_policy: None,
             secret_ref: None,
             metrics: None,
+            fault_tolerance: None,
             restart_policy: None,
             backoff_limit: None,
             coordinator: None,
@@ -1115,6 +1169,31 @@ mod tests {
         let mut all_min = spec(3, 3, None);
         all_min.launch_policy = Some(LaunchPolicy::MinReplicas);
         assert_eq!(all_min.launch_replicas(), 3);
+    }
+
+    #[test]
+    fn fault_tolerance_needs_a_period_of_at_least_one_and_a_command_to_extend() {
+        let mut s = spec(4, 2, None);
+        assert_eq!(s.checkpoint_every(), None);
+        s.fault_tolerance = Some(FaultTolerance {
+            checkpoint_every: 0,
+        });
+        assert_eq!(
+            s.validate().unwrap_err().problems,
+            vec![
+                SpecProblem::CheckpointEvery(0),
+                SpecProblem::FaultToleranceNoCommand
+            ]
+        );
+        assert_eq!(s.checkpoint_every(), None);
+        s.fault_tolerance = Some(FaultTolerance {
+            checkpoint_every: 5,
+        });
+        if let Some(pod) = s.template.spec.as_mut() {
+            pod.containers[0].args = Some(vec!["--iters".into(), "9".into()]);
+        }
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.checkpoint_every(), Some(5));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use nix::sys::signal::Signal;
 use super::cgroup::{Quotas, CPU_CONTROLLER};
 use super::netns::{self, Network};
 use super::scenario::Network as NetworkMode;
-use super::record::{CheckpointRecord, Mark, NoticeToCommit, Record, RescaleRecord, Sample};
+use super::record::{CheckpointRecord, Mark, NoticeToCommit, RecoveryRecord, Record, RescaleRecord, Sample};
 use super::sim::{Cloud, CloudEvent, InstanceState};
 use super::{CloudError, Loaded};
 use crate::local::channel::{self, Reply, Request};
@@ -182,6 +182,17 @@ struct Saved {
     real: f64,
 }
 
+/// With fault tolerance: a member terminated without notice, whose
+/// recovery (a view without its node) or catching up is awaited.
+struct PendingRecovery {
+    /// Its entry in the record's recoveries.
+    index: usize,
+    /// The epoch of the last view seen before the kill.
+    epoch_before: u64,
+    /// Progress lines the job had printed when the recovery was seen.
+    lines_at_recovery: Option<u64>,
+}
+
 /// The result of a periodic checkpoint, from its thread.
 type CheckpointOutcome = Result<ductile_coordinator::control::CheckpointReport, String>;
 
@@ -220,6 +231,8 @@ struct Driver<'a> {
     next_checkpoint: Option<Time>,
     /// Periodic checkpoints taken so far (their directories' numbers).
     checkpoints_taken: u32,
+    /// With fault tolerance (live mode): losses without notice followed.
+    recovering: Vec<PendingRecovery>,
     record: Record,
     log: LogTail,
     terminal: Option<io::Stdout>,
@@ -232,6 +245,11 @@ struct LogTail {
     path: PathBuf,
     partial: String,
     iteration: Option<u64>,
+    /// The iteration of the last progress line (it goes back after a
+    /// recovery's rollback).
+    last: Option<u64>,
+    /// Progress lines read.
+    lines: u64,
     checksum: Option<String>,
 }
 
@@ -255,6 +273,8 @@ impl LogTail {
     fn parse(&mut self, line: &str) {
         if let Some(i) = progress(line) {
             self.iteration = Some(self.iteration.map_or(i, |j| j.max(i)));
+            self.last = Some(i);
+            self.lines += 1;
         }
         if let Some(rest) = line.split_whitespace().find_map(|w| w.strip_prefix("checksum=")) {
             self.checksum = Some(rest.to_owned());
@@ -385,6 +405,7 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
             _ => None,
         },
         checkpoints_taken: 0,
+        recovering: Vec::new(),
         record: Record {
             job: loaded.name.clone(),
             scenario: loaded.scenario_name.clone(),
@@ -399,6 +420,8 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
             path: log_path,
             partial: String::new(),
             iteration: None,
+            last: None,
+            lines: 0,
             checksum: None,
         },
         terminal: io::stdout().is_terminal().then(io::stdout),
@@ -407,6 +430,7 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     driver.record.cgroup = driver.quotas.as_ref().map(|q| q.root().display().to_string());
     driver.record.speed = if driver.quotas.is_some() { "cgroup" } else { "emulated" }.into();
     driver.record.mode = opts.mode.name().into();
+    driver.record.fault_tolerance = crate::local::fault_tolerance_every(&args);
     if let Some(n) = driver.net.as_deref() {
         let detail = format!(
             "bridge {} at {}/{}; node 0 and the coordinator there, every other instance in its own namespace",
@@ -663,6 +687,7 @@ impl Driver<'_> {
                 }
             }
             self.log.poll();
+            self.follow_catching_up();
             if Instant::now() >= next_line {
                 next_line = Instant::now() + LINE_EVERY;
                 self.sample();
@@ -747,6 +772,7 @@ impl Driver<'_> {
                 return;
             }
         }
+        self.follow_recoveries(say);
         // Newcomers registered: ready for the policy.
         let pending: Vec<u32> = self.view.as_ref().map(|v| v.pending.iter().map(|p| p.pid).collect()).unwrap_or_default();
         for pid in pending {
@@ -914,6 +940,9 @@ impl Driver<'_> {
                 };
                 let kind = if announced { "terminated" } else { "unannounced" };
                 self.mark(kind, Some(&instance), format!("{cut}{what}"), say);
+                if let (Some(pid), false) = (running, announced) {
+                    self.expect_recovery(&instance, pid);
+                }
                 if !self.nodes.contains_key(&instance) {
                     // A newcomer interrupted while booting, or (restart
                     // mode) before a relaunch put a process there.
@@ -928,6 +957,73 @@ impl Driver<'_> {
             }
             CloudEvent::Skipped { line, why } => self.mark("skipped", None, format!("scenario line {line}: {why}"), say),
         }
+    }
+
+    /// With fault tolerance, in live mode: a member's node killed without
+    /// notice is to be recovered from by the runtime (node 0's loss ends
+    /// the job: the scenario cannot ask for it). Followed until a view
+    /// without it.
+    fn expect_recovery(&mut self, instance: &str, pid: u32) {
+        if self.record.fault_tolerance.is_none() || self.opts.mode != Mode::Live || !self.in_view(instance) {
+            return;
+        }
+        let (sim, real) = self.now();
+        self.record.recoveries.push(RecoveryRecord {
+            instance: instance.to_owned(),
+            pid,
+            sim: sim.as_secs_f64(),
+            real,
+            iteration_at_kill: self.log.iteration,
+            ..RecoveryRecord::default()
+        });
+        self.recovering.push(PendingRecovery {
+            index: self.record.recoveries.len() - 1,
+            epoch_before: self.view.as_ref().map_or(0, |v| v.epoch),
+            lines_at_recovery: None,
+        });
+    }
+
+    /// A view of a later epoch without a lost member's node: node 0
+    /// committed the recovery.
+    fn follow_recoveries(&mut self, say: &mut dyn FnMut(&str)) {
+        let Some(view) = self.view.clone() else { return };
+        let (_, real) = self.now();
+        let lines = self.log.lines;
+        let mut done = Vec::new();
+        for p in self.recovering.iter_mut().filter(|p| p.lines_at_recovery.is_none()) {
+            let r = &mut self.record.recoveries[p.index];
+            if view.epoch > p.epoch_before && !view.members.iter().any(|m| m.pid == r.pid) {
+                r.recovered_s = Some(real - r.real);
+                r.epoch = Some(view.epoch);
+                p.lines_at_recovery = Some(lines);
+                done.push((r.instance.clone(), real - r.real, view.epoch));
+            }
+        }
+        for (instance, seconds, epoch) in done {
+            let detail = format!("the job recovered without its node in {seconds:.2} s (epoch {epoch}), from its last in-memory checkpoint");
+            self.mark("recovered", Some(&instance), detail, say);
+        }
+    }
+
+    /// A recovered job back past the iteration it had at the kill: the
+    /// loss's cost is known.
+    fn follow_catching_up(&mut self) {
+        let (_, real) = self.now();
+        let (lines, last) = (self.log.lines, self.log.last);
+        let recoveries = &mut self.record.recoveries;
+        self.recovering.retain(|p| {
+            let Some(at_recovery) = p.lines_at_recovery else { return true };
+            let r = &mut recoveries[p.index];
+            let past = match (last, r.iteration_at_kill) {
+                (Some(now), Some(then)) => lines > at_recovery && now > then,
+                // Nothing to compare with: the recovery is the cost known.
+                _ => return false,
+            };
+            if past {
+                r.caught_up_s = Some(real - r.real);
+            }
+            !past
+        });
     }
 
     fn signal(&mut self, member: &str, signal: &'static str, deadline: Option<f64>) {

@@ -130,6 +130,10 @@ impl Loaded {
             )));
         }
         let program = command.remove(0);
+        if let Some(every) = job.spec.checkpoint_every() {
+            // As the operator does to every pod's node container.
+            command.extend([crate::contract::FT_EVERY_FLAG.to_owned(), every.to_string()]);
+        }
         let env = container
             .env
             .iter()
@@ -348,5 +352,37 @@ events:
         let l = Loaded::from_texts("job.yaml", &JOB.replace("pesPerPod: 1", "pesPerPod: 2"), "s.yaml", SCENARIO)
             .expect("the types decide the PEs");
         assert_eq!(l.other_shapes(), ["a (1 PE)", "b (1 PE)"]);
+    }
+
+    #[test]
+    fn fault_tolerance_in_the_spec_adds_ft_every_to_the_nodes_arguments() {
+        let job = JOB.replace("  onDemand: { replicas: 1 }\n", "  onDemand: { replicas: 1 }\n  faultTolerance: { checkpointEvery: 5 }\n");
+        let l = Loaded::from_texts("job.yaml", &job, "s.yaml", SCENARIO).expect("valid");
+        assert_eq!(l.args, ["--grid", "256", "--iters", "10", "+ft-every", "5"]);
+        assert_eq!(crate::local::fault_tolerance_every(&l.args), Some(5));
+        let l = Loaded::from_texts("job.yaml", JOB, "s.yaml", SCENARIO).expect("valid");
+        assert_eq!(crate::local::fault_tolerance_every(&l.args), None);
+    }
+
+    /// The repository's example of members lost without notice loads, with
+    /// its job's fault tolerance; node 0's instance cannot be terminated.
+    #[test]
+    fn the_unannounced_example_loads_with_fault_tolerance() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let l = Loaded::from_files(&dir.join("ft-job.yaml"), &dir.join("unannounced.yaml")).expect("valid");
+        assert_eq!(crate::local::fault_tolerance_every(&l.args), Some(5));
+        let terminated: Vec<&str> = l
+            .scripted
+            .iter()
+            .filter_map(|s| match &s.action {
+                scenario::Action::Terminate(name) => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(terminated, ["demo-2", "demo-3"]);
+        let text = std::fs::read_to_string(dir.join("unannounced.yaml")).unwrap().replace("terminate: demo-3", "terminate: demo-0");
+        let job = std::fs::read_to_string(dir.join("ft-job.yaml")).unwrap();
+        let e = Loaded::from_texts("ft-job.yaml", &job, "unannounced.yaml", &text).expect_err("node 0");
+        assert!(e.to_string().contains("demo-0 is node 0's instance"), "{e}");
     }
 }

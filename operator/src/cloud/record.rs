@@ -150,6 +150,32 @@ pub struct NoticeToCommit {
     pub before_deadline: Option<bool>,
 }
 
+/// A member lost without notice while the job runs with fault tolerance
+/// (the runtime's `+ft-every`), and the job's recovery without it.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoveryRecord {
+    /// The instance terminated.
+    pub instance: String,
+    /// Its node's pid.
+    pub pid: u32,
+    /// Simulated seconds at the termination.
+    pub sim: f64,
+    /// Real seconds at the termination.
+    pub real: f64,
+    /// Real seconds from the kill to the first view seen without its node
+    /// (node 0 committed the recovery); `None`: never seen.
+    pub recovered_s: Option<f64>,
+    /// The epoch of that view.
+    pub epoch: Option<u64>,
+    /// The iteration the job had reported at the kill.
+    pub iteration_at_kill: Option<u64>,
+    /// Real seconds from the kill until the job reported an iteration past
+    /// that one again, after the recovery: the time the loss cost (the
+    /// recovery, and the work since the last checkpoint done again).
+    pub caught_up_s: Option<f64>,
+}
+
 /// The whole record of a run.
 #[derive(Clone, Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -179,6 +205,10 @@ pub struct Record {
     pub notice_to_commit: Vec<NoticeToCommit>,
     /// Periodic checkpoints (`checkpoint-restart`).
     pub checkpoints: Vec<CheckpointRecord>,
+    /// With fault tolerance: K of the job's `+ft-every K`.
+    pub fault_tolerance: Option<u64>,
+    /// With fault tolerance: members lost without notice, and the recoveries.
+    pub recoveries: Vec<RecoveryRecord>,
     /// Every instance and its bill.
     pub instances: Vec<Instance>,
     /// The job's exit code (from `ductile run`).
@@ -234,6 +264,14 @@ pub struct Summary {
     pub checkpoint_s: f64,
     /// Real seconds of work lost to kills and done again.
     pub redone_s: f64,
+    /// With fault tolerance: losses without notice the job recovered from /
+    /// all of them.
+    pub recoveries: (u32, u32),
+    /// Median real seconds from a kill to the view without its node.
+    pub median_recovery_s: Option<f64>,
+    /// Real seconds the recovered losses cost, kill to the job back past
+    /// its iteration at the kill, summed.
+    pub recovery_lost_s: f64,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -282,6 +320,10 @@ impl Record {
         s.checkpoints = self.checkpoints.len() as u32;
         s.checkpoint_s = self.checkpoints.iter().map(|c| (c.wait_ms + c.write_ms) / 1e3).sum();
         s.redone_s = self.rescales.iter().filter(|r| r.epoch.is_some()).filter_map(|r| r.redone_s).sum();
+        let recovered: Vec<&RecoveryRecord> = self.recoveries.iter().filter(|r| r.recovered_s.is_some()).collect();
+        s.recoveries = (recovered.len() as u32, self.recoveries.len() as u32);
+        s.median_recovery_s = median(recovered.iter().filter_map(|r| r.recovered_s).collect());
+        s.recovery_lost_s = recovered.iter().filter_map(|r| r.caught_up_s.or(r.recovered_s)).sum();
         s
     }
 
@@ -358,6 +400,16 @@ impl Record {
                 format!(
                     "{} written ({:.2} s of sync-point waits and writes); {:.2} s of work redone after kills",
                     s.checkpoints, s.checkpoint_s, s.redone_s
+                ),
+            );
+        }
+        if let Some(every) = self.fault_tolerance {
+            let median = s.median_recovery_s.map_or(String::new(), |m| format!(", median {m:.2} s to a view without the lost node"));
+            row(
+                "recoveries",
+                format!(
+                    "{} of {} member(s) lost without notice{median}; {:.2} s lost to them (kill to the job back at its iteration; checkpoints every {every} sync points)",
+                    s.recoveries.0, s.recoveries.1, s.recovery_lost_s
                 ),
             );
         }
@@ -499,5 +551,29 @@ mod tests {
         r.reference_checksum = Some("cd".into());
         assert!(!r.checksum_ok());
         assert!(r.table().contains("DIFFERS"));
+    }
+
+    #[test]
+    fn recoveries_are_counted_with_their_median_and_the_time_they_cost() {
+        let rec = |recovered_s: Option<f64>, caught_up_s: Option<f64>| RecoveryRecord {
+            instance: "j-2".into(),
+            recovered_s,
+            caught_up_s,
+            ..RecoveryRecord::default()
+        };
+        let mut r = Record {
+            fault_tolerance: Some(5),
+            ..Record::default()
+        };
+        r.recoveries = vec![rec(Some(0.4), Some(2.0)), rec(Some(0.6), None), rec(None, None)];
+        let s = r.summary();
+        assert_eq!(s.recoveries, (2, 3));
+        assert_eq!(s.median_recovery_s, Some(0.5));
+        // A recovery whose catching up was not seen counts its recovery only.
+        assert!((s.recovery_lost_s - 2.6).abs() < 1e-9, "{}", s.recovery_lost_s);
+        let table = r.table();
+        assert!(table.contains("recoveries"), "{table}");
+        assert!(table.contains("2 of 3 member(s) lost without notice, median 0.50 s"), "{table}");
+        assert!(!Record::default().table().contains("recoveries"), "no row without fault tolerance");
     }
 }

@@ -119,6 +119,11 @@ pub struct RandomTrace {
     pub deadline: f64,
     /// No arrival after this time.
     pub until: f64,
+    /// Mean unannounced terminations per spot instance-hour (a Poisson
+    /// process of its own, independent of the notices' for a same seed):
+    /// a running spot instance vanishes with no notice. Default 0.
+    #[serde(default)]
+    pub terminations_per_instance_hour: f64,
 }
 
 fn one() -> u32 {
@@ -320,7 +325,8 @@ impl Scenario {
         if let Some(r) = &scenario.random {
             let line = top("random");
             let positive = |v: f64| v.is_finite() && v >= 0.0;
-            if !(positive(r.notices_per_instance_hour) && positive(r.until) && positive(r.recommendation_lead)) {
+            let rates = positive(r.notices_per_instance_hour) && positive(r.terminations_per_instance_hour);
+            if !(rates && positive(r.until) && positive(r.recommendation_lead)) {
                 return Err(err(line, "random: rates and times must not be negative".into()));
             }
             if !(r.deadline.is_finite() && r.deadline > 0.0) || r.batch == 0 {
@@ -397,6 +403,13 @@ fn check_event(e: &EventEntry, job: &JobShape) -> Result<Scripted, String> {
         return Err("deadline belongs to an interruption".into());
     }
     if let Some(name) = &e.terminate {
+        if job.launch_members.first() == Some(name) {
+            // The job has no other root: node 0 (PE 0, the control
+            // endpoint, the coordinator's client) is never recovered from.
+            return Err(format!(
+                "terminate: {name} is node 0's instance, whose loss ends the job by design (fault tolerance recovers from the loss of any other member); terminate another instance"
+            ));
+        }
         actions.push(Action::Terminate(target(name)?));
     }
     if let Some(d) = e.no_spot_capacity {
@@ -581,6 +594,27 @@ events:
         assert_eq!((s.pes_of("big"), s.pes_of("small")), (1, 2));
         assert_eq!(s.fleet.replace_with.get("big").map(String::as_str), Some("small"));
         assert_eq!(s.fleet_types().into_iter().collect::<Vec<_>>(), ["big", "small"]);
+    }
+
+    #[test]
+    fn terminating_node_zeros_instance_is_refused_naming_its_line() {
+        let e = refused(&GOOD.replace("terminate: j-n0", "terminate: j-0"));
+        assert_eq!(e.line, Some(23), "{e}");
+        assert!(e.message.contains("j-0 is node 0's instance"), "{e}");
+        assert!(e.message.contains("ends the job by design"), "{e}");
+        // Any other member may be: a launch spot member, on-demand or not.
+        let (_, events) = Scenario::load("s.yaml", &GOOD.replace("terminate: j-n0", "terminate: j-1"), &job()).expect("valid");
+        assert_eq!(events[3].action, Action::Terminate("j-1".into()));
+    }
+
+    #[test]
+    fn random_unannounced_terminations_take_a_non_negative_rate() {
+        let random = "random: { seed: 1, noticesPerInstanceHour: 0, terminationsPerInstanceHour: 30, until: 600 }\n";
+        let (s, _) = Scenario::load("s.yaml", &format!("{GOOD}{random}"), &job()).expect("valid");
+        assert_eq!(s.random.map(|r| r.terminations_per_instance_hour), Some(30.0));
+        let e = refused(&format!("{GOOD}{}", random.replace("30", "-1")));
+        assert_eq!(e.line, Some(25), "{e}");
+        assert!(e.message.contains("must not be negative"), "{e}");
     }
 
     #[test]

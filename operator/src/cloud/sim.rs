@@ -161,6 +161,9 @@ enum Pending {
     RandomRecommend(Arrival),
     /// A random arrival's notice for chosen victims (or to be chosen).
     RandomNotice { arrival: Arrival, victims: Option<Vec<String>> },
+    /// A random unannounced termination: at `at`, of the running spot
+    /// instance `pick` chooses then.
+    RandomTerminate { at: Time, pick: u64 },
 }
 
 impl Pending {
@@ -169,6 +172,7 @@ impl Pending {
             Pending::Scripted(s) => s.at,
             Pending::RandomRecommend(a) => a.at,
             Pending::RandomNotice { arrival, .. } => arrival.notice_at,
+            Pending::RandomTerminate { at, .. } => *at,
         }
     }
 }
@@ -196,6 +200,11 @@ impl Cloud {
                     Pending::RandomNotice { arrival: a, victims: None }
                 }
             }));
+            pending.extend(
+                random_terminations(trace, spot)
+                    .into_iter()
+                    .map(|(at, pick)| Pending::RandomTerminate { at, pick }),
+            );
         }
         pending.sort_by_key(Pending::at);
         let mut cloud = Cloud {
@@ -428,6 +437,26 @@ impl Cloud {
                     }
                 }
             }
+            Pending::RandomTerminate { pick, .. } => {
+                // Any running spot instance, noticed or not: no notice
+                // protects from a hardware failure.
+                let candidates: Vec<String> = self
+                    .instances
+                    .values()
+                    .filter(|i| i.capacity == Capacity::Spot && i.state == InstanceState::Running)
+                    .map(|i| i.name.clone())
+                    .collect();
+                if !candidates.is_empty() {
+                    let name = candidates[(pick % candidates.len() as u64) as usize].clone();
+                    let i = self.instances.get_mut(&name).expect("a candidate");
+                    i.state = InstanceState::Terminated;
+                    i.ended_at = Some(t);
+                    self.out.push(CloudEvent::Terminated {
+                        instance: name,
+                        announced: false,
+                    });
+                }
+            }
         }
     }
 
@@ -478,6 +507,32 @@ fn random_arrivals(trace: &super::scenario::RandomTrace, spot: usize) -> Vec<Arr
     }
     out
 }
+
+/// Poisson arrivals of unannounced terminations at their rate per spot
+/// instance-hour over the launch spot count, up to `until`, each with the
+/// pick of its victim. Drawn from a stream of their own, so the notices of
+/// a seed stay what they were with or without terminations.
+fn random_terminations(trace: &super::scenario::RandomTrace, spot: usize) -> Vec<(Time, u64)> {
+    let mut rng = StdRng::seed_from_u64(trace.seed ^ TERMINATION_STREAM);
+    let per_second = trace.terminations_per_instance_hour * spot as f64 / 3600.0;
+    let mut out = Vec::new();
+    if per_second <= 0.0 {
+        return out;
+    }
+    let mut t = 0.0;
+    loop {
+        let u: f64 = rng.gen_range(f64::EPSILON..1.0);
+        t += -u.ln() / per_second;
+        if t > trace.until {
+            break;
+        }
+        out.push((Duration::from_secs_f64(t), rng.gen()));
+    }
+    out
+}
+
+/// Mixed into the seed of the terminations' stream.
+const TERMINATION_STREAM: u64 = 0x7465_726d_696e_6174;
 
 #[cfg(test)]
 mod tests {
@@ -603,11 +658,16 @@ events:
     }
 
     fn random(seed: u64) -> Cloud {
+        random_with(seed, "")
+    }
+
+    /// [`random`] with `extra` fields in its trace (`, key: value`).
+    fn random_with(seed: u64, extra: &str) -> Cloud {
         let text = format!(
             "\
 instanceTypes: [{{ name: big, pes: 1, speed: 1.0, price: {{ onDemand: 1, spot: 1 }} }}]
 fleet: {{ onDemand: big, spot: [big] }}
-random: {{ seed: {seed}, noticesPerInstanceHour: 60, batch: 2, recommendationLead: 10, deadline: 30, until: 600 }}
+random: {{ seed: {seed}, noticesPerInstanceHour: 60, batch: 2, recommendationLead: 10, deadline: 30, until: 600{extra} }}
 "
         );
         let mut shape = shape();
@@ -654,5 +714,32 @@ random: {{ seed: {seed}, noticesPerInstanceHour: 60, batch: 2, recommendationLea
         noticed.dedup();
         assert_eq!(noticed.len(), notices.len());
         assert!(notices.len() <= 8);
+    }
+
+    /// Unannounced terminations of a seeded trace: reproducible, of
+    /// running spot instances only (node 0's on-demand one never), and
+    /// the notices of the seed are what they were until the first of them.
+    #[test]
+    fn random_unannounced_terminations_hit_spot_instances_and_leave_the_notices_of_the_seed_alone() {
+        use std::collections::BTreeSet;
+        const EXTRA: &str = ", terminationsPerInstanceHour: 20";
+        let with = trace(random_with(7, EXTRA));
+        assert_eq!(with, trace(random_with(7, EXTRA)), "reproducible");
+        let killed: Vec<&(Time, CloudEvent)> = with
+            .iter()
+            .filter(|(_, e)| matches!(e, CloudEvent::Terminated { announced: false, .. }))
+            .collect();
+        assert!(!killed.is_empty(), "20 per instance-hour over 8 instances and 10 minutes");
+        let mut names = BTreeSet::new();
+        for (_, e) in &killed {
+            let CloudEvent::Terminated { instance, .. } = e else { unreachable!() };
+            assert_ne!(instance, "j-0", "never the on-demand instance");
+            assert!(names.insert(instance.clone()), "{instance} terminated twice");
+        }
+        let first = killed[0].0;
+        let before = |t: &Vec<(Time, CloudEvent)>| t.iter().filter(|(at, _)| *at < first).cloned().collect::<Vec<_>>();
+        assert_eq!(before(&with), before(&trace(random(7))));
+        // Without the field, no unannounced termination.
+        assert!(!trace(random(7)).iter().any(|(_, e)| matches!(e, CloudEvent::Terminated { announced: false, .. })));
     }
 }

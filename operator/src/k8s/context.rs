@@ -53,6 +53,12 @@ pub(super) struct JobRuntime {
     /// The run was torn down (suspend, relaunch): the next launch starts
     /// afresh, whatever a stale cached status still says.
     pub(super) fresh_start: bool,
+    /// With `faultTolerance`: members whose pod ended while the view still
+    /// listed them; a later view without them is the runtime's recovery.
+    pub(super) awaiting_recovery: BTreeSet<String>,
+    /// Recoveries counted so far (`status.recoveries`), from the status
+    /// first seen on; `None` until the first.
+    pub(super) recoveries: Option<i32>,
 }
 
 /// A rescale request running in a background task: the reconcile that
@@ -133,6 +139,8 @@ impl JobRuntime {
             control_error: None,
             rescale: None,
             fresh_start: false,
+            awaiting_recovery: BTreeSet::new(),
+            recoveries: None,
         }
     }
 

@@ -316,6 +316,13 @@ fn node_pod(job: &ElasticJob, role: NodeRole, settings: &ObjectSettings) -> Pod 
             }
         }
         node.env = Some(merged);
+        if let Some(every) = spec.checkpoint_every() {
+            // Appended to the arguments: after `command`, or after the
+            // image's entrypoint when the template gives `args` only.
+            node.args
+                .get_or_insert_with(Vec::new)
+                .extend([contract::FT_EVERY_FLAG.to_owned(), every.to_string()]);
+        }
         node.volume_mounts
             .get_or_insert_with(Vec::new)
             .push(secret_mount());

@@ -72,8 +72,19 @@ pub(super) async fn observe(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime
             );
         }
     }
+    // With fault tolerance, a member (not node 0, whose loss ends the job)
+    // that leaves the view without a rescale removing it was lost without
+    // notice and recovered from: the runtime committed a view without it.
+    // Members of the policy are never being vacated (a committed rescale
+    // moved those out), so this tells a recovered loss from a departure.
+    let fault_tolerant = job.spec.checkpoint_every().is_some();
+    let root_pod = objects::pod_name(job, 0);
+    let mut recovered: Vec<String> = Vec::new();
     for pod in &known {
         if !status.members.iter().any(|m| &m.host == pod) && rt.gone.insert(pod.clone()) {
+            if fault_tolerant && pod != &root_pod {
+                recovered.push(pod.clone());
+            }
             rt.policy.observe(
                 now,
                 Event::MemberGone {
@@ -81,6 +92,17 @@ pub(super) async fn observe(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime
                 },
             );
         }
+    }
+    // Pods that ended while the view still listed them, now out of it.
+    let out_of_view: Vec<String> = rt
+        .awaiting_recovery
+        .iter()
+        .filter(|pod| !status.members.iter().any(|m| &m.host == *pod))
+        .cloned()
+        .collect();
+    for pod in out_of_view {
+        rt.awaiting_recovery.remove(&pod);
+        recovered.push(pod);
     }
     for pending in &status.pending {
         rt.policy.observe(
@@ -127,6 +149,10 @@ pub(super) async fn observe(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime
         }
     }
     for name in ended {
+        let listed = status.members.iter().any(|m| m.host == name);
+        if fault_tolerant && listed && name != root_pod && members.contains(&name) {
+            rt.awaiting_recovery.insert(name.clone());
+        }
         if rt.gone.insert(name.clone()) {
             rt.policy.observe(
                 now,
@@ -135,6 +161,23 @@ pub(super) async fn observe(job: &ElasticJob, ctx: &Context, rt: &mut JobRuntime
                 },
             );
         }
+    }
+    for pod in recovered {
+        let base = job.status.as_ref().map_or(0, |s| s.recoveries);
+        let count = rt.recoveries.get_or_insert(base);
+        *count += 1;
+        tracing::info!(job = %job.name_any(), %pod, epoch = status.epoch, "recovered from a member lost without notice");
+        ctx.publish(
+            job,
+            EventType::Normal,
+            "Recovered",
+            "Observe",
+            format!(
+                "pod {pod} was lost without notice; the job recovered without it from its last in-memory checkpoint (epoch {})",
+                status.epoch
+            ),
+        )
+        .await;
     }
     for (pod, kind, deadline) in notices {
         if !rt.noticed.insert((pod.clone(), kind)) {

@@ -74,6 +74,7 @@ pub(super) fn fresh_status(
         phase: Some(phase),
         observed_generation: job.metadata.generation,
         restarts: old.restarts,
+        recoveries: old.recoveries,
         last_rescale: old.last_rescale.clone(),
         conditions: vec![
             condition(
@@ -261,6 +262,7 @@ pub(super) fn build_status(
             .as_ref()
             .map_or(0, |v| i32::try_from(v.pending.len()).unwrap_or(i32::MAX)),
         restarts: old.restarts,
+        recoveries: rt.recoveries.unwrap_or(0).max(old.recoveries),
         at_risk: rt.policy.at_risk().into_iter().map(|m| m.0).collect(),
         members,
         last_rescale: rt.last_rescale.clone().or_else(|| old.last_rescale.clone()),

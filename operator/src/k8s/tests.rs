@@ -2193,3 +2193,293 @@ async fn an_active_deadline_fails_the_job_and_its_ttl_deletes_it() {
     assert_eq!(action.expect("reconcile succeeds"), Action::await_change());
     let _ = deleted;
 }
+
+/// What one reconcile asked of the API server, answered as it would be.
+#[derive(Default, Debug)]
+struct Seen {
+    /// Events (reason, note), in order.
+    events: Vec<(String, String)>,
+    /// Pods applied.
+    applied: Vec<Value>,
+    /// Pods deleted by name.
+    deleted: Vec<String>,
+    /// The status patched.
+    status: Value,
+}
+
+/// Answers every request after the first objects (events, pod applies and
+/// deletions, in whatever order the policy's decisions come) until the
+/// status patch, which ends the reconcile.
+async fn answer_until_status(handle: &mut ApiServerHandle, job: &Value) -> Seen {
+    let mut seen = Seen::default();
+    loop {
+        let (request, send) = handle
+            .next_request()
+            .await
+            .expect("the reconciler stopped before it patched the status");
+        rbac::record(request.method(), request.uri());
+        let method = request.method().clone();
+        let uri = request.uri().clone();
+        let path = uri.path().to_owned();
+        let body = request.into_body().collect_bytes().await.unwrap();
+        let body: Value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body).unwrap()
+        };
+        let pod_name = path.strip_prefix(&format!("{NS}/pods/")).map(str::to_owned);
+        let mut done = false;
+        let (status, reply) = match (&method, pod_name) {
+            (&Method::POST, _) if path == EVENTS_PATH => {
+                seen.events.push((
+                    body["reason"].as_str().unwrap_or("").to_owned(),
+                    body["note"].as_str().unwrap_or("").to_owned(),
+                ));
+                (StatusCode::CREATED, body)
+            }
+            // A repeated Event, patched into a series.
+            (&Method::PATCH, None) if path.starts_with(&format!("{EVENTS_PATH}/")) => {
+                seen.events
+                    .push(("(series)".to_owned(), body["series"]["count"].to_string()));
+                (StatusCode::OK, body)
+            }
+            (&Method::PATCH, Some(_)) => {
+                seen.applied.push(body.clone());
+                (StatusCode::CREATED, body)
+            }
+            (&Method::DELETE, Some(name)) => {
+                seen.deleted.push(name.clone());
+                (
+                    StatusCode::OK,
+                    running_pod(&name, "spot", "launch", "spot-2"),
+                )
+            }
+            (&Method::PATCH, None) if path == JOB_STATUS_PATH => {
+                seen.status = body["status"].clone();
+                done = true;
+                let mut full = job.clone();
+                full["status"] = body["status"].clone();
+                (StatusCode::OK, full)
+            }
+            _ => panic!("unexpected request {method} {uri}"),
+        };
+        rbac::record_answer(&method, &uri, status);
+        send.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                .unwrap(),
+        );
+        if done {
+            return seen;
+        }
+    }
+}
+
+/// Issue 20: a running job of three pods; then pod `jacobi-2` is lost
+/// without notice (no taint, no deletion: its pod vanished, or ended
+/// Failed while the view still listed it), and the job's view at epoch 2
+/// no longer lists it. Returns what each reconcile after the first did.
+async fn lose_a_member_without_notice(fault_tolerance: bool, failed_first: bool) -> Vec<Seen> {
+    let secret = Secret::generate();
+    let (port, fake) = fake_job(&secret, &["jacobi-0", "jacobi-1", "jacobi-2"]);
+    let (mut harness, handle) = context();
+    harness.node("spot-1", json!([]));
+    harness.node("spot-2", json!([]));
+    let harness = harness.with_control(port);
+    let mut spec = valid_spec();
+    if fault_tolerance {
+        spec["faultTolerance"] = json!({"checkpointEvery": 5});
+    }
+    let mut job = managed_job_json(spec);
+    job["status"] = json!({"phase": "Running", "epoch": 1, "replicas": 3, "readyReplicas": 3});
+
+    // The job runs: every member known to the policy.
+    let s = secret.clone();
+    let j = job.clone();
+    let (action, mut handle, first) =
+        reconcile_against(&harness.ctx, &job, handle, |mut handle| async move {
+            expect_objects(&mut handle, Some(&s), &launch_pods()).await;
+            let seen = answer_until_status(&mut handle, &j).await;
+            (handle, seen)
+        })
+        .await;
+    action.expect("reconcile succeeds");
+    assert!(first.events.is_empty(), "{first:?}");
+    assert_eq!(first.status["readyReplicas"], 3);
+
+    let mut rounds = Vec::new();
+    let survivors = vec![
+        running_pod("jacobi-0", "on-demand", "launch", "od-1"),
+        running_pod("jacobi-1", "spot", "launch", "spot-1"),
+    ];
+    if failed_first {
+        // Its pod ended (killed); the runtime has not committed yet.
+        let mut failed = running_pod("jacobi-2", "spot", "launch", "spot-2");
+        failed["status"]["phase"] = json!("Failed");
+        let mut pods = survivors.clone();
+        pods.push(failed);
+        let j = job.clone();
+        let (action, h, seen) =
+            reconcile_against(&harness.ctx, &job, handle, |mut handle| async move {
+                expect_objects(&mut handle, None, &pods).await;
+                let seen = answer_until_status(&mut handle, &j).await;
+                (handle, seen)
+            })
+            .await;
+        action.expect("reconcile succeeds");
+        handle = h;
+        rounds.push(seen);
+    }
+    // The newcomers launched so far are pods now (not registered yet).
+    let launched: Vec<Value> = rounds
+        .iter()
+        .flat_map(|r: &Seen| r.applied.iter())
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .map(|name| running_pod(name, "spot", "newcomer", "spot-3"))
+        .collect();
+    // The runtime's recovery committed a view without it.
+    {
+        let mut fake = fake.lock().unwrap();
+        fake.members.retain(|m| m != "jacobi-2");
+        fake.epoch = 2;
+    }
+    let j = job.clone();
+    let mut pods = survivors.clone();
+    pods.extend(launched);
+    let (action, _handle, seen) =
+        reconcile_against(&harness.ctx, &job, handle, |mut handle| async move {
+            expect_objects(&mut handle, None, &pods).await;
+            let seen = answer_until_status(&mut handle, &j).await;
+            (handle, seen)
+        })
+        .await;
+    action.expect("reconcile succeeds");
+    rounds.push(seen);
+    rounds
+}
+
+fn reasons(seen: &Seen) -> Vec<&str> {
+    seen.events.iter().map(|(r, _)| r.as_str()).collect()
+}
+
+fn all_applied(rounds: &[Seen]) -> Vec<&Value> {
+    rounds.iter().flat_map(|s| s.applied.iter()).collect()
+}
+
+/// With `faultTolerance`, a member pod that vanishes without notice and
+/// leaves the view is a recovered loss: an Event `Recovered`, counted in
+/// `status.recoveries`, and a spot replacement through the policy, whose
+/// node runs with `+ft-every 5` like every pod of the job.
+#[tokio::test]
+async fn with_fault_tolerance_a_member_lost_without_notice_is_a_recovery_and_is_replaced() {
+    let rounds = lose_a_member_without_notice(true, false).await;
+    let seen = &rounds[0];
+    let recovered: Vec<&(String, String)> = seen
+        .events
+        .iter()
+        .filter(|(r, _)| r == "Recovered")
+        .collect();
+    assert_eq!(recovered.len(), 1, "{:?}", seen.events);
+    assert!(
+        recovered[0]
+            .1
+            .contains("pod jacobi-2 was lost without notice")
+            && recovered[0].1.contains("epoch 2"),
+        "{recovered:?}"
+    );
+    assert_eq!(seen.status["recoveries"], 1, "{}", seen.status);
+    assert_eq!(seen.status["epoch"], 2);
+    assert_eq!(seen.status["readyReplicas"], 2);
+    let newcomers: Vec<&Value> = all_applied(&rounds)
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["ductile.dev/role"] == "newcomer")
+        .collect();
+    assert_eq!(newcomers.len(), 1, "one replacement: {:?}", reasons(seen));
+    let pod = newcomers[0];
+    assert_eq!(pod["metadata"]["labels"]["ductile.dev/capacity"], "spot");
+    let args = &pod["spec"]["containers"][0]["args"];
+    assert_eq!(args, &json!(["+ft-every", "5"]), "{pod}");
+    assert_eq!(pod["spec"]["containers"][0]["command"], json!(["jacobi2d"]));
+}
+
+/// The same loss seen in two steps: the pod ended Failed while the view
+/// still listed it (the recovery's commit takes time: no verdict yet),
+/// then the view without it: one recovery, said once.
+#[tokio::test]
+async fn with_fault_tolerance_a_member_whose_pod_failed_is_a_recovery_once_the_view_drops_it() {
+    let rounds = lose_a_member_without_notice(true, true).await;
+    assert!(
+        !reasons(&rounds[0]).contains(&"Recovered"),
+        "{:?}",
+        rounds[0].events
+    );
+    assert_eq!(rounds[0].status["recoveries"], 0);
+    assert_eq!(
+        reasons(&rounds[1])
+            .iter()
+            .filter(|r| **r == "Recovered")
+            .count(),
+        1,
+        "{:?}",
+        rounds[1].events
+    );
+    assert_eq!(rounds[1].status["recoveries"], 1);
+    let newcomers = all_applied(&rounds)
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["ductile.dev/role"] == "newcomer")
+        .count();
+    assert_eq!(newcomers, 1);
+}
+
+/// Without `faultTolerance` nothing changes: the loss is reported as
+/// before (`MemberLost`), no recovery is counted, and no pod gets
+/// `+ft-every`.
+#[tokio::test]
+async fn without_fault_tolerance_a_member_lost_without_notice_is_no_recovery() {
+    let rounds = lose_a_member_without_notice(false, false).await;
+    let seen = &rounds[0];
+    assert!(reasons(seen).contains(&"MemberLost"), "{:?}", seen.events);
+    assert!(!reasons(seen).contains(&"Recovered"), "{:?}", seen.events);
+    assert_eq!(seen.status["recoveries"], 0);
+    for pod in all_applied(&rounds) {
+        assert!(pod["spec"]["containers"][0]["args"].is_null(), "{pod}");
+    }
+}
+
+/// `+ft-every K` reaches the node container of every pod, launch and
+/// newcomer, after the template's own arguments; node 0's coordinator
+/// container does not get it.
+#[test]
+fn fault_tolerance_appends_ft_every_to_every_node_container() {
+    let mut spec = valid_spec();
+    spec["template"]["spec"]["containers"][0]["args"] = json!(["--iters", "100"]);
+    spec["faultTolerance"] = json!({"checkpointEvery": 3});
+    let job = managed_job(spec);
+    let settings = ObjectSettings::default();
+    for pod in [
+        objects::launch_pod(&job, 0, &settings),
+        objects::launch_pod(&job, 2, &settings),
+        objects::newcomer_pod(&job, "jacobi-n0", Some("jacobi-2")),
+    ] {
+        let containers = &pod.spec.as_ref().unwrap().containers;
+        let node = containers.iter().find(|c| c.name == "node").unwrap();
+        assert_eq!(
+            node.args.as_deref(),
+            Some(
+                &[
+                    "--iters".to_owned(),
+                    "100".to_owned(),
+                    "+ft-every".to_owned(),
+                    "3".to_owned()
+                ][..]
+            )
+        );
+        for other in containers.iter().filter(|c| c.name != "node") {
+            assert!(
+                !other.args.iter().flatten().any(|a| a == "+ft-every"),
+                "{other:?}"
+            );
+        }
+    }
+}

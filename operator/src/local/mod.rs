@@ -148,12 +148,58 @@ impl JobSpec {
         self.node_pes.iter().any(|&p| p != self.pes_per_node)
     }
 
+    /// With fault tolerance (the program's arguments turn on the runtime's
+    /// in-memory checkpoints, `+ft-every K` or `+ft-every=K` with K ≥ 1):
+    /// how long the runtime's recovery from a lost member may take, its
+    /// rescale stage bound (`DUCTILE_RESCALE_STAGE_TIMEOUT_MS` in the
+    /// launcher's environment, which the nodes inherit; 30 s by default).
+    /// `None` without fault tolerance.
+    pub fn recovery_bound(&self) -> Option<Duration> {
+        fault_tolerance_every(&self.args)?;
+        let ms = std::env::var(ENV_STAGE_TIMEOUT_MS)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .unwrap_or(DEFAULT_STAGE_TIMEOUT_MS);
+        Some(Duration::from_millis(ms))
+    }
+
     fn command_line(&self) -> Vec<String> {
         std::iter::once(&self.program)
             .chain(&self.args)
             .map(|a| a.to_string_lossy().into_owned())
             .collect()
     }
+}
+
+/// The runtime's bound on each stage of a rescale, a recovery's included
+/// (docs/elasticity.md, "Bounds"), in ms.
+pub const ENV_STAGE_TIMEOUT_MS: &str = "DUCTILE_RESCALE_STAGE_TIMEOUT_MS";
+/// Its default.
+pub const DEFAULT_STAGE_TIMEOUT_MS: u64 = 30_000;
+pub use crate::contract::FT_EVERY_FLAG;
+
+/// K of the program arguments' last `+ft-every K` (or `+ft-every=K`), when
+/// it is a whole number of at least 1: the job runs with fault tolerance.
+pub fn fault_tolerance_every<S: AsRef<OsStr>>(args: &[S]) -> Option<u64> {
+    let mut every = None;
+    let mut it = args.iter().map(|a| a.as_ref().to_string_lossy());
+    while let Some(arg) = it.next() {
+        let value = if arg == FT_EVERY_FLAG {
+            it.next().map(|v| v.into_owned())
+        } else if let Some(v) = arg
+            .strip_prefix(FT_EVERY_FLAG)
+            .and_then(|r| r.strip_prefix('='))
+        {
+            Some(v.to_owned())
+        } else {
+            continue;
+        };
+        every = value
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&k| k >= 1);
+    }
+    every
 }
 
 /// Why a job could not be launched (nothing of it is left running).
@@ -975,6 +1021,28 @@ mod tests {
         std::fs::write(&path, "#!/bin/sh\n").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
         path
+    }
+
+    #[test]
+    fn fault_tolerance_is_read_from_the_programs_arguments() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(fault_tolerance_every(&args(&["--iters", "5"])), None);
+        assert_eq!(
+            fault_tolerance_every(&args(&["+ft-every", "5", "--iters", "9"])),
+            Some(5)
+        );
+        assert_eq!(fault_tolerance_every(&args(&["+ft-every=3"])), Some(3));
+        assert_eq!(fault_tolerance_every(&args(&["+ft-every", "0"])), None);
+        assert_eq!(fault_tolerance_every(&args(&["+ft-every"])), None);
+        assert_eq!(
+            fault_tolerance_every(&args(&["+ft-every=2", "+ft-every", "7"])),
+            Some(7)
+        );
+        assert_eq!(fault_tolerance_every(&args(&["+ft-everyone"])), None);
+        let mut spec = JobSpec::new("p", args(&["+ft-every", "5"]), 2, 1, PathBuf::from("/tmp"));
+        assert!(spec.recovery_bound().is_some());
+        spec.args = args(&["--iters", "5"]);
+        assert_eq!(spec.recovery_bound(), None);
     }
 
     #[test]

@@ -10,7 +10,18 @@
 //! - The job ends normally after the runtime's shutdown barrier: every member
 //!   and the coordinator exit with the same code. That code is the job's (node
 //!   0's; a member that disagrees is reported).
-//! - A launch node killed by a signal is a failure, at any time.
+//! - A launch node killed by a signal is a failure, at any time, unless
+//!   the job runs with fault tolerance ([`Limits::recovery`], the runtime's
+//!   `+ft-every K`): then a member other than node 0 killed after the start
+//!   and before the finish is judged by the views asked for after its death.
+//!   The runtime's recovery commits a view without it (node 0 rolls every
+//!   survivor back to the last in-memory checkpoint): one that no longer
+//!   lists its pid means the job recovered, which is said once, and the job
+//!   goes on. A view that still lists it is no verdict (the recovery's
+//!   commit takes time); past the recovery bound plus the grace with no
+//!   view without it, the job fails naming the node. A finish that begins
+//!   meanwhile ends with the kill as its cause, unless every member then
+//!   exits 0 (only a recovered job ends that way).
 //! - Before the job started (the coordinator's start barrier), any node exit
 //!   is a failure: a launch node cannot be replaced. Because a short job can
 //!   start and end between two looks at the coordinator, an exit seen before
@@ -88,6 +99,12 @@ pub struct Limits {
     /// waits for a member to exit too (the shutdown barrier ended) before
     /// it is taken for lost and restarted.
     pub coordinator_settle: Duration,
+    /// With fault tolerance (the program runs with `+ft-every K`): how long
+    /// the runtime's recovery may take to commit a view without a member
+    /// killed by a signal (its rescale stage bound); the supervisor waits
+    /// this plus `exit_grace` for such a view. `None`: a killed member
+    /// fails the job at once.
+    pub recovery: Option<Duration>,
 }
 
 /// Pause between two attempts at restarting the coordinator.
@@ -141,6 +158,20 @@ pub enum JobEnd {
 /// Why a job failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
+    /// With fault tolerance: a member killed by a signal was still in
+    /// every view asked for within the recovery bound plus the grace.
+    NotRecovered {
+        /// Which one.
+        who: Who,
+        /// Its pid.
+        pid: u32,
+        /// How it ended.
+        exit: Exit,
+        /// When, since launch.
+        at: Duration,
+        /// How long the supervisor waited for a view without it.
+        waited: Duration,
+    },
     /// A launch node or an admitted newcomer was killed by a signal.
     NodeKilled {
         /// Which one.
@@ -310,6 +341,18 @@ impl fmt::Display for Failure {
             Failure::NodeKilled { who, pid, exit, at } => {
                 write!(f, "{who} (pid {pid}) {exit} at {}", secs(*at))
             }
+            Failure::NotRecovered {
+                who,
+                pid,
+                exit,
+                at,
+                waited,
+            } => write!(
+                f,
+                "{who} (pid {pid}) {exit} at {} and the job did not recover without it within {} (the coordinator's view still lists it)",
+                secs(*at),
+                secs(*waited)
+            ),
             Failure::NodeExitedBeforeStart {
                 index,
                 pid,
@@ -458,6 +501,10 @@ struct Slot {
     /// It exited with an error code and a view asked for after its exit
     /// is to say whether it was still a member (launch nodes other than 0).
     awaiting_view: bool,
+    /// It was killed by a signal while the job runs with fault tolerance: a
+    /// view asked for after its death that no longer lists it says the job
+    /// recovered without it.
+    recovering: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -469,6 +516,9 @@ struct NewcomerSlot {
     admitted: bool,
     /// Its exit has been judged (as a member's, or as a drop).
     judged: bool,
+    /// Killed by a signal as a member, with fault tolerance: waits for a
+    /// view without it (see [`Slot::recovering`]).
+    recovering: bool,
     /// Whether a view asked for after its start has been seen.
     followed: bool,
     /// A commit happened unseen since it was followed (the epoch jumped).
@@ -517,6 +567,8 @@ pub struct Supervisor {
     down: Option<Down>,
     /// Restart attempts so far in the job.
     restart_attempts: u32,
+    /// Killed members the job recovered without (fault tolerance).
+    recoveries: u32,
 }
 
 impl Supervisor {
@@ -530,6 +582,7 @@ impl Supervisor {
                     pid,
                     exit: None,
                     awaiting_view: false,
+                    recovering: false,
                 })
                 .collect(),
             newcomers: BTreeMap::new(),
@@ -538,6 +591,7 @@ impl Supervisor {
                 pid: coordinator_pid,
                 exit: None,
                 awaiting_view: false,
+                recovering: false,
             },
             limits,
             started: false,
@@ -549,6 +603,7 @@ impl Supervisor {
             epoch: None,
             down: None,
             restart_attempts: 0,
+            recoveries: 0,
         }
     }
 
@@ -632,6 +687,7 @@ impl Supervisor {
             }
         }
         self.judge_awaiting(asked_at, member_pids);
+        self.judge_recovering(asked_at, member_pids);
     }
 
     /// The coordinator's recent admissions, `(epoch, pid)` each, asked for
@@ -691,6 +747,7 @@ impl Supervisor {
             exit: None,
             admitted: false,
             judged: false,
+            recovering: false,
             followed: false,
             missed_commit: false,
             epoch_at_spawn: self.epoch.unwrap_or(0),
@@ -763,7 +820,7 @@ impl Supervisor {
         let settled: Vec<usize> = self
             .newcomers
             .iter()
-            .filter(|(_, s)| s.judged && s.exit.is_some())
+            .filter(|(_, s)| s.judged && !s.recovering && s.exit.is_some())
             .map(|(&n, _)| n)
             .collect();
         for n in &settled {
@@ -803,7 +860,8 @@ impl Supervisor {
         self.end.is_none()
             && (!self.started
                 || self.newcomers.values().any(|s| !s.admitted && !s.judged)
-                || self.nodes.iter().any(|s| s.awaiting_view))
+                || self.nodes.iter().any(|s| s.awaiting_view)
+                || self.recovering().next().is_some())
     }
 
     fn drop_newcomer(&mut self, n: usize, exit: Exit, at: Duration) {
@@ -821,13 +879,30 @@ impl Supervisor {
     }
 
     /// A member (launch node, or admitted newcomer) ended at `at`, after the
-    /// start: a signal fails the job, other exits may begin the finish.
+    /// start: a signal fails the job (with fault tolerance, unless the job
+    /// recovers without it), other exits may begin the finish.
     fn judge_member_exit(&mut self, who: Who, pid: u32, exit: Exit, at: Duration) {
         if self.end.is_some() {
             return;
         }
         self.settle_coordinator();
         if let Exit::Signal { .. } = exit {
+            let recoverable = self.limits.recovery.is_some()
+                && self.started
+                && self.finish.is_none()
+                && who != Who::Node(0);
+            if recoverable {
+                match who {
+                    Who::Node(i) => self.nodes[i].recovering = true,
+                    Who::Newcomer(n) => {
+                        if let Some(slot) = self.newcomers.get_mut(&n) {
+                            slot.recovering = true;
+                        }
+                    }
+                    Who::Coordinator => {}
+                }
+                return;
+            }
             self.end = Some(JobEnd::Failed(Failure::NodeKilled { who, pid, exit, at }));
             return;
         }
@@ -899,6 +974,59 @@ impl Supervisor {
                 ));
             }
         }
+    }
+
+    /// Members killed while the job runs with fault tolerance, not yet
+    /// seen gone from a view: (who, pid, exit, when), in no set order.
+    fn recovering(&self) -> impl Iterator<Item = (Who, u32, Exit, Duration)> + '_ {
+        let nodes = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.recovering)
+            .filter_map(|(i, s)| s.exit.map(|(e, at)| (Who::Node(i), s.pid, e, at)));
+        let newcomers = self
+            .newcomers
+            .iter()
+            .filter(|(_, s)| s.recovering)
+            .filter_map(|(&n, s)| s.exit.map(|(e, at)| (Who::Newcomer(n), s.pid, e, at)));
+        nodes.chain(newcomers)
+    }
+
+    fn stop_recovering(&mut self, who: Who) {
+        match who {
+            Who::Node(i) => self.nodes[i].recovering = false,
+            Who::Newcomer(n) => {
+                if let Some(slot) = self.newcomers.get_mut(&n) {
+                    slot.recovering = false;
+                }
+            }
+            Who::Coordinator => {}
+        }
+    }
+
+    /// Killed members whose recovery awaits a view: the view asked for at
+    /// `asked_at` lists the pids of the members. One it no longer lists was
+    /// removed by the runtime's recovery; one it lists is not judged yet.
+    fn judge_recovering(&mut self, asked_at: Duration, member_pids: &[u32]) {
+        let recovered: Vec<(Who, u32, Exit)> = self
+            .recovering()
+            .filter(|&(_, pid, _, at)| asked_at >= at && !member_pids.contains(&pid))
+            .map(|(who, pid, exit, _)| (who, pid, exit))
+            .collect();
+        for (who, pid, exit) in recovered {
+            self.stop_recovering(who);
+            self.recoveries += 1;
+            self.notes.push(format!(
+                "{who} (pid {pid}) {exit}; the job recovered without it"
+            ));
+        }
+    }
+
+    /// Members killed while the job runs with fault tolerance and seen
+    /// gone from a view since the launch: the job recovered without them.
+    pub fn recoveries(&self) -> u32 {
+        self.recoveries
     }
 
     /// Lines for the user about exits that did not end the job.
@@ -1020,6 +1148,7 @@ impl Supervisor {
                     pid,
                     exit: None,
                     awaiting_view: false,
+                    recovering: false,
                 };
                 self.down = None;
             }
@@ -1070,10 +1199,61 @@ impl Supervisor {
         if let Some((at, i)) = unanswered {
             self.begin_finish(Who::Node(i), at);
         }
+        // A killed member still in every view this long after its death:
+        // the runtime did not recover (or could not tell us it did).
+        if let (Some(bound), None) = (self.limits.recovery, &self.end) {
+            let waited = bound + self.limits.exit_grace;
+            let overdue = self
+                .recovering()
+                .filter(|&(_, _, _, at)| now >= at + waited)
+                .min_by_key(|&(who, _, _, at)| (at, who.to_string()));
+            if let Some((who, pid, exit, at)) = overdue {
+                self.end = Some(JobEnd::Failed(Failure::NotRecovered {
+                    who,
+                    pid,
+                    exit,
+                    at,
+                    waited,
+                }));
+            }
+        }
         if self.end.is_none() {
-            self.end = self.judge(now);
+            self.end = self.judge(now).map(|end| self.after_a_kill(end));
         }
         self.end.clone()
+    }
+
+    /// The verdict `end`, reached while killed members still waited for a
+    /// view without them: a job whose members all exited 0 recovered (the
+    /// runtime ends it with an error when it cannot), said once each; any
+    /// other end of the finish has the earliest kill as its cause.
+    fn after_a_kill(&mut self, end: JobEnd) -> JobEnd {
+        let mut killed: Vec<(Who, u32, Exit, Duration)> = self.recovering().collect();
+        if killed.is_empty() {
+            return end;
+        }
+        killed.sort_by_key(|&(who, _, _, at)| (at, who.to_string()));
+        match end {
+            JobEnd::Completed {
+                code: 0,
+                ref disagreeing,
+            } if disagreeing.is_empty() => {
+                for (who, pid, exit, _) in killed {
+                    self.stop_recovering(who);
+                    self.recoveries += 1;
+                    self.notes.push(format!(
+                        "{who} (pid {pid}) {exit}; the job recovered without it and completed"
+                    ));
+                }
+                end
+            }
+            JobEnd::Completed { .. }
+            | JobEnd::Failed(Failure::Stragglers { .. } | Failure::Disagreement { .. }) => {
+                let (who, pid, exit, at) = killed[0];
+                JobEnd::Failed(Failure::NodeKilled { who, pid, exit, at })
+            }
+            other => other,
+        }
     }
 
     /// Who counts as running for the finish: launch nodes and admitted
@@ -1233,6 +1413,7 @@ mod tests {
                 launch_timeout: None,
                 coordinator_restarts: 0,
                 coordinator_settle: SETTLE,
+                recovery: None,
             },
         )
     }
@@ -1319,6 +1500,7 @@ mod tests {
                 launch_timeout: Some(s(launch_timeout)),
                 coordinator_restarts: 0,
                 coordinator_settle: SETTLE,
+                recovery: None,
             },
         )
     }
@@ -1598,6 +1780,7 @@ mod tests {
                 launch_timeout: None,
                 coordinator_restarts: 0,
                 coordinator_settle: SETTLE,
+                recovery: None,
             },
         );
         sup.job_started();
@@ -2301,6 +2484,7 @@ mod tests {
                     launch_timeout: Some(s(60.0)),
                     coordinator_restarts: 2,
                     coordinator_settle: SETTLE,
+                    recovery: None,
                 },
             );
             for step in *steps {
@@ -2349,6 +2533,7 @@ mod tests {
                 launch_timeout: None,
                 coordinator_restarts: 3,
                 coordinator_settle: SETTLE,
+                recovery: None,
             },
         );
         sup.job_started();
@@ -2378,5 +2563,262 @@ mod tests {
         let mut sup = sup(n);
         sup.job_started();
         sup
+    }
+
+    /// The runtime's recovery bound the fault-tolerance tests run with.
+    const RECOVERY: Duration = Duration::from_secs(30);
+
+    /// `sup(n)` for a job that runs with `+ft-every`, seen started with
+    /// every launch node in the view of epoch 1.
+    fn sup_ft(n: usize) -> Supervisor {
+        let pids: Vec<u32> = (0..n as u32).map(|i| 100 + i).collect();
+        let mut sup = Supervisor::new(
+            &pids,
+            99,
+            Limits {
+                exit_grace: GRACE,
+                timeout: None,
+                launch_timeout: None,
+                coordinator_restarts: 0,
+                coordinator_settle: SETTLE,
+                recovery: Some(RECOVERY),
+            },
+        );
+        sup.members_seen(s(0.5), 1, &pids);
+        sup
+    }
+
+    fn end_normally(sup: &mut Supervisor, nodes: &[usize], at: f64) -> Option<JobEnd> {
+        for &i in nodes {
+            sup.node_exited(i, Exit::Code(0), s(at));
+        }
+        sup.coordinator_exited(Exit::Code(0), s(at));
+        sup.poll(s(at + 0.1))
+    }
+
+    /// Issue 20: with fault tolerance, a node other than 0 killed without
+    /// notice is judged by the views after its death. One that still lists
+    /// it is no verdict (the recovery's commit takes time); the first one
+    /// without it says the job recovered, once, and the job goes on to end
+    /// normally.
+    #[test]
+    fn with_fault_tolerance_a_killed_node_the_view_drops_is_a_recovery() {
+        let mut sup = sup_ft(4);
+        sup.node_exited(2, KILL, s(3.0));
+        assert_eq!(sup.poll(s(3.0)), None, "a kill is not a verdict yet");
+        assert!(sup.wants_views(), "its recovery waits for a view");
+        // Asked before the kill: says nothing about it.
+        sup.members_seen(s(2.9), 2, &[100, 101, 103]);
+        assert!(sup.take_notes().is_empty());
+        // Asked after, still listing it: the recovery has not committed.
+        sup.members_seen(s(3.1), 1, &[100, 101, 102, 103]);
+        assert!(sup.take_notes().is_empty());
+        assert_eq!(sup.poll(s(3.0) + RECOVERY), None, "within the bound");
+        sup.members_seen(s(3.4), 2, &[100, 101, 103]);
+        assert_eq!(
+            sup.take_notes(),
+            vec!["node 2 (pid 102) was killed by signal 9 (SIGKILL); the job recovered without it"]
+        );
+        assert_eq!(sup.recoveries(), 1);
+        assert!(!sup.wants_views());
+        sup.members_seen(s(3.6), 2, &[100, 101, 103]);
+        assert!(sup.take_notes().is_empty(), "said once");
+        assert_eq!(sup.poll(s(3.0) + RECOVERY + GRACE + s(60.0)), None);
+        assert_eq!(
+            end_normally(&mut sup, &[0, 1, 3], 200.0),
+            Some(JobEnd::Completed {
+                code: 0,
+                disagreeing: vec![]
+            })
+        );
+    }
+
+    /// A killed node that every view still lists past the recovery bound
+    /// plus the grace fails the job, naming it; not a moment before.
+    #[test]
+    fn with_fault_tolerance_a_killed_node_still_in_the_view_fails_the_job_after_the_bound() {
+        let mut sup = sup_ft(3);
+        sup.node_exited(1, KILL, s(5.0));
+        for k in 1..40 {
+            sup.members_seen(s(5.0 + f64::from(k)), 1, &[100, 101, 102]);
+        }
+        assert_eq!(sup.poll(s(5.0) + RECOVERY + GRACE - s(0.1)), None);
+        let end = sup.poll(s(5.0) + RECOVERY + GRACE).unwrap();
+        assert_eq!(
+            end,
+            JobEnd::Failed(Failure::NotRecovered {
+                who: Who::Node(1),
+                pid: 101,
+                exit: KILL,
+                at: s(5.0),
+                waited: RECOVERY + GRACE,
+            })
+        );
+        assert_eq!(end.exit_code(), 1);
+        assert!(
+            end.message()
+                .unwrap()
+                .starts_with("node 1 (pid 101) was killed by signal 9 (SIGKILL) at 5.0s and the job did not recover"),
+            "{end:?}"
+        );
+        // Without any view at all, the same bound.
+        let mut sup = sup_ft(3);
+        sup.node_exited(1, KILL, s(5.0));
+        assert_eq!(sup.poll(s(5.0) + RECOVERY + GRACE - s(0.1)), None);
+        assert!(matches!(
+            sup.poll(s(5.0) + RECOVERY + GRACE),
+            Some(JobEnd::Failed(Failure::NotRecovered {
+                who: Who::Node(1),
+                ..
+            }))
+        ));
+    }
+
+    /// What fault tolerance does not cover fails at once, as without it:
+    /// node 0 killed (the job's root), a kill before the start (no
+    /// checkpoint yet), a kill while the job finishes.
+    #[test]
+    fn with_fault_tolerance_node_zero_an_early_kill_and_a_kill_in_the_finish_still_fail_at_once() {
+        let mut sup = sup_ft(3);
+        sup.node_exited(0, KILL, s(2.0));
+        assert!(matches!(
+            sup.poll(s(2.0)),
+            Some(JobEnd::Failed(Failure::NodeKilled {
+                who: Who::Node(0),
+                pid: 100,
+                ..
+            }))
+        ));
+
+        let mut sup = Supervisor::new(
+            &[100, 101],
+            99,
+            Limits {
+                exit_grace: GRACE,
+                timeout: None,
+                launch_timeout: None,
+                coordinator_restarts: 0,
+                coordinator_settle: SETTLE,
+                recovery: Some(RECOVERY),
+            },
+        );
+        sup.node_exited(1, KILL, s(0.2));
+        assert!(matches!(
+            sup.poll(s(0.2)),
+            Some(JobEnd::Failed(Failure::NodeKilled {
+                who: Who::Node(1),
+                ..
+            }))
+        ));
+
+        let mut sup = sup_ft(2);
+        sup.node_exited(0, Exit::Code(0), s(1.0));
+        sup.node_exited(1, KILL, s(1.1));
+        assert!(matches!(
+            sup.poll(s(1.1)),
+            Some(JobEnd::Failed(Failure::NodeKilled {
+                who: Who::Node(1),
+                ..
+            }))
+        ));
+    }
+
+    /// Without fault tolerance a kill fails the job at once, and a later
+    /// view without the node changes nothing.
+    #[test]
+    fn without_fault_tolerance_a_view_without_the_killed_node_changes_nothing() {
+        let mut sup = sup(3);
+        sup.members_seen(s(0.5), 1, &[100, 101, 102]);
+        sup.node_exited(2, KILL, s(3.0));
+        sup.members_seen(s(3.2), 2, &[100, 101]);
+        assert!(sup.take_notes().is_empty());
+        assert_eq!(sup.recoveries(), 0);
+        assert!(matches!(
+            sup.poll(s(3.2)),
+            Some(JobEnd::Failed(Failure::NodeKilled {
+                who: Who::Node(2),
+                pid: 102,
+                ..
+            }))
+        ));
+    }
+
+    /// A short job can recover and end between two looks at the
+    /// coordinator. Every member exiting 0 says it recovered (the runtime
+    /// ends the job with an error when it cannot); an error says the kill
+    /// was the cause, and the failure names the killed node.
+    #[test]
+    fn with_fault_tolerance_the_finish_judges_a_kill_no_view_has_settled() {
+        let mut sup = sup_ft(3);
+        sup.node_exited(2, KILL, s(3.0));
+        let end = end_normally(&mut sup, &[0, 1], 3.5);
+        assert_eq!(
+            end,
+            Some(JobEnd::Completed {
+                code: 0,
+                disagreeing: vec![]
+            })
+        );
+        assert_eq!(
+            sup.take_notes(),
+            vec!["node 2 (pid 102) was killed by signal 9 (SIGKILL); the job recovered without it and completed"]
+        );
+        assert_eq!(sup.recoveries(), 1);
+
+        // No complete checkpoint yet: the runtime ends the job with an error.
+        let mut sup = sup_ft(3);
+        sup.node_exited(2, KILL, s(3.0));
+        sup.node_exited(0, Exit::Code(EXIT_NODE_ABORTED), s(3.2));
+        sup.node_exited(1, Exit::Code(EXIT_NODE_ABORTED), s(3.2));
+        sup.coordinator_exited(Exit::Code(EXIT_NODE_ABORTED), s(3.2));
+        assert_eq!(
+            sup.poll(s(3.3)),
+            Some(JobEnd::Failed(Failure::NodeKilled {
+                who: Who::Node(2),
+                pid: 102,
+                exit: KILL,
+                at: s(3.0)
+            }))
+        );
+        assert!(sup.take_notes().is_empty());
+
+        // The others hang after node 0's error: still the kill's fault.
+        let mut sup = sup_ft(3);
+        sup.node_exited(2, KILL, s(3.0));
+        sup.node_exited(0, Exit::Code(1), s(3.2));
+        assert_eq!(sup.poll(s(3.2) + GRACE - s(0.1)), None);
+        assert!(matches!(
+            sup.poll(s(3.2) + GRACE),
+            Some(JobEnd::Failed(Failure::NodeKilled {
+                who: Who::Node(2),
+                ..
+            }))
+        ));
+    }
+
+    /// An admitted newcomer (a replacement) killed without notice is
+    /// recovered from as a launch node is, and is not let go before.
+    #[test]
+    fn with_fault_tolerance_a_killed_newcomer_the_view_drops_is_a_recovery() {
+        let mut sup = sup_ft(2);
+        let n = sup.newcomer_spawned(200, s(1.0));
+        sup.members_seen(s(2.0), 2, &[100, 101, 200]);
+        assert!(sup.newcomer_admitted(n));
+        sup.newcomer_exited(n, KILL, s(4.0));
+        assert_eq!(sup.poll(s(4.0)), None);
+        assert!(sup.forget_settled().is_empty(), "held until judged");
+        sup.members_seen(s(4.1), 2, &[100, 101, 200]);
+        assert!(sup.take_notes().is_empty());
+        sup.members_seen(s(4.5), 3, &[100, 101]);
+        assert_eq!(
+            sup.take_notes(),
+            vec!["newcomer 0 (pid 200) was killed by signal 9 (SIGKILL); the job recovered without it"]
+        );
+        assert_eq!(sup.forget_settled(), vec![n]);
+        assert_eq!(sup.poll(s(100.0)), None);
+        assert!(matches!(
+            end_normally(&mut sup, &[0, 1], 101.0),
+            Some(JobEnd::Completed { code: 0, .. })
+        ));
     }
 }

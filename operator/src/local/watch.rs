@@ -125,6 +125,7 @@ impl<'a, 'j> Watch<'a, 'j> {
             launch_timeout: Some(spec.launch_timeout),
             coordinator_restarts: spec.coordinator_restarts,
             coordinator_settle: spec.coordinator_settle,
+            recovery: spec.recovery_bound(),
         };
         let probe_done = Arc::new(AtomicBool::new(false));
         let probe_watch = Arc::new(AtomicBool::new(true));
