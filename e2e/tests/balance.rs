@@ -302,3 +302,71 @@ fn steady_state_steps_move_only_when_the_gain_is_worth_it() {
         skewed.join("\n")
     );
 }
+
+/// Rate-aware balancing on a mixed-speed shape (PEs 0 and 2 at full speed,
+/// PE 1 at a quarter, emulated with `+pe-speed`) gives the fast PEs more
+/// blocks than the slow one, and the result does not change. Where the
+/// blocks are is read from the statistics the job dumped at its last step:
+/// the placement the earlier steps left. (Speeds 1, 1/2 and 1/4 are not
+/// ordered reliably on a loaded machine: one run here left [43, 7, 14].)
+#[test]
+fn rate_aware_balancing_puts_more_blocks_on_faster_pes() {
+    let spec = Spec {
+        nx: 512,
+        ny: 512,
+        bx: 64,
+        by: 64,
+        iters: 60,
+        residual_every: 10,
+        lb_every: 0,
+    };
+    let want = format!("{:016x}", reference(&spec));
+    let dump = tempfile::tempdir().expect("temp dir");
+    let dir = dump.path().to_str().expect("utf-8 path");
+    let job = run(
+        3,
+        1,
+        "jacobi2d",
+        &[
+            "--grid",
+            "512",
+            "--block",
+            "64",
+            "--iters",
+            "60",
+            "--residual-every",
+            "10",
+            "--lb-every",
+            "10",
+            "--quiet",
+            "+lb",
+            "ContiguousRateAware",
+            "+lb-dump",
+            dir,
+            "+pe-speed",
+            "1:0.25",
+        ],
+    );
+    job.expect_code(0, "jacobi2d, ContiguousRateAware on PEs of speeds 1, 1/4, 1");
+    assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
+    // Five steps (iterations 10 to 50); the last one's statistics show
+    // where steps 1 to 4 put the 64 blocks.
+    let last = dump.path().join(
+        std::fs::read_dir(dump.path())
+            .expect("dump dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with("-5.json"))
+            .next()
+            .expect("statistics of step 5 dumped"),
+    );
+    let stats = ductile::lb::stats::LbStats::load(&last).expect("statistics load");
+    let mut blocks = [0usize; 3];
+    for o in &stats.objs {
+        blocks[o.pe as usize] += 1;
+    }
+    assert_eq!(blocks.iter().sum::<usize>(), 64);
+    assert!(
+        blocks[1] < blocks[0] && blocks[1] < blocks[2] && blocks[1] < 64 / 3,
+        "blocks per PE {blocks:?}: the quarter-speed PE 1 must hold fewer than each fast PE and than an even share (1 : 1/4 : 1 is 28 : 7 : 28)"
+    );
+}

@@ -22,7 +22,9 @@
 //!   with emergency rescales, and CompleteReplacement waiting late in the
 //!   notice window for the replacement (one commit per notice);
 //! * `hetero`: two instance types of different real speed (quota), load
-//!   balancing rate-aware against none, and against the ideal.
+//!   balancing rate-aware against none, against the ideal: an equal-speed
+//!   fleet of as many instances with the same total quota, run interleaved
+//!   in the same sitting (`--repeat` runs of each, medians).
 //!
 //! This machine has few cores: every instance is one PE, the quotas share
 //! 90% of the cores, and the oversubscription is printed with each table.
@@ -42,7 +44,11 @@ struct Run {
     grid: u32,
     block: u32,
     iters: u32,
+    /// Iterations between load-balancing steps (`--lb-every`).
+    lb_every: u32,
     lb: &'static str,
+    /// More runtime options for the job (e.g. `+lb-dump DIR`).
+    extra: Vec<String>,
     /// The rebalance policy's mode.
     mode: &'static str,
     /// How rescales are carried out: `ductile cloud --mode`.
@@ -73,7 +79,7 @@ spec:
       containers:
         - name: node
           image: apps
-          command: [jacobi2d, --grid, '{g}', --block, '{b}', --iters, '{i}', --residual-every, '100', --lb-every, '20', +lb, {lb}]
+          command: [jacobi2d, --grid, '{g}', --block, '{b}', --iters, '{i}', --residual-every, '100', --lb-every, '{le}', +lb, {lb}{extra}]
           env: [{{ name: DUCTILE_LOG, value: warn }}]
   onDemand: {{ replicas: 1 }}
   rescalePolicy:
@@ -85,7 +91,9 @@ spec:
             g = self.grid,
             b = self.block,
             i = self.iters,
+            le = self.lb_every,
             lb = self.lb,
+            extra = self.extra.iter().map(|a| format!(", '{a}'")).collect::<String>(),
             mode = self.mode,
             em = self.emergency
         )
@@ -123,6 +131,8 @@ struct Outcome {
     mechanisms: Vec<f64>,
     /// Elements the relaunched jobs' first steps moved, summed (relaunching modes).
     moved: u64,
+    /// `cloud.json`'s record.
+    record: Value,
 }
 
 const HOMOGENEOUS: &str = "instanceTypes:
@@ -194,6 +204,7 @@ impl Bench {
             moved: record["record"]["rescales"]
                 .as_array()
                 .map_or(0, |r| r.iter().filter_map(|r| r["migrations"].as_u64()).sum()),
+            record: record["record"].clone(),
         })
     }
 
@@ -204,6 +215,8 @@ impl Bench {
             grid: if self.quick { 512 } else { 1024 },
             block: 64,
             iters: if self.quick { iters / 4 } else { iters },
+            lb_every: 20,
+            extra: Vec::new(),
             // Jacobi2D's load is uniform: no steady-state balancing, so the
             // runs differ only by what the cloud did (a rescale still
             // evacuates and populates with +lb-rescale's strategy).
@@ -397,43 +410,139 @@ fn staggered(b: &Bench) -> Result<Value> {
     Ok(json!(out))
 }
 
-/// Two instance types of different real speed; rate-aware balancing.
-fn hetero(b: &Bench) -> Result<Value> {
+/// Blocks per PE in the last statistics a job dumped (`+lb-dump DIR`): the
+/// placement its last step measured.
+fn blocks_per_pe(dump: &Path) -> Vec<u64> {
+    let last = std::fs::read_dir(dump)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let step: u64 = name.strip_suffix(".json")?.rsplit('-').next()?.parse().ok()?;
+            Some((step, name))
+        })
+        .max();
+    let Some((_, name)) = last else { return Vec::new() };
+    let Ok(stats) = std::fs::read_to_string(dump.join(name)).map_err(anyhow::Error::from).and_then(|t| Ok(serde_json::from_str::<Value>(&t)?)) else {
+        return Vec::new();
+    };
+    let pes = stats["pes"].as_array().map_or(0, Vec::len);
+    let mut count = vec![0u64; pes];
+    for o in stats["objs"].as_array().into_iter().flatten() {
+        if let Some(c) = o["pe"].as_u64().and_then(|p| count.get_mut(p as usize)) {
+            *c += 1;
+        }
+    }
+    count
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Two instance types of different real speed (quota), balanced rate-aware
+/// or not, against the ideal: the same job on an equal-speed fleet of as
+/// many instances with the same total quota, run in the same sitting,
+/// interleaved with the mixed runs so that the machine's load falls on
+/// both alike.
+fn hetero(b: &Bench, repeat: usize) -> Result<Value> {
     let types = "instanceTypes:
   - { name: fast, pes: 1, speed: 1.0, price: { onDemand: 0.1, spot: 0.04 } }
   - { name: slow, pes: 1, speed: 0.5, price: { onDemand: 0.05, spot: 0.02 } }
+  - { name: even, pes: 1, speed: 0.75, price: { onDemand: 0.075, spot: 0.03 } }
 ";
     let cpu = 0.6;
-    let mut homog = b.base("2 fast instances (work measure)", 2, 1500);
-    homog.fleet = format!("{types}fleet: {{ onDemand: fast, spot: [fast] }}\n");
-    homog.cpu_per_speed = Some(cpu);
-    let w = b.run(&homog)?;
-    // Work in speed-seconds; the mixed fleet has 1 + 1 + 0.5 + 0.5 = 3 speed units.
-    let ideal = w.seconds * 2.0 / 3.0;
-    let mut rows = Vec::new();
-    let mut out = vec![json!({ "label": w.label, "seconds": w.seconds, "idealMixedSeconds": ideal })];
-    for lb in ["Null", "GreedyRefine", "GreedyRefineRateAware", "ContiguousRateAware"] {
-        let mut r = b.base(&format!("2 fast + 2 slow, +lb {lb}"), 4, 1500);
-        r.fleet = format!("{types}fleet: {{ onDemand: fast, spot: [slow, fast, slow] }}\n");
-        r.cpu_per_speed = Some(cpu);
-        r.lb = lb;
-        let o = b.run(&r)?;
-        rows.push(format!(
-            "| {} | {:.2} | {:+.1}% | {} |",
-            o.label,
-            o.seconds,
-            100.0 * (o.seconds / ideal - 1.0),
-            if o.checksum == w.checksum { "same" } else { "DIFFERS" }
-        ));
-        out.push(json!({ "label": o.label, "seconds": o.seconds, "aboveIdealPct": 100.0 * (o.seconds / ideal - 1.0), "checksumEqual": o.checksum == w.checksum }));
+    // Mixed: 0.6 + 0.3 + 0.6 + 0.3 cores; equal: 4 x 0.45, the same 1.8.
+    let mixed = format!("{types}fleet: {{ onDemand: fast, spot: [slow, fast, slow] }}\n");
+    let equal = format!("{types}fleet: {{ onDemand: even, spot: [even, even, even] }}\n");
+    let configs: [(&str, &String, &'static str); 4] = [
+        ("equal 4 x 0.45 core (ideal)", &equal, "Null"),
+        ("equal 4 x 0.45 core", &equal, "ContiguousRateAware"),
+        ("mixed 2 x 0.6 + 2 x 0.3 core", &mixed, "Null"),
+        ("mixed 2 x 0.6 + 2 x 0.3 core", &mixed, "ContiguousRateAware"),
+    ];
+    // Compute-bound and short: 2048² in 128² blocks (256 blocks, 4x the
+    // work per message of 1024² in 64² blocks), a step every 50 iterations.
+    let (grid, block, iters) = if b.quick { (1024, 64, 200) } else { (2048, 128, 400) };
+    let mut seconds = vec![Vec::new(); configs.len()];
+    let mut runs = Vec::new();
+    let mut reference: Option<String> = None;
+    let mut same = true;
+    for rep in 0..repeat {
+        for (c, (fleet_label, fleet, lb)) in configs.iter().enumerate() {
+            let label = format!("{fleet_label}, +lb {lb}, run {}", rep + 1);
+            // A short name: the run's directory holds the launcher's socket.
+            let mut r = b.base(&format!("het{c}r{rep}"), 4, iters);
+            r.grid = grid;
+            r.block = block;
+            r.iters = iters;
+            r.lb_every = 50;
+            r.lb = lb;
+            r.fleet = (*fleet).clone();
+            r.cpu_per_speed = Some(cpu);
+            let dump = b.dir.join(format!("hetero-dump-{c}-{rep}"));
+            let _ = std::fs::remove_dir_all(&dump);
+            r.extra = vec!["+lb-report".into(), "+lb-dump".into(), dump.display().to_string()];
+            let load = bench::loadavg().unwrap_or_default();
+            let o = b.run(&r)?;
+            let blocks = blocks_per_pe(&dump);
+            // Steps that moved blocks (the others kept the placement).
+            let log = std::fs::read_to_string(b.dir.join(&r.label).join("job.log")).unwrap_or_default();
+            let steps = log.lines().filter(|l| l.starts_with("lb step=")).count();
+            let moving = log.lines().filter(|l| l.starts_with("lb step=") && !l.contains(" migrations=0 ")).count();
+            let _ = std::fs::remove_dir_all(&dump);
+            same &= reference.get_or_insert_with(|| o.checksum.clone()) == &o.checksum;
+            seconds[c].push(o.seconds);
+            runs.push(json!({
+                "fleet": fleet_label, "lb": lb, "run": rep + 1, "seconds": o.seconds, "checksum": o.checksum,
+                "blocksPerPe": blocks, "lbSteps": steps, "movingSteps": moving, "throttled": o.record["throttled"], "loadBefore": load,
+            }));
+            let throttled: Vec<String> = o.record["throttled"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| format!("{:.2}", t["seconds"].as_f64().unwrap_or(0.0)))
+                .collect();
+            eprintln!(
+                "{label}: {:.2} s, blocks per PE {blocks:?} (measured at the last step), {moving} of {steps} steps moved, throttled s per instance [{}], load {load}",
+                o.seconds,
+                throttled.join(", ")
+            );
+        }
     }
-    println!("\n## heterogeneous fleet (quotas: fast {cpu} core, slow {} core per PE)\n", cpu / 2.0);
-    println!("ideal (the 2-fast run's work over 3 speed units): {ideal:.2} s\n");
-    println!("| run | seconds | above ideal | checksum |\n|---|---|---|---|");
+    let ideal = median(&seconds[0]);
+    let mut rows = Vec::new();
+    let mut out = Vec::new();
+    for (c, (fleet_label, _, lb)) in configs.iter().enumerate() {
+        let v = &seconds[c];
+        let m = median(v);
+        // Each sitting's ratio to the ideal run next to it.
+        let ratios: Vec<f64> = v.iter().zip(&seconds[0]).map(|(s, i)| s / i).collect();
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(0.0, f64::max);
+        rows.push(format!(
+            "| {fleet_label} | `{lb}` | {m:.2} [{min:.2}..{max:.2}] | {:+.1}% | {:+.1}% |",
+            100.0 * (m / ideal - 1.0),
+            100.0 * (median(&ratios) - 1.0),
+        ));
+        out.push(json!({
+            "fleet": fleet_label, "lb": lb, "seconds": v, "medianSeconds": m,
+            "aboveIdealPct": 100.0 * (m / ideal - 1.0), "medianPairRatio": median(&ratios),
+        }));
+    }
+    println!("\n## heterogeneous fleet ({repeat} runs of each, interleaved; jacobi2d {grid}² in {block}² blocks, {iters} iterations, a step every 50)\n");
+    println!("| fleet | `+lb` | seconds: median [min..max] | median above ideal | median of per-sitting ratios |\n|---|---|---|---|---|");
     for r in rows {
         println!("{r}");
     }
-    Ok(json!(out))
+    println!("\nchecksums: {}", if same { "all the same" } else { "DIFFER" });
+    Ok(json!({ "configs": out, "runs": runs, "checksumsEqual": same, "idealSeconds": ideal }))
 }
 
 fn period_svg(curve: &[(f64, f64)]) -> String {
@@ -481,6 +590,9 @@ struct Args {
     /// Shorter jobs (a quarter of the iterations, a smaller grid): checks the harness, not the figures.
     #[arg(long)]
     quick: bool,
+    /// `hetero`: runs of each fleet and strategy (medians are reported).
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -523,7 +635,7 @@ fn main() -> Result<()> {
         results.insert("staggered".into(), staggered(&b)?);
     }
     if has(Experiment::Hetero) {
-        results.insert("hetero".into(), hetero(&b)?);
+        results.insert("hetero".into(), hetero(&b, args.repeat.max(1))?);
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let doc = json!({

@@ -1596,6 +1596,17 @@ impl Driver<'_> {
         self.record.iterations = self.log.iteration;
         self.record.checksum = self.log.checksum.clone();
         self.record.instances = self.cloud.instances().cloned().collect();
+        self.record.events_not_happened = self.cloud.unreached_scripted();
+        if let Some(q) = &self.quotas {
+            self.record.throttled = self
+                .cloud
+                .instances()
+                .filter_map(|i| {
+                    let (periods, seconds) = q.throttled(&i.name)?;
+                    Some(super::record::Throttled { instance: i.name.clone(), periods, seconds })
+                })
+                .collect();
+        }
         // The quotas go once every process of the job is gone.
         drop(self.quotas.take());
         if self.opts.mode == Mode::CheckpointRestart {

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::sim::Instance;
+use super::sim::{Instance, Unreached};
 
 /// One thing that happened, at simulated and real time (seconds).
 #[derive(Clone, Debug, Serialize)]
@@ -229,6 +229,24 @@ pub struct Record {
     /// measured against in PE-seconds (a replacement of another shape
     /// changes the PEs, not the member count).
     pub target_pes: u32,
+    /// Scripted events due after the job ended: they never happened, so
+    /// the run did not test what the scenario meant it to.
+    pub events_not_happened: Vec<Unreached>,
+    /// Per instance with a CPU quota: how long its quota held it back.
+    pub throttled: Vec<Throttled>,
+}
+
+/// How much an instance's CPU quota throttled it (`cpu.stat` of its cgroup,
+/// read at the end of the run).
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Throttled {
+    /// The instance.
+    pub instance: String,
+    /// CFS periods in which it ran out of quota.
+    pub periods: u64,
+    /// Real seconds its threads waited for quota.
+    pub seconds: f64,
 }
 
 /// Figures derived from a record.
@@ -429,6 +447,22 @@ impl Record {
             "exit",
             self.exit_code.map_or("-".into(), |c| c.to_string()),
         );
+        if !self.events_not_happened.is_empty() {
+            let events: Vec<String> = self
+                .events_not_happened
+                .iter()
+                .map(|e| format!("line {}: {} at {:.0} s", e.line, e.event, e.at))
+                .collect();
+            row(
+                "WARNING",
+                format!(
+                    "{} scripted event(s) never happened, the job ended at {:.0} s simulated first: {}",
+                    events.len(),
+                    self.sim_seconds,
+                    events.join("; ")
+                ),
+            );
+        }
         out
     }
 
@@ -537,6 +571,30 @@ mod tests {
         let table = r.table();
         assert!(table.contains("10 member-seconds below the target of 4 members, 10 PE-seconds below the launch fleet's 4 PEs"), "{table}");
         assert!(table.contains("10 instance-seconds (20 PE-seconds) waiting"), "{table}");
+    }
+
+    #[test]
+    fn events_that_never_happened_get_a_warning_line_and_a_json_field() {
+        let mut r = Record {
+            sim_seconds: 173.0,
+            ..Record::default()
+        };
+        assert!(!r.table().contains("WARNING"), "{}", r.table());
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["eventsNotHappened"], serde_json::json!([]));
+        r.events_not_happened.push(Unreached {
+            line: 7,
+            at: 200.0,
+            event: "interruption of j-3 (deadline 120 s)".into(),
+        });
+        let table = r.table();
+        assert!(
+            table.contains("WARNING                  1 scripted event(s) never happened, the job ended at 173 s simulated first: line 7: interruption of j-3 (deadline 120 s) at 200 s"),
+            "{table}"
+        );
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["eventsNotHappened"][0]["line"], 7);
+        assert_eq!(json["eventsNotHappened"][0]["at"], 200.0);
     }
 
     #[test]

@@ -194,6 +194,19 @@ pub enum Action {
     NoSpotCapacity(Duration),
 }
 
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::Recommend(name) => write!(f, "rebalance recommendation for {name}"),
+            Action::Interrupt { instance, deadline } => {
+                write!(f, "interruption of {instance} (deadline {:.0} s)", deadline.as_secs_f64())
+            }
+            Action::Terminate(name) => write!(f, "termination of {name}"),
+            Action::NoSpotCapacity(d) => write!(f, "no spot capacity for {:.0} s", d.as_secs_f64()),
+        }
+    }
+}
+
 /// A scripted event, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scripted {

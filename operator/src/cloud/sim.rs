@@ -61,6 +61,18 @@ pub enum CloudEvent {
     },
 }
 
+/// A scripted event that never happened: the job ended before its time.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unreached {
+    /// Its line in the scenario file.
+    pub line: usize,
+    /// When it was due, simulated seconds.
+    pub at: f64,
+    /// What it would have done.
+    pub event: String,
+}
+
 /// Where an instance is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -303,6 +315,22 @@ impl Cloud {
             }
         }
         times.into_iter().min()
+    }
+
+    /// The scripted events still waiting for their time, in time order:
+    /// asked when the job has ended, the ones it never saw.
+    pub fn unreached_scripted(&self) -> Vec<Unreached> {
+        self.pending
+            .iter()
+            .filter_map(|p| match p {
+                Pending::Scripted(s) => Some(Unreached {
+                    line: s.line,
+                    at: s.at.as_secs_f64(),
+                    event: s.action.to_string(),
+                }),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Everything that happens up to `now`, in time order.
@@ -604,6 +632,28 @@ events:
         assert_eq!(c.instance("j-n0").unwrap().state, InstanceState::Booting);
         assert_eq!(c.advance(at(110)), vec![CloudEvent::Booted { instance: "j-n0".into() }]);
         assert_eq!(c.next_event(), None);
+    }
+
+    #[test]
+    fn events_after_the_end_are_listed_as_never_happened() {
+        let mut c = cloud(SCENARIO);
+        assert_eq!(c.unreached_scripted().len(), 4, "nothing has happened yet");
+        c.advance(at(35));
+        // The job ends at 35 s: the shortage at 40 s and the termination at
+        // 45 s never came; the random trace's arrivals are not listed.
+        let left = c.unreached_scripted();
+        assert_eq!(
+            left,
+            vec![
+                Unreached { line: 9, at: 40.0, event: "no spot capacity for 50 s".into() },
+                Unreached { line: 10, at: 45.0, event: "termination of j-7".into() },
+            ]
+        );
+        c.advance(at(45));
+        assert_eq!(c.unreached_scripted(), vec![], "a skipped event did happen: it was tried");
+        let random = format!("{SCENARIO}random: {{ seed: 1, noticesPerInstanceHour: 3600, until: 600 }}\n");
+        let c = cloud(&random);
+        assert_eq!(c.unreached_scripted().len(), 4, "only the scripted events, not the trace");
     }
 
     #[test]
