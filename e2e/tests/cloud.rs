@@ -370,7 +370,6 @@ fn an_unannounced_termination_in_checkpoint_restart_mode_costs_the_work_since_th
 /// `recoveries`), the policy's replacement joins, the job exits 0 with the
 /// uninterrupted run's checksum, and nothing is left running.
 #[test]
-#[ignore = "needs the runtime's recovery (issue 20)"]
 fn an_unannounced_termination_under_fault_tolerance_is_recovered_from_live() {
     let job = JOB
         .replace("ITERS", &ITERS.to_string())
