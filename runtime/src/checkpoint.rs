@@ -196,7 +196,7 @@ mod tests {
         assert_eq!(n, std::fs::metadata(&path).unwrap().len());
         let back: PeFile = read(&path).unwrap();
         assert_eq!((back.pe, back.node, back.chares.len()), (3, 1, 1));
-        assert_eq!(back.chares[0].state, vec![1, 2, 3]);
+        assert_eq!(back.chares[0].state.0, vec![1, 2, 3]);
         assert_eq!(back.chares[0].meta.next_red, 5);
         assert!(back.chares[0].meta.at_sync);
 
