@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::msg::{CollId, IndexKey};
-use crate::system::{CreateSpec, ElemMeta};
+use crate::msg::CollId;
+use crate::system::CreateSpec;
 
 pub(crate) mod service;
 
@@ -38,15 +38,8 @@ const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long a checkpoint whose files are being written may still take.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// One chare as written.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct SavedChare {
-    pub coll: CollId,
-    pub key: IndexKey,
-    /// The packed chare, as one byte string (not one element at a time).
-    pub state: crate::Bulk<u8>,
-    pub meta: ElemMeta,
-}
+/// One chare as written (a runtime message type too: buddy copies carry it).
+pub(crate) use crate::system::SavedChare;
 
 /// `pe-<N>.ckpt`: the chares of PE `pe` and of its node.
 #[derive(Debug, Serialize, Deserialize)]
@@ -173,6 +166,7 @@ pub(crate) fn read<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, Check
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::system::ElemMeta;
 
     #[test]
     fn files_round_trip_and_foreign_or_truncated_ones_are_refused() {

@@ -225,7 +225,7 @@ pub(crate) enum SysMsg {
         pe: Pe,
         /// Its group and nodegroup members: `(collection, next reduction)`.
         members: Vec<(CollId, u32)>,
-        chares: Vec<crate::checkpoint::SavedChare>,
+        chares: Vec<SavedChare>,
     },
     /// To PE 0: PE `pe`'s copy of checkpoint `ckpt` is stored at its buddy
     /// (chares, bytes of their state), or why not.
@@ -242,6 +242,17 @@ pub(crate) enum SysMsg {
     /// own chares of checkpoint `ckpt` and the copies you hold of the lost
     /// PEs `lost` (numbered in the checkpoint's view), then `RestoreSent`.
     BuddyRestore { ckpt: u64, lost: Vec<Pe> },
+}
+
+/// One chare as saved: in a checkpoint file (`checkpoint.rs`) or a buddy
+/// copy (`pe/buddy.rs`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct SavedChare {
+    pub coll: CollId,
+    pub key: IndexKey,
+    /// The packed chare, as one byte string (not one element at a time).
+    pub state: crate::Bulk<u8>,
+    pub meta: ElemMeta,
 }
 
 /// What every node needs to know to take part in a rescale.

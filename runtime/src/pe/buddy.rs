@@ -37,7 +37,7 @@ use std::time::Instant;
 use ductile_coordinator::proto::NodeId;
 use tracing::{debug, info, warn};
 
-use super::checkpoint::{RestoreSource, RootRestore};
+use super::checkpoint::{Recovery, RestoreSource, RootRestore};
 use super::reduction::Population;
 use super::{PeState, Scheduler, misrouted};
 use crate::checkpoint::{JobFile, SavedChare};
@@ -92,22 +92,6 @@ struct Complete {
     chares: u64,
     /// Every PE's group and nodegroup members: `(collection, next reduction)`.
     members: BTreeMap<PeId, Vec<(CollId, u32)>>,
-}
-
-/// A recovery in progress (the restore's source), for its report.
-pub(crate) struct Recovery {
-    /// The lost node, numbered in the view it was lost from.
-    pub node: NodeId,
-    pub uid: u64,
-    /// The checkpoint rolled back to.
-    pub ckpt: u64,
-    /// When the loss was noticed on node 0.
-    pub noticed: Instant,
-    /// The load-balancing step the checkpoint's sync point was for.
-    pub step: u64,
-    /// A checkpoint that was being taken when the node was lost (the
-    /// previous complete one was used).
-    pub interrupted: Option<u64>,
 }
 
 /// The buddy of PE `pe`: the PE of the same rank on the next node of
@@ -568,38 +552,6 @@ impl Scheduler {
             pe = me,
             ckpt, mine, theirs, "chares restored from the buddy checkpoint"
         );
-    }
-}
-
-impl PeState {
-    /// Root: the recovery's first step ended; the job runs again.
-    pub(super) fn recovered(
-        &mut self,
-        r: Recovery,
-        chares: u64,
-        placed_ms: f64,
-        total_ms: f64,
-        migrations: u64,
-    ) {
-        let seconds = r.noticed.elapsed().as_secs_f64();
-        info!(
-            node = r.node,
-            uid = r.uid,
-            checkpoint = r.ckpt,
-            interrupted_checkpoint = ?r.interrupted,
-            chares,
-            placed_ms,
-            total_ms,
-            migrations,
-            "recovered from the loss of node {} (uid {}) in {:.1} ms: rolled back to buddy checkpoint {} (the sync point of LB step {}), {} PEs",
-            r.node,
-            r.uid,
-            seconds * 1e3,
-            r.ckpt,
-            r.step + 1,
-            self.num_pes()
-        );
-        crate::activity::recovered(seconds);
     }
 }
 

@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use ductile_coordinator::contract::EXIT_CHECKPOINTED;
 use ductile_coordinator::control::CheckpointReport;
+use ductile_coordinator::proto::NodeId;
 use tracing::{error, info, warn};
 
 use super::reduction::Population;
@@ -84,12 +85,28 @@ pub(crate) struct RootRestore {
     pub(super) placed_ms: f64,
 }
 
+/// A recovery in progress (the restore's source), for its report.
+pub(crate) struct Recovery {
+    /// The lost node, numbered in the view it was lost from.
+    pub node: NodeId,
+    pub uid: u64,
+    /// The checkpoint rolled back to.
+    pub ckpt: u64,
+    /// When the loss was noticed on node 0.
+    pub noticed: Instant,
+    /// The load-balancing step the checkpoint's sync point was for.
+    pub step: u64,
+    /// A checkpoint that was being taken when the node was lost (the
+    /// previous complete one was used).
+    pub interrupted: Option<u64>,
+}
+
 /// Where a restore's chares come from.
 pub(crate) enum RestoreSource {
     /// A restarted job's checkpoint directory.
     Dir(PathBuf),
     /// A recovery's buddy checkpoint (`pe/buddy.rs`), in memory.
-    Recovery(super::buddy::Recovery),
+    Recovery(Recovery),
 }
 
 impl PeState {
@@ -637,5 +654,37 @@ impl Scheduler {
         if let Err(e) = crate::files::write_atomically(&path, record.to_string()) {
             warn!("cannot write {}: {e}", path.display());
         }
+    }
+}
+
+impl PeState {
+    /// Root: the recovery's first step ended; the job runs again.
+    pub(super) fn recovered(
+        &mut self,
+        r: Recovery,
+        chares: u64,
+        placed_ms: f64,
+        total_ms: f64,
+        migrations: u64,
+    ) {
+        let seconds = r.noticed.elapsed().as_secs_f64();
+        info!(
+            node = r.node,
+            uid = r.uid,
+            checkpoint = r.ckpt,
+            interrupted_checkpoint = ?r.interrupted,
+            chares,
+            placed_ms,
+            total_ms,
+            migrations,
+            "recovered from the loss of node {} (uid {}) in {:.1} ms: rolled back to buddy checkpoint {} (the sync point of LB step {}), {} PEs",
+            r.node,
+            r.uid,
+            seconds * 1e3,
+            r.ckpt,
+            r.step + 1,
+            self.num_pes()
+        );
+        crate::activity::recovered(seconds);
     }
 }
