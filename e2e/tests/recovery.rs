@@ -37,7 +37,8 @@ fn view_without(job: &Background, gone: u32) -> Vec<u32> {
     pids(job)
 }
 
-/// Waits until node 0 has logged `n` recoveries.
+/// Waits until node 0 has logged `n` recoveries (a warning: seen under
+/// the default log filter).
 fn recoveries(job: &Background, n: usize) {
     job.wait_for_log("recovered from the loss of node", n);
 }
@@ -46,7 +47,6 @@ fn recoveries(job: &Background, n: usize) {
 fn two_losses_in_a_row_are_each_recovered_and_the_checksum_holds() {
     let (spec, want) = spec(60_000, &["+ft-every", "2"]);
     let job = Background::launch(4, "jacobi2d", &spec)
-        .env("DUCTILE_LOG", "warn,ductile::pe::buddy=info")
         .timeout_s(240)
         .start();
     let start = pids(&job);
@@ -80,7 +80,6 @@ fn losses_at_arbitrary_moments_including_during_checkpoints_keep_the_checksum() 
     let mut interrupted = 0;
     for (i, wait_ms) in [700u64, 1_130, 1_570].into_iter().enumerate() {
         let job = Background::launch(3, "jacobi2d", &spec)
-            .env("DUCTILE_LOG", "warn,ductile::pe::buddy=info")
             .timeout_s(240)
             .start();
         let start = pids(&job);

@@ -668,7 +668,9 @@ impl PeState {
         migrations: u64,
     ) {
         let seconds = r.noticed.elapsed().as_secs_f64();
-        info!(
+        // A warning, seen under the default filter: the job went on, but a
+        // node was lost and work since the checkpoint was done twice.
+        warn!(
             node = r.node,
             uid = r.uid,
             checkpoint = r.ckpt,
