@@ -211,6 +211,7 @@ pub(crate) struct Recoveries {
     recoveries: IntCounterVec,
     last_recovery: GaugeVec,
     checkpoints: HistogramVec,
+    pauses: HistogramVec,
     checkpoint_bytes: GaugeVec,
 }
 
@@ -236,6 +237,12 @@ impl Recoveries {
                 &STAGE_BUCKETS,
                 &[],
             ),
+            pauses: histogram(
+                "ductile_buddy_checkpoint_pause_seconds",
+                "Time the program waited at each buddy checkpoint: quiescence and every PE's copies taken (the copies then travel to the buddies while it computes).",
+                &STAGE_BUCKETS,
+                &[],
+            ),
             checkpoint_bytes: GaugeVec::new(
                 Opts::new(
                     "ductile_buddy_checkpoint_bytes",
@@ -252,6 +259,7 @@ impl Recoveries {
             Box::new(self.recoveries.clone()) as Box<dyn Collector>,
             Box::new(self.last_recovery.clone()),
             Box::new(self.checkpoints.clone()),
+            Box::new(self.pauses.clone()),
             Box::new(self.checkpoint_bytes.clone()),
         ] {
             exposition::register(registry, family);
@@ -265,9 +273,17 @@ static RECOVERIES: LazyLock<Recoveries> = LazyLock::new(|| {
     r
 });
 
-/// Records a complete buddy checkpoint.
-pub(crate) fn buddy_checkpoint(seconds: f64, bytes: u64) {
-    RECOVERIES.checkpoints.with_label_values(&[] as &[&str]).observe(seconds);
+/// Records a complete buddy checkpoint: the program's pause, the whole
+/// time, and the bytes.
+pub(crate) fn buddy_checkpoint(pause: f64, seconds: f64, bytes: u64) {
+    RECOVERIES
+        .pauses
+        .with_label_values(&[] as &[&str])
+        .observe(pause);
+    RECOVERIES
+        .checkpoints
+        .with_label_values(&[] as &[&str])
+        .observe(seconds);
     RECOVERIES
         .checkpoint_bytes
         .with_label_values(&[] as &[&str])
@@ -276,7 +292,10 @@ pub(crate) fn buddy_checkpoint(seconds: f64, bytes: u64) {
 
 /// Records a recovery that took `seconds` from the loss to the job running.
 pub(crate) fn recovered(seconds: f64) {
-    RECOVERIES.recoveries.with_label_values(&[] as &[&str]).inc();
+    RECOVERIES
+        .recoveries
+        .with_label_values(&[] as &[&str])
+        .inc();
     RECOVERIES
         .last_recovery
         .with_label_values(&[] as &[&str])

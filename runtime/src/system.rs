@@ -5,6 +5,8 @@
 //! share queues, priorities, the spanning tree and the transport with
 //! application messages.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::lb::stats::{ObjStat, PeStat};
@@ -218,6 +220,10 @@ pub(crate) enum SysMsg {
     /// From PE 0 to every PE (the job is quiescent at a sync point): take
     /// buddy checkpoint `gen` (`+ft-every`, see `pe/buddy.rs`).
     BuddySnapshot { ckpt: u64 },
+    /// From every PE to PE 0: it is done with checkpoint `ckpt` (its own
+    /// copy kept and its buddy's sent, or `BuddyStored` says why not).
+    /// Once every PE said so the step runs; the copies travel meanwhile.
+    BuddyTaken { ckpt: u64 },
     /// From a PE to its buddy: its chares at checkpoint `ckpt`.
     BuddyCopy {
         ckpt: u64,
@@ -225,7 +231,9 @@ pub(crate) enum SysMsg {
         pe: Pe,
         /// Its group and nodegroup members: `(collection, next reduction)`.
         members: Vec<(CollId, u32)>,
-        chares: Vec<SavedChare>,
+        /// Shared with the owner's own copy: sent without copying it again.
+        #[serde(with = "shared_chares")]
+        chares: Arc<Vec<SavedChare>>,
     },
     /// To PE 0: PE `pe`'s copy of checkpoint `ckpt` is stored at its buddy
     /// (chares, bytes of their state), or why not.
@@ -253,6 +261,29 @@ pub(crate) struct SavedChare {
     /// The packed chare, as one byte string (not one element at a time).
     pub state: crate::Bulk<u8>,
     pub meta: ElemMeta,
+}
+
+/// A buddy copy's chares on the wire: the `Vec` they share with the
+/// owner's copy, serialized in place; received as a new one.
+mod shared_chares {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::SavedChare;
+
+    pub(super) fn serialize<S: Serializer>(
+        chares: &Arc<Vec<SavedChare>>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        chares.as_slice().serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Arc<Vec<SavedChare>>, D::Error> {
+        Vec::deserialize(d).map(Arc::new)
+    }
 }
 
 /// What every node needs to know to take part in a rescale.
@@ -349,6 +380,7 @@ impl SysMsg {
             | SysMsg::Adopt(_)
             | SysMsg::Adopted => Service::Rescale,
             SysMsg::BuddySnapshot { .. }
+            | SysMsg::BuddyTaken { .. }
             | SysMsg::BuddyCopy { .. }
             | SysMsg::BuddyStored { .. }
             | SysMsg::BuddyComplete { .. }

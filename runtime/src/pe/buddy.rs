@@ -10,11 +10,15 @@
 //! the view ([`buddy_of`]), so no chare's two copies share a node. The
 //! buddy stores it and tells PE 0, which also keeps the job's own state
 //! (main, readonly values, collections, populations, counters; node 0 is
-//! never lost, so that copy stays on it). Once every PE's copy is stored,
-//! `ckpt` is complete: PE 0 says so to every PE, which drops older
-//! checkpoints, and the step the sync point was for runs. Until then the
-//! previous complete checkpoint is kept everywhere (double checkpointing):
-//! a loss during a checkpoint still finds a consistent one.
+//! never lost, so that copy stays on it). Once every PE has taken its
+//! copies ([`SysMsg::BuddyTaken`]) the step the sync point was for runs:
+//! the copies travel to the buddies while the program computes. Once every
+//! PE's copy is stored, `ckpt` is complete: PE 0 says so to every PE,
+//! which drops older checkpoints. Until then the previous complete
+//! checkpoint is kept everywhere (double checkpointing): a loss during a
+//! checkpoint, or after its step resumed but before its copies arrived,
+//! still finds a consistent one. A sync point reached meanwhile, and a
+//! rescale, wait for the checkpoint to be complete.
 //!
 //! Recovery: the node drivers stop every survivor, drain, drop the failed
 //! epoch's messages, commit the view without the lost node and resume with
@@ -32,6 +36,7 @@
 //! and a loss before it ends the job, saying why.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use ductile_coordinator::proto::NodeId;
@@ -51,10 +56,10 @@ use super::Reentry;
 /// A PE's buddy checkpoints; PE 0 also drives them.
 #[derive(Default)]
 pub(super) struct Buddy {
-    /// This PE's chares, by checkpoint.
-    own: BTreeMap<u64, Vec<SavedChare>>,
+    /// This PE's chares, by checkpoint (shared with the copy sent).
+    own: BTreeMap<u64, Arc<Vec<SavedChare>>>,
     /// The copies kept here for other PEs: `(checkpoint, owner)`.
-    held: BTreeMap<(u64, PeId), Vec<SavedChare>>,
+    held: BTreeMap<(u64, PeId), Arc<Vec<SavedChare>>>,
     /// Root: sync points since the last checkpoint.
     syncs: u32,
     /// Root: the number of the next checkpoint.
@@ -71,9 +76,13 @@ struct Taking {
     /// The array whose sync point it was taken at.
     coll: CollId,
     started: Instant,
-    /// Sync points of other arrays that came meanwhile: their steps wait.
+    /// Sync points that came meanwhile: their steps wait for completion.
     deferred: Vec<CollId>,
     job: Option<JobFile>,
+    /// PEs whose copies are taken.
+    taken: u32,
+    /// Once every PE's are: the program's pause, and `coll`'s step runs.
+    resumed: Option<f64>,
     stored: u32,
     chares: u64,
     bytes: u64,
@@ -123,8 +132,8 @@ impl PeState {
             return false;
         }
         if let Some(t) = &mut self.ft.taking {
-            // Another array's elements wait at sync while the copies are
-            // taken: its step must not move any of them now.
+            // Elements wait at sync while a checkpoint is under way: no
+            // step moves any of them before it is complete.
             t.deferred.push(coll);
             return true;
         }
@@ -141,6 +150,8 @@ impl PeState {
             started: Instant::now(),
             deferred: Vec::new(),
             job: None,
+            taken: 0,
+            resumed: None,
             stored: 0,
             chares: 0,
             bytes: 0,
@@ -187,6 +198,7 @@ impl Scheduler {
     pub(super) fn on_buddy(&mut self, msg: SysMsg) {
         match msg {
             SysMsg::BuddySnapshot { ckpt } => self.buddy_snapshot(ckpt),
+            SysMsg::BuddyTaken { ckpt } => self.buddy_taken(ckpt),
             SysMsg::BuddyCopy {
                 ckpt,
                 pe,
@@ -250,25 +262,56 @@ impl Scheduler {
                 result,
             };
             self.ctx.send_sys(0, stored);
+        } else {
+            let began = Instant::now();
+            let chares = Arc::new(self.snapshot_chares());
+            let packed = began.elapsed();
+            let members = chares
+                .iter()
+                .filter(|c| !self.ctx.is_migratable(c.coll))
+                .map(|c| (c.coll, c.meta.next_red))
+                .collect();
+            self.ctx.ft.own.insert(ckpt, chares.clone());
+            let buddy = buddy_of(&self.ctx.topo, me);
+            self.ctx.send_sys(
+                buddy,
+                SysMsg::BuddyCopy {
+                    ckpt,
+                    pe: me,
+                    members,
+                    chares,
+                },
+            );
+            debug!(
+                pe = me,
+                ckpt,
+                packed_ms = packed.as_secs_f64() * 1e3,
+                sent_ms = (began.elapsed() - packed).as_secs_f64() * 1e3,
+                "buddy copies taken"
+            );
+        }
+        self.ctx.send_sys(0, SysMsg::BuddyTaken { ckpt });
+    }
+
+    /// Root: one PE's copies are taken; once every PE's are, the program goes
+    /// on while they travel (the checkpoint is complete once stored).
+    fn buddy_taken(&mut self, ckpt: u64) {
+        let npes = self.ctx.num_pes();
+        let Some(t) = self.ctx.ft.taking.as_mut().filter(|t| t.ckpt == ckpt) else {
+            // Stored everywhere before the last of these came: complete.
+            return;
+        };
+        t.taken += 1;
+        if t.taken < npes {
             return;
         }
-        let chares = self.snapshot_chares();
-        let members = chares
-            .iter()
-            .filter(|c| !self.ctx.is_migratable(c.coll))
-            .map(|c| (c.coll, c.meta.next_red))
+        t.resumed = Some(t.started.elapsed().as_secs_f64());
+        let colls: Vec<CollId> = std::iter::once(t.coll)
+            .chain(t.deferred.drain(..))
             .collect();
-        self.ctx.ft.own.insert(ckpt, chares.clone());
-        let buddy = buddy_of(&self.ctx.topo, me);
-        self.ctx.send_sys(
-            buddy,
-            SysMsg::BuddyCopy {
-                ckpt,
-                pe: me,
-                members,
-                chares,
-            },
-        );
+        for coll in colls {
+            self.ctx.lb_after_checkpoint(coll);
+        }
     }
 
     /// Root: PE `pe`'s copy is stored at its buddy (or could not be taken).
@@ -299,6 +342,7 @@ impl Scheduler {
         }
         let t = self.ctx.ft.taking.take().expect("checked");
         let seconds = t.started.elapsed().as_secs_f64();
+        let pause = t.resumed.unwrap_or(seconds);
         match t.job {
             Some(job) if t.failures.is_empty() => {
                 for pe in 0..npes {
@@ -307,17 +351,18 @@ impl Scheduler {
                 // Each PE holds its own copy and its buddy's: about twice
                 // `max_pe_bytes` at most, three times while the next is taken.
                 let line = format!(
-                    "ft checkpoint={ckpt} chares={} bytes={} max_pe_bytes={} total_ms={:.3}",
+                    "ft checkpoint={ckpt} chares={} bytes={} max_pe_bytes={} pause_ms={:.3} total_ms={:.3}",
                     t.chares,
                     t.bytes,
                     t.max_pe_bytes,
+                    pause * 1e3,
                     seconds * 1e3
                 );
                 info!("{line}");
                 if self.ctx.node.options.lb_report {
                     println!("{line}");
                 }
-                crate::activity::buddy_checkpoint(seconds, t.bytes);
+                crate::activity::buddy_checkpoint(pause, seconds, t.bytes);
                 self.ctx.ft.complete = Some(Complete {
                     ckpt,
                     epoch: self.ctx.topo.epoch(),
@@ -335,12 +380,14 @@ impl Scheduler {
                 );
             }
         }
-        // The steps whose sync points the checkpoint held run now.
-        for coll in std::iter::once(t.coll).chain(t.deferred) {
+        // The steps whose sync points the checkpoint held run now: its
+        // own if the copies were stored before every PE said it took them.
+        let own = t.resumed.is_none().then_some(t.coll);
+        for coll in own.into_iter().chain(t.deferred) {
             self.ctx.lb_after_checkpoint(coll);
-            if self.ctx.rescaling.root.is_some() {
-                self.rescale_advance();
-            }
+        }
+        if self.ctx.rescaling.root.is_some() {
+            self.rescale_advance();
         }
     }
 
@@ -537,15 +584,18 @@ impl Scheduler {
             ));
             return;
         };
-        let mut adopted = Vec::new();
-        for &pe in lost {
-            if let Some(copy) = self.ctx.ft.held.remove(&(ckpt, pe)) {
-                adopted.extend(copy.into_iter().filter(|c| self.ctx.is_migratable(c.coll)));
-            }
-        }
+        let copies: Vec<_> = lost
+            .iter()
+            .filter_map(|&pe| self.ctx.ft.held.remove(&(ckpt, pe)))
+            .collect();
+        let adopted: Vec<&SavedChare> = copies
+            .iter()
+            .flat_map(|copy| copy.iter())
+            .filter(|c| self.ctx.is_migratable(c.coll))
+            .collect();
         let (mine, theirs) = (own.len(), adopted.len());
-        for c in own.into_iter().chain(adopted) {
-            self.restore_chare(c.coll, c.key, &c.state, c.meta);
+        for c in own.iter().chain(adopted) {
+            self.restore_chare(c.coll, c.key, &c.state, c.meta.clone());
         }
         self.ctx.ft.forget();
         debug!(
