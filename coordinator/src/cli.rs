@@ -57,9 +57,28 @@ pub struct Args {
     /// nodes' rejoin window after a coordinator restart.
     #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout: u64,
+    /// Seconds a running member may send nothing (its node sends a heartbeat
+    /// every second) before it is declared lost: a hung node's peers are
+    /// told, as for one whose connection ended. 0: never. At least 3.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = heartbeat_secs)]
+    pub heartbeat_timeout: u64,
     /// Log lines as `text` or as one JSON object per line (`json`).
     #[arg(long, value_enum, env = "DUCTILE_LOG_FORMAT", default_value_t = crate::logs::LogFormat::Text)]
     pub log_format: crate::logs::LogFormat,
+}
+
+/// `--heartbeat-timeout` (here and in `ductile run`): whole seconds, 0
+/// (never) or several heartbeats long.
+pub fn heartbeat_secs(text: &str) -> Result<u64, String> {
+    let secs: u64 = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    let least = 3 * crate::proto::HEARTBEAT_EVERY.as_secs();
+    if secs != 0 && secs < least {
+        return Err(format!(
+            "{secs} s is too short: members send a heartbeat every {} s; give at least {least}, or 0 for never",
+            crate::proto::HEARTBEAT_EVERY.as_secs()
+        ));
+    }
+    Ok(secs)
 }
 
 /// Why the coordinator command failed.
@@ -121,6 +140,8 @@ pub fn run(args: Args) -> Result<i32, CliError> {
     };
     cfg.launch_timeout = Duration::from_secs(args.launch_timeout);
     cfg.idle_timeout = Duration::from_secs(args.idle_timeout);
+    cfg.heartbeat_timeout =
+        (args.heartbeat_timeout > 0).then(|| Duration::from_secs(args.heartbeat_timeout));
     // Started by a local launcher: end with it, however it ends.
     crate::lifeline::watch(|| {
         tracing::error!("the launcher that started this coordinator is gone; exiting");

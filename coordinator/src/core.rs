@@ -10,7 +10,7 @@
 //! Invariant kept throughout: a refused message changes nothing but the
 //! refused connection's own state.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -18,8 +18,8 @@ use rand::RngCore;
 use tracing::{debug, error, info, warn};
 
 use crate::proto::{
-    Admitted, ClientMsg, Epoch, ErrorCode, FrameReader, Member, NodeId, PendingNewcomer, Registration, Role,
-    ServerMsg, View, PROTOCOL_VERSION,
+    Admitted, ClientMsg, Epoch, ErrorCode, FrameReader, Member, NodeId, PendingNewcomer,
+    Registration, Role, ServerMsg, View, PROTOCOL_VERSION,
 };
 use crate::secret::{Secret, AUTH_CONTEXT};
 
@@ -33,6 +33,9 @@ pub const EXIT_NODE0_LOST: i32 = 4;
 /// Exit code the coordinator finishes with when the job started but no
 /// member has been connected for `idle_timeout` (its nodes are gone).
 pub const EXIT_NO_MEMBERS: i32 = 5;
+
+/// A member silent this long is declared lost (`--heartbeat-timeout`).
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Admissions the coordinator remembers (answers to `QueryAdmissions`):
 /// a ring, so a job rescaled for weeks keeps no more than this.
@@ -58,6 +61,12 @@ pub struct Config {
     /// rejoin window after a coordinator restart (30 s by default), so a
     /// rejoin is never cut short.
     pub idle_timeout: Duration,
+    /// How long a running member may send nothing (its node sends a
+    /// heartbeat every [`crate::proto::HEARTBEAT_EVERY`]) before it is
+    /// declared lost: the others get `MemberLost`, its connection is closed
+    /// and it may not reattach. A hung node (stopped, frozen, cut off) is
+    /// found this way; a dead one by its connection's end. `None`: never.
+    pub heartbeat_timeout: Option<Duration>,
     /// The job secret.
     pub secret: Secret,
 }
@@ -78,6 +87,7 @@ impl Config {
             launch_timeout: Duration::from_secs(60),
             hello_timeout: Duration::from_secs(3),
             idle_timeout: Duration::from_secs(60),
+            heartbeat_timeout: Some(DEFAULT_HEARTBEAT_TIMEOUT),
             secret,
         }
     }
@@ -133,6 +143,8 @@ enum Peer {
 struct Conn {
     reader: FrameReader,
     peer: Peer,
+    /// When it last sent a message.
+    heard: Instant,
 }
 
 #[derive(Debug)]
@@ -168,6 +180,12 @@ pub struct Coordinator {
     admissions: VecDeque<Admitted>,
     /// Admissions since this coordinator started.
     admitted_total: u64,
+    /// Members declared lost for their silence: they may not reattach.
+    silent: BTreeSet<u64>,
+    /// The last event of any kind, and the time between it and the one
+    /// before (a long one: the coordinator itself was not running).
+    last_event: Option<Instant>,
+    gap: Duration,
 }
 
 /// How much per-connection and per-job state the coordinator holds (for
@@ -212,6 +230,9 @@ impl Coordinator {
             failure: None,
             admissions: VecDeque::new(),
             admitted_total: 0,
+            silent: BTreeSet::new(),
+            last_event: None,
+            gap: Duration::ZERO,
         }
     }
 
@@ -228,7 +249,10 @@ impl Coordinator {
 
     /// The recent admissions, oldest first, and how many there were in all.
     pub fn admissions(&self) -> (u64, Vec<Admitted>) {
-        (self.admitted_total, self.admissions.iter().copied().collect())
+        (
+            self.admitted_total,
+            self.admissions.iter().copied().collect(),
+        )
     }
 
     /// The current view, once launch or restore is done.
@@ -273,7 +297,22 @@ impl Coordinator {
             _ => None,
         };
         let alone = self.alone_since.map(|since| since + self.cfg.idle_timeout);
-        hello.chain(launch).chain(alone).min()
+        let silent = self.heartbeat_timeout().and_then(|timeout| {
+            self.member_conn
+                .iter()
+                .filter(|(uid, _)| !self.ready.contains_key(uid))
+                .filter_map(|(_, c)| self.conns.get(c))
+                .map(|c| c.heard + timeout)
+                .min()
+        });
+        hello.chain(launch).chain(alone).chain(silent).min()
+    }
+
+    /// The silence after which a member is lost, while the job runs.
+    fn heartbeat_timeout(&self) -> Option<Duration> {
+        self.cfg
+            .heartbeat_timeout
+            .filter(|_| self.phase == Lifecycle::Running)
     }
 
     /// Starts or stops the clock of a running job without connected members
@@ -287,6 +326,8 @@ impl Coordinator {
     }
 
     fn arm(&mut self, now: Instant) {
+        let last = self.last_event.replace(now);
+        self.gap = last.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         if self.launch_deadline.is_none()
             && matches!(self.phase, Lifecycle::Launching | Lifecycle::Recovering)
         {
@@ -308,6 +349,7 @@ impl Coordinator {
             Conn {
                 reader: FrameReader::new(),
                 peer: Peer::Unauthenticated { nonce, deadline },
+                heard: now,
             },
         );
         vec![Action::Send(
@@ -381,6 +423,7 @@ impl Coordinator {
             let msg = format!("no Hello within {:?}", self.cfg.hello_timeout);
             self.refuse_and_close(conn, ErrorCode::Unauthenticated, msg, &mut out);
         }
+        self.silences(now, &mut out);
         let waiting = matches!(self.phase, Lifecycle::Launching | Lifecycle::Recovering);
         if waiting && self.launch_deadline.is_some_and(|d| d <= now) {
             let message = match self.cfg.expected {
@@ -420,7 +463,10 @@ impl Coordinator {
             });
         }
         self.note_members(now);
-        if let Some(since) = self.alone_since.filter(|&s| s + self.cfg.idle_timeout <= now) {
+        if let Some(since) = self
+            .alone_since
+            .filter(|&s| s + self.cfg.idle_timeout <= now)
+        {
             let message = format!(
                 "no member of the job has been connected for {:.1}s (epoch {}): its nodes are gone; the coordinator exits",
                 now.duration_since(since).as_secs_f64(),
@@ -518,10 +564,55 @@ impl Coordinator {
         }
     }
 
+    /// Declares lost the members silent for the heartbeat timeout, unless
+    /// the coordinator itself was not running for a good part of it (then
+    /// nobody could be heard: every silence starts again from now).
+    fn silences(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Some(timeout) = self.heartbeat_timeout() else {
+            return;
+        };
+        if self.gap > timeout / 2 {
+            warn!(
+                "the coordinator itself did not run for {:.1}s: members' silences are counted from now",
+                self.gap.as_secs_f64()
+            );
+            for c in self.conns.values_mut() {
+                c.heard = now;
+            }
+            return;
+        }
+        let silent: Vec<(u64, ConnId, Instant)> = self
+            .member_conn
+            .iter()
+            // Members in the shutdown barrier wait there, silent.
+            .filter(|(uid, _)| !self.ready.contains_key(uid))
+            .filter_map(|(&uid, &conn)| Some((uid, conn, self.conns.get(&conn)?.heard)))
+            .filter(|&(_, _, heard)| heard + timeout <= now)
+            .collect();
+        for (uid, conn, heard) in silent {
+            let node = self
+                .view
+                .as_ref()
+                .and_then(|v| v.by_uid(uid))
+                .map(|m| m.node);
+            warn!(
+                ?node,
+                uid,
+                "member sent nothing for {:.1}s (heartbeat timeout {:?}): declared lost, its connection closed",
+                now.duration_since(heard).as_secs_f64(),
+                timeout
+            );
+            self.silent.insert(uid);
+            self.forget(conn, out);
+            out.push(Action::Close(conn));
+        }
+    }
+
     fn handle(&mut self, conn: ConnId, msg: ClientMsg, now: Instant, out: &mut Vec<Action>) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
+        c.heard = now;
         if let Peer::Unauthenticated { nonce, .. } = c.peer {
             let ClientMsg::Hello { protocol, proof } = msg else {
                 let message = "the first message must be Hello".to_owned();
@@ -593,6 +684,7 @@ impl Coordinator {
                 let (total, recent) = self.admissions();
                 Self::send(out, conn, ServerMsg::Admissions { total, recent });
             }
+            ClientMsg::Heartbeat => {}
         }
     }
 
@@ -1034,6 +1126,15 @@ impl Coordinator {
             return Err((
                 ErrorCode::InvalidCommit,
                 "a registered connection cannot reattach".to_owned(),
+            ));
+        }
+        if self.silent.contains(&uid) {
+            return Err((
+                ErrorCode::NotMember,
+                format!(
+                    "uid {uid} was declared lost after {:?} without a message; it may not reattach",
+                    self.cfg.heartbeat_timeout.unwrap_or_default()
+                ),
             ));
         }
         let Some(view) = &self.view else {

@@ -322,7 +322,14 @@ pub enum ClientMsg {
     /// Ask for the recent admissions (a launcher keeping its record of
     /// newcomers from the view history rather than from its looks at it).
     QueryAdmissions,
+    /// A member is alive (every [`HEARTBEAT_EVERY`] from its node; any
+    /// message counts). No answer.
+    Heartbeat,
 }
+
+/// How often a member's node sends [`ClientMsg::Heartbeat`]: the
+/// coordinator's `--heartbeat-timeout` must be several times longer.
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Error classes the coordinator reports in `ServerMsg::Error`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -798,6 +805,7 @@ mod tests {
                 .prop_map(|(epoch, uid)| ClientMsg::Reattach { epoch, uid }),
             Just(ClientMsg::QueryView),
             Just(ClientMsg::QueryAdmissions),
+            Just(ClientMsg::Heartbeat),
         ]
     }
 
@@ -819,7 +827,10 @@ mod tests {
             }),
             (any::<u64>(), any::<i32>())
                 .prop_map(|(epoch, code)| ServerMsg::ShutdownDone { epoch, code }),
-            (any::<u64>(), proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u32>()), 0..4))
+            (
+                any::<u64>(),
+                proptest::collection::vec((any::<u64>(), any::<u64>(), any::<u32>()), 0..4)
+            )
                 .prop_map(|(total, r)| ServerMsg::Admissions {
                     total,
                     recent: r

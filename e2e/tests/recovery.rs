@@ -53,7 +53,11 @@ fn two_losses_in_a_row_are_each_recovered_and_the_checksum_holds() {
     std::thread::sleep(Duration::from_secs(2));
     signal(start[2], "-9");
     let after = view_without(&job, start[2]);
-    assert_eq!(after, [start[0], start[1], start[3]], "survivors keep their processes");
+    assert_eq!(
+        after,
+        [start[0], start[1], start[3]],
+        "survivors keep their processes"
+    );
     recoveries(&job, 1);
     // The next checkpoint is taken in the new view; the second loss is
     // that of the node that held the first one's copies.
@@ -64,7 +68,10 @@ fn two_losses_in_a_row_are_each_recovered_and_the_checksum_holds() {
     recoveries(&job, 2);
     let done = job.finish();
     done.completes_with(&want);
-    assert!(alive_none(&[start[0], start[3]]), "the job's processes ended");
+    assert!(
+        alive_none(&[start[0], start[3]]),
+        "the job's processes ended"
+    );
 }
 
 fn alive_none(pids: &[u32]) -> bool {
@@ -137,4 +144,59 @@ fn a_loss_before_any_checkpoint_ends_the_job_saying_no_checkpoint_covers_it() {
         "a loss before the first checkpoint",
     );
     assert!(alive_none(&[start[0], start[1]]), "nothing is left running");
+}
+
+/// A node that hangs (SIGSTOP: its process and its connections stay) sends
+/// the coordinator no heartbeat: after `--heartbeat-timeout` it is declared
+/// lost and the job recovers without it, as from a killed one. Continued
+/// later, it finds itself removed and exits.
+#[test]
+fn a_hung_node_is_declared_lost_after_the_heartbeat_timeout_and_recovered_from() {
+    let (spec, want) = spec(40_000, &["+ft-every", "2"]);
+    let job = Background::launch(3, "jacobi2d", &spec)
+        .flags(&["--heartbeat-timeout", "3"])
+        .timeout_s(240)
+        .start();
+    let start = pids(&job);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(start[2], "-STOP");
+    let after = view_without(&job, start[2]);
+    assert_eq!(
+        after,
+        [start[0], start[1]],
+        "survivors keep their processes"
+    );
+    recoveries(&job, 1);
+    let log = job.read("coordinator.log");
+    assert!(
+        log.contains("declared lost"),
+        "the coordinator says why: {log}"
+    );
+    signal(start[2], "-CONT");
+    assert!(
+        eventually(WAIT, || !alive(start[2])),
+        "the hung node, continued, exits"
+    );
+    let done = job.finish();
+    done.completes_with(&want);
+}
+
+/// Without `+ft-every` a hung node ends the job, in bounded time and
+/// naming it, instead of holding it forever.
+#[test]
+fn a_hung_node_ends_a_job_without_fault_tolerance_in_bounded_time_naming_it() {
+    let job = Background::launch(3, "jacobi2d", &jacobi_args(2_000_000))
+        .flags(&["--heartbeat-timeout", "3"])
+        .timeout_s(120)
+        .start();
+    let start = pids(&job);
+    std::thread::sleep(Duration::from_secs(1));
+    signal(start[2], "-STOP");
+    let done = job.finish_within(Duration::from_secs(60));
+    assert_ne!(done.code, Some(0), "{}", done.stderr);
+    done.failed_naming("lost node 2", "a hung node");
+    assert!(
+        eventually(Duration::from_secs(10), || !alive(start[2])),
+        "the hung node does not outlive the job"
+    );
 }

@@ -326,6 +326,11 @@ pub struct RunArgs {
     /// Seconds the nodes have to register with the coordinator.
     #[arg(long, value_name = "SECS", default_value = "60", value_parser = parse_secs)]
     pub launch_timeout: Duration,
+    /// Seconds a running node may send the coordinator nothing (nodes send a
+    /// heartbeat every second) before it is declared lost, as one whose
+    /// process ended: a hung node. 0: never; otherwise at least 3.
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_heartbeat)]
+    pub heartbeat_timeout: Duration,
     /// Wall-clock limit for the whole job, in seconds (default: none).
     #[arg(long, value_name = "SECS", value_parser = parse_secs)]
     pub timeout: Option<Duration>,
@@ -396,6 +401,11 @@ pub fn parse_secs(text: &str) -> Result<Duration, String> {
         return Err(format!("{text:?}: expected a positive number of seconds"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// `--heartbeat-timeout`: the coordinator's rule, as a duration (0: never).
+fn parse_heartbeat(text: &str) -> Result<Duration, String> {
+    ductile_coordinator::cli::heartbeat_secs(text.trim()).map(Duration::from_secs)
 }
 
 /// Prints a user-facing line: `ductile: ...` on stderr (continuation lines as they are).
@@ -566,7 +576,15 @@ mod tests {
     #[test]
     fn run_takes_a_pe_count_per_node_before_the_program() {
         let cli = Cli::try_parse_from([
-            "ductile", "run", "-n", "3", "--node-pes", "1,2,4", "jacobi2d", "--iters", "5",
+            "ductile",
+            "run",
+            "-n",
+            "3",
+            "--node-pes",
+            "1,2,4",
+            "jacobi2d",
+            "--iters",
+            "5",
         ])
         .unwrap();
         let Command::Run(args) = cli.command else {
@@ -574,7 +592,10 @@ mod tests {
         };
         assert_eq!(args.node_pes, [1, 2, 4]);
         assert_eq!(args.pes_per_node, 1);
-        assert_eq!(args.command, ["jacobi2d", "--iters", "5"].map(OsString::from));
+        assert_eq!(
+            args.command,
+            ["jacobi2d", "--iters", "5"].map(OsString::from)
+        );
     }
 
     #[test]
@@ -732,7 +753,8 @@ mod tests {
             panic!("not expand")
         };
         assert_eq!((args.nodes, args.pes), (1, Some(4)));
-        let Command::Rescale(args) = parse(&["rescale", "--remove", "1", "--add", "1", "--pes", "2"]).unwrap()
+        let Command::Rescale(args) =
+            parse(&["rescale", "--remove", "1", "--add", "1", "--pes", "2"]).unwrap()
         else {
             panic!("not rescale")
         };

@@ -58,6 +58,8 @@ impl Harness {
         let secret = Secret::from_bytes([42; 32]);
         let mut cfg = Config::recovery(secret.clone());
         cfg.expected = expected;
+        // Silences are their own scenarios (`heartbeat_*` below).
+        cfg.heartbeat_timeout = None;
         let mut h = Harness {
             core: Coordinator::new(cfg, StdRng::seed_from_u64(7)),
             secret,
@@ -1091,7 +1093,10 @@ fn a_started_job_without_members_is_given_up_after_the_idle_timeout() {
     assert!(finished(&h.advance(Duration::from_secs(600))).is_none());
     // The last one gone: the clock starts, and fires once, at the timeout.
     h.core.on_disconnect(m[0], h.now);
-    assert_eq!(h.core.next_deadline(), Some(h.now + Duration::from_secs(60)));
+    assert_eq!(
+        h.core.next_deadline(),
+        Some(h.now + Duration::from_secs(60))
+    );
     assert!(finished(&h.advance(Duration::from_secs(59))).is_none());
     let out = h.advance(Duration::from_secs(1));
     assert_eq!(finished(&out), Some(EXIT_NO_MEMBERS));
@@ -1108,7 +1113,10 @@ fn a_member_back_in_time_stops_the_idle_clock() {
     // The member rejoins (as after a coordinator hiccup) before the timeout.
     let again = h.auth();
     let out = h.send(again, &ClientMsg::Reattach { epoch: 1, uid });
-    assert!(matches!(to(&out, again).as_slice(), [ServerMsg::Start { .. }]));
+    assert!(matches!(
+        to(&out, again).as_slice(),
+        [ServerMsg::Start { .. }]
+    ));
     assert_eq!(h.core.next_deadline(), None);
     assert!(finished(&h.advance(Duration::from_secs(600))).is_none());
 }
@@ -1166,7 +1174,14 @@ fn a_thousand_rescales_leave_the_state_bounded_and_the_history_a_ring() {
         let (newcomer, _) = h.newcomer((round % 200) as u8);
         let epoch = h.epoch();
         let remove = previous.map(|(_, node)| vec![node]).unwrap_or_default();
-        let out = h.send(m[0], &ClientMsg::Commit { epoch, remove, admit: 1 });
+        let out = h.send(
+            m[0],
+            &ClientMsg::Commit {
+                epoch,
+                remove,
+                admit: 1,
+            },
+        );
         assert!(error_code(&out, m[0]).is_none(), "round {round}: {out:?}");
         if let Some((gone, _)) = previous {
             assert_eq!(to(&out, gone), vec![ServerMsg::Die { epoch: epoch + 1 }]);
@@ -1202,4 +1217,106 @@ fn a_thousand_rescales_leave_the_state_bounded_and_the_history_a_ring() {
         }
         other => panic!("expected Admissions, got {other:?}"),
     }
+}
+
+/// Launches `n` members under a heartbeat timeout of `secs`.
+fn launched_with_heartbeat(n: u32, secs: u64) -> (Harness, Vec<ConnId>) {
+    let (mut h, conns) = Harness::launched(n);
+    h.core.cfg.heartbeat_timeout = Some(Duration::from_secs(secs));
+    (h, conns)
+}
+
+/// Virtual seconds pass, `beating` sending a heartbeat each; the actions.
+fn beat_for(h: &mut Harness, secs: u64, beating: &[ConnId]) -> Vec<Action> {
+    let mut out = Vec::new();
+    for _ in 0..secs {
+        out.extend(h.advance(Duration::from_secs(1)));
+        for &c in beating {
+            out.extend(h.send(c, &ClientMsg::Heartbeat));
+        }
+    }
+    out
+}
+
+#[test]
+fn heartbeat_a_silent_member_is_declared_lost_to_the_others_and_may_not_reattach() {
+    let (mut h, m) = launched_with_heartbeat(3, 10);
+    let uid = h.core.view().expect("view").members[2].uid;
+    // Members that send anything, heartbeats or requests, stay.
+    let out = beat_for(&mut h, 30, &m);
+    assert!(out.is_empty(), "{out:?}");
+    // Node 2 falls silent (stopped, frozen, cut off).
+    let out = beat_for(&mut h, 9, &m[..2]);
+    assert!(out.is_empty(), "not before the timeout: {out:?}");
+    assert_eq!(
+        h.core.next_deadline(),
+        Some(h.now + Duration::from_secs(1)),
+        "the driver's next tick is the silent member's deadline"
+    );
+    let out = beat_for(&mut h, 1, &m[..2]);
+    for &c in &m[..2] {
+        assert_eq!(
+            to(&out, c),
+            vec![ServerMsg::MemberLost {
+                epoch: 1,
+                node: 2,
+                uid
+            }],
+            "every other member is told, once"
+        );
+    }
+    assert!(
+        closed(&out, m[2]),
+        "the silent member's connection is closed"
+    );
+    assert!(to(&out, m[2]).is_empty());
+    // Back from its pause, it may not come in again.
+    let again = h.auth();
+    let out = h.send(again, &ClientMsg::Reattach { epoch: 1, uid });
+    let (code, message) = error_code(&out, again).expect("refused");
+    assert_eq!(code, ErrorCode::NotMember);
+    assert!(message.contains("declared lost"), "{message}");
+    assert!(beat_for(&mut h, 60, &m[..2]).is_empty(), "declared once");
+}
+
+#[test]
+fn heartbeat_a_paused_coordinator_declares_nobody_and_counts_again_from_its_return() {
+    let (mut h, m) = launched_with_heartbeat(2, 10);
+    assert!(beat_for(&mut h, 5, &m).is_empty());
+    // The coordinator itself does not run for 40 s (stopped, a VM pause):
+    // its first event after is a tick with every member silent.
+    let out = h.advance(Duration::from_secs(40));
+    assert!(
+        out.is_empty(),
+        "nobody lost for the coordinator's own pause: {out:?}"
+    );
+    // Silences count from its return: node 1 is lost 10 s after it.
+    let out = beat_for(&mut h, 9, &m[..1]);
+    assert!(out.is_empty(), "{out:?}");
+    let out = beat_for(&mut h, 1, &m[..1]);
+    assert!(closed(&out, m[1]));
+    assert_eq!(to(&out, m[0]).len(), 1);
+}
+
+#[test]
+fn heartbeat_members_in_the_shutdown_barrier_are_not_waited_on_for_heartbeats() {
+    let (mut h, m) = launched_with_heartbeat(2, 10);
+    // Node 1 is done and waits in the barrier, silent; node 0 computes on.
+    let out = h.send(m[1], &ClientMsg::ShutdownReady { epoch: 1, code: 0 });
+    assert!(to(&out, m[1]).is_empty(), "the barrier waits for node 0");
+    let out = beat_for(&mut h, 60, &m[..1]);
+    assert!(out.is_empty(), "{out:?}");
+    let out = h.send(m[0], &ClientMsg::ShutdownReady { epoch: 1, code: 0 });
+    assert!(matches!(
+        to(&out, m[1]).as_slice(),
+        [ServerMsg::ShutdownDone { .. }]
+    ));
+}
+
+#[test]
+fn heartbeat_off_declares_nobody() {
+    let (mut h, m) = launched_with_heartbeat(2, 10);
+    h.core.cfg.heartbeat_timeout = None;
+    assert!(beat_for(&mut h, 120, &m[..1]).is_empty());
+    assert_eq!(h.core.next_deadline(), None);
 }

@@ -32,6 +32,7 @@ pub fn run(args: RunArgs) -> i32 {
     spec.transport = args.transport;
     spec.bind = args.bind;
     spec.launch_timeout = args.launch_timeout;
+    spec.heartbeat_timeout = Some(args.heartbeat_timeout).filter(|t| !t.is_zero());
     spec.timeout = args.timeout;
     spec.exit_grace = args.exit_grace;
     spec.coordinator_restarts = args.coordinator_restarts;

@@ -68,6 +68,9 @@ pub struct JobSpec {
     pub bind: IpAddr,
     /// How long the coordinator waits for every node to register.
     pub launch_timeout: Duration,
+    /// How long a running node may send the coordinator nothing before it
+    /// is declared lost (a hung node); `None`: never.
+    pub heartbeat_timeout: Option<Duration>,
     /// Optional wall-clock limit for the whole job.
     pub timeout: Option<Duration>,
     /// Once the job began to finish (node 0, a nonzero exit, the coordinator),
@@ -121,6 +124,7 @@ impl JobSpec {
             transport: "tcp".to_owned(),
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             launch_timeout: Duration::from_secs(60),
+            heartbeat_timeout: Some(ductile_coordinator::core::DEFAULT_HEARTBEAT_TIMEOUT),
             timeout: None,
             exit_grace: Duration::from_secs(10),
             kill_grace: Duration::from_secs(3),
@@ -844,6 +848,12 @@ fn spawn_coordinator(
         // For a restarted one: how long it waits for node 0's Restore.
         .arg("--launch-timeout")
         .arg(launch_timeout_s.to_string())
+        .arg("--heartbeat-timeout")
+        .arg(
+            spec.heartbeat_timeout
+                .map_or(0, |t| t.as_secs().max(1))
+                .to_string(),
+        )
         .env(contract::ENV_SECRET, secret_hex)
         .env_remove(contract::ENV_SECRET_FILE)
         // Its log is a file: no terminal colour codes in it.

@@ -3,17 +3,17 @@
 //! main thread, rejoining a restarted coordinator within the bound
 //! (`DUCTILE_COORDINATOR_RECONNECT`), and the shutdown barrier.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ductile_coordinator::client::ClientError;
-use ductile_coordinator::proto::{Registration, ServerMsg, View};
+use ductile_coordinator::proto::{ClientMsg, HEARTBEAT_EVERY, Registration, ServerMsg, View};
 use tracing::{error, warn};
 
-use super::shared::NodeShared;
 use super::EXIT_ABORTED;
-use crate::link::{rejoin_as, CoordinatorLink, RejoinError, Rejoined};
+use super::shared::NodeShared;
+use crate::link::{CoordinatorLink, RejoinError, Rejoined, rejoin_as};
 use crate::rescale::NodeEvent;
 use crate::transport::tcp::TcpTransport;
 
@@ -97,7 +97,9 @@ impl Rejoiner {
 /// connection drops while the job runs, rejoins the coordinator (a restarted
 /// one) and goes on with the new connection; the job ends only if that fails
 /// within the bound. Stops after Die (the coordinator then closes the
-/// departed node's connection).
+/// departed node's connection). Sends a heartbeat every
+/// [`HEARTBEAT_EVERY`]: a node that stops sending (hung, frozen, cut off)
+/// is declared lost by the coordinator.
 pub(super) fn watch_coordinator(
     rejoiner: Arc<Rejoiner>,
     watching: Arc<AtomicBool>,
@@ -108,8 +110,14 @@ pub(super) fn watch_coordinator(
         .spawn(move || {
             let node = rejoiner.node.clone();
             let needed = || watching.load(Ordering::SeqCst) && !node.aborting();
+            let mut beat = Instant::now();
             while watching.load(Ordering::SeqCst) {
                 let client = rejoiner.link.current();
+                if beat.elapsed() >= HEARTBEAT_EVERY {
+                    // A failed send shows as the connection's end below.
+                    let _ = client.send(&ClientMsg::Heartbeat);
+                    beat = Instant::now();
+                }
                 match client.events().recv_timeout(Duration::from_millis(50)) {
                     Ok(msg) => {
                         if let ServerMsg::Integrate { view, .. } = &msg {
@@ -170,7 +178,9 @@ pub(super) fn shutdown_barrier(rejoiner: &Rejoiner, code: i32) -> i32 {
                         return EXIT_ABORTED;
                     }
                     Err(e) => {
-                        error!("shutdown barrier failed: lost the coordinator and could not rejoin it: {e}");
+                        error!(
+                            "shutdown barrier failed: lost the coordinator and could not rejoin it: {e}"
+                        );
                         return EXIT_ABORTED;
                     }
                 }
