@@ -182,10 +182,8 @@ pub struct Coordinator {
     admitted_total: u64,
     /// Members declared lost for their silence: they may not reattach.
     silent: BTreeSet<u64>,
-    /// The last event of any kind, and the time between it and the one
-    /// before (a long one: the coordinator itself was not running).
+    /// The last event of any kind (ticks included).
     last_event: Option<Instant>,
-    gap: Duration,
 }
 
 /// How much per-connection and per-job state the coordinator holds (for
@@ -232,7 +230,6 @@ impl Coordinator {
             admitted_total: 0,
             silent: BTreeSet::new(),
             last_event: None,
-            gap: Duration::ZERO,
         }
     }
 
@@ -305,7 +302,18 @@ impl Coordinator {
                 .map(|c| c.heard + timeout)
                 .min()
         });
-        hello.chain(launch).chain(alone).chain(silent).min()
+        // Ticks at least every quarter of the timeout: a longer gap between
+        // events is then the coordinator's own pause (see `arm`), never
+        // the members' silence.
+        let awake = self
+            .heartbeat_timeout()
+            .and_then(|timeout| Some(self.last_event? + timeout / 4));
+        hello
+            .chain(launch)
+            .chain(alone)
+            .chain(silent)
+            .chain(awake)
+            .min()
     }
 
     /// The silence after which a member is lost, while the job runs.
@@ -327,7 +335,21 @@ impl Coordinator {
 
     fn arm(&mut self, now: Instant) {
         let last = self.last_event.replace(now);
-        self.gap = last.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        let gap = last.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        if self
+            .heartbeat_timeout()
+            .is_some_and(|timeout| gap > timeout / 2)
+        {
+            // The coordinator itself did not run (stopped, its host paused):
+            // nobody could be heard meanwhile, whatever its first event is.
+            warn!(
+                "the coordinator itself did not run for {:.1}s: members' silences are counted from now",
+                gap.as_secs_f64()
+            );
+            for c in self.conns.values_mut() {
+                c.heard = now;
+            }
+        }
         if self.launch_deadline.is_none()
             && matches!(self.phase, Lifecycle::Launching | Lifecycle::Recovering)
         {
@@ -564,23 +586,12 @@ impl Coordinator {
         }
     }
 
-    /// Declares lost the members silent for the heartbeat timeout, unless
-    /// the coordinator itself was not running for a good part of it (then
-    /// nobody could be heard: every silence starts again from now).
+    /// Declares lost the members silent for the heartbeat timeout (a
+    /// pause of the coordinator's own does not count: see `arm`).
     fn silences(&mut self, now: Instant, out: &mut Vec<Action>) {
         let Some(timeout) = self.heartbeat_timeout() else {
             return;
         };
-        if self.gap > timeout / 2 {
-            warn!(
-                "the coordinator itself did not run for {:.1}s: members' silences are counted from now",
-                self.gap.as_secs_f64()
-            );
-            for c in self.conns.values_mut() {
-                c.heard = now;
-            }
-            return;
-        }
         let silent: Vec<(u64, ConnId, Instant)> = self
             .member_conn
             .iter()

@@ -1314,6 +1314,37 @@ fn heartbeat_members_in_the_shutdown_barrier_are_not_waited_on_for_heartbeats() 
 }
 
 #[test]
+fn heartbeat_every_member_silent_at_once_is_declared_lost_at_the_timeout() {
+    let (mut h, m) = launched_with_heartbeat(3, 10);
+    assert!(beat_for(&mut h, 3, &m).is_empty());
+    // Every node hangs; the coordinator, awake, ticks on its own.
+    let mut out = Vec::new();
+    while let Some(at) = h.core.next_deadline().filter(|_| out.is_empty()) {
+        assert!(
+            at <= h.now + Duration::from_secs(10) / 4,
+            "it ticks at least every quarter of the timeout"
+        );
+        let by = at - h.now;
+        out = h.advance(by);
+    }
+    for &c in &m {
+        assert!(closed(&out, c), "all at once: {out:?}");
+    }
+}
+
+#[test]
+fn heartbeat_a_paused_coordinator_whose_first_event_is_a_frame_declares_nobody() {
+    let (mut h, m) = launched_with_heartbeat(2, 10);
+    assert!(beat_for(&mut h, 5, &m).is_empty());
+    // Back from a 40 s pause, it reads node 0's queued heartbeat first and
+    // ticks before it reads node 1's.
+    h.now += Duration::from_secs(40);
+    assert!(h.send(m[0], &ClientMsg::Heartbeat).is_empty());
+    let out = h.advance(Duration::from_millis(1));
+    assert!(out.is_empty(), "{out:?}");
+}
+
+#[test]
 fn heartbeat_off_declares_nobody() {
     let (mut h, m) = launched_with_heartbeat(2, 10);
     h.core.cfg.heartbeat_timeout = None;
