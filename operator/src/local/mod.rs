@@ -69,7 +69,8 @@ pub struct JobSpec {
     /// How long the coordinator waits for every node to register.
     pub launch_timeout: Duration,
     /// How long a running node may send the coordinator nothing before it
-    /// is declared lost (a hung node); `None`: never.
+    /// is declared lost (a hung node), in whole seconds, at least 3 (the
+    /// coordinator's floor); `None`: never.
     pub heartbeat_timeout: Option<Duration>,
     /// Optional wall-clock limit for the whole job.
     pub timeout: Option<Duration>,
@@ -851,7 +852,7 @@ fn spawn_coordinator(
         .arg("--heartbeat-timeout")
         .arg(
             spec.heartbeat_timeout
-                .map_or(0, |t| t.as_secs().max(1))
+                .map_or(0, |t| t.as_secs().max(3))
                 .to_string(),
         )
         .env(contract::ENV_SECRET, secret_hex)
