@@ -283,21 +283,40 @@ fn replayed_statistics_give_the_live_plan() {
 fn steady_state_steps_move_only_when_the_gain_is_worth_it() {
     let lb_lines = |extra: &[&str]| {
         let mut args = vec![
-            "--grid", "256", "--block", "32", "--iters", "40", "--lb-every", "10", "--quiet", "+lb-report",
+            "--grid",
+            "256",
+            "--block",
+            "32",
+            "--iters",
+            "40",
+            "--lb-every",
+            "10",
+            "--quiet",
+            "+lb-report",
         ];
         args.extend_from_slice(extra);
         let job = run(2, 1, "jacobi2d", &args);
         job.expect_code(0, &format!("jacobi2d {extra:?}"));
-        let lines: Vec<String> = job.stdout.lines().filter(|l| l.starts_with("lb step=")).map(String::from).collect();
+        let lines: Vec<String> = job
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("lb step="))
+            .map(String::from)
+            .collect();
         assert_eq!(lines.len(), 3, "{}", job.stdout);
         lines
     };
     for line in lb_lines(&["+lb", "Greedy", "+lb-min-gain", "0.5"]) {
-        assert!(line.contains("migrations=0") && line.contains("kept=gain_below_min"), "{line}");
+        assert!(
+            line.contains("migrations=0") && line.contains("kept=gain_below_min"),
+            "{line}"
+        );
     }
     let skewed = lb_lines(&["+lb", "GreedyRefineRateAware", "+pe-speed", "1:0.25"]);
     assert!(
-        skewed.iter().any(|l| !l.contains("migrations=0") && !l.contains("kept=")),
+        skewed
+            .iter()
+            .any(|l| !l.contains("migrations=0") && !l.contains("kept=")),
         "a PE at a quarter speed is worth moving blocks off:\n{}",
         skewed.join("\n")
     );
@@ -351,7 +370,10 @@ fn rate_aware_balancing_puts_more_blocks_on_faster_pes() {
             "1:0.1",
         ],
     );
-    job.expect_code(0, "jacobi2d, ContiguousRateAware on PEs of speeds 1, 1/10, 1");
+    job.expect_code(
+        0,
+        "jacobi2d, ContiguousRateAware on PEs of speeds 1, 1/10, 1",
+    );
     assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
     // Five steps (iterations 10 to 50); the last one's statistics show
     // where steps 1 to 4 put the 64 blocks.
