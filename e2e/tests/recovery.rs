@@ -181,6 +181,38 @@ fn a_hung_node_is_declared_lost_after_the_heartbeat_timeout_and_recovered_from()
     done.completes_with(&want);
 }
 
+/// A hung node that never resumes (a frozen VM) is declared lost, the job
+/// recovers without it, and the launcher kills the stopped process once it
+/// has run `--exit-grace` outside the view: the job completes with exit 0
+/// instead of failing at its end for a member that never exited.
+#[test]
+fn a_hung_node_the_job_recovered_without_is_fenced_by_the_launcher() {
+    let (spec, want) = spec(40_000, &["+ft-every", "2"]);
+    let job = Background::launch(3, "jacobi2d", &spec)
+        .flags(&["--heartbeat-timeout", "3", "--exit-grace", "2"])
+        .timeout_s(240)
+        .start();
+    let start = pids(&job);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(start[2], "-STOP");
+    let after = view_without(&job, start[2]);
+    assert_eq!(after, [start[0], start[1]]);
+    recoveries(&job, 1);
+    assert!(
+        eventually(WAIT, || !alive(start[2])),
+        "the stopped node is killed while the job runs\n{}",
+        job.stderr()
+    );
+    let done = job.finish();
+    done.completes_with(&want);
+    assert!(
+        done.stderr
+            .contains(&format!("node 2 (pid {}), fenced", start[2])),
+        "the launcher says it killed the node: {}",
+        done.stderr
+    );
+}
+
 /// Without `+ft-every` a hung node ends the job, in bounded time and
 /// naming it, instead of holding it forever.
 #[test]

@@ -2276,11 +2276,22 @@ async fn answer_until_status(handle: &mut ApiServerHandle, job: &Value) -> Seen 
     }
 }
 
+/// How pod `jacobi-2` is lost in [`lose_a_member_without_notice`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// Its pod vanished.
+    Vanished,
+    /// Its pod ended Failed while the view still listed it, then vanished.
+    FailedFirst,
+    /// Its pod still runs (a frozen instance the coordinator declared lost).
+    Hung,
+}
+
 /// Issue 20: a running job of three pods; then pod `jacobi-2` is lost
-/// without notice (no taint, no deletion: its pod vanished, or ended
-/// Failed while the view still listed it), and the job's view at epoch 2
-/// no longer lists it. Returns what each reconcile after the first did.
-async fn lose_a_member_without_notice(fault_tolerance: bool, failed_first: bool) -> Vec<Seen> {
+/// without notice (no taint, no deletion: see [`Loss`]), and the job's
+/// view at epoch 2 no longer lists it. Returns what each reconcile after
+/// the first did.
+async fn lose_a_member_without_notice(fault_tolerance: bool, loss: Loss) -> Vec<Seen> {
     let secret = Secret::generate();
     let (port, fake) = fake_job(&secret, &["jacobi-0", "jacobi-1", "jacobi-2"]);
     let (mut harness, handle) = context();
@@ -2313,7 +2324,7 @@ async fn lose_a_member_without_notice(fault_tolerance: bool, failed_first: bool)
         running_pod("jacobi-0", "on-demand", "launch", "od-1"),
         running_pod("jacobi-1", "spot", "launch", "spot-1"),
     ];
-    if failed_first {
+    if loss == Loss::FailedFirst {
         // Its pod ended (killed); the runtime has not committed yet.
         let mut failed = running_pod("jacobi-2", "spot", "launch", "spot-2");
         failed["status"]["phase"] = json!("Failed");
@@ -2347,6 +2358,9 @@ async fn lose_a_member_without_notice(fault_tolerance: bool, failed_first: bool)
     let j = job.clone();
     let mut pods = survivors.clone();
     pods.extend(launched);
+    if loss == Loss::Hung {
+        pods.push(running_pod("jacobi-2", "spot", "launch", "spot-2"));
+    }
     let (action, _handle, seen) =
         reconcile_against(&harness.ctx, &job, handle, |mut handle| async move {
             expect_objects(&mut handle, None, &pods).await;
@@ -2373,7 +2387,7 @@ fn all_applied(rounds: &[Seen]) -> Vec<&Value> {
 /// node runs with `+ft-every 5` like every pod of the job.
 #[tokio::test]
 async fn with_fault_tolerance_a_member_lost_without_notice_is_a_recovery_and_is_replaced() {
-    let rounds = lose_a_member_without_notice(true, false).await;
+    let rounds = lose_a_member_without_notice(true, Loss::Vanished).await;
     let seen = &rounds[0];
     let recovered: Vec<&(String, String)> = seen
         .events
@@ -2408,7 +2422,7 @@ async fn with_fault_tolerance_a_member_lost_without_notice_is_a_recovery_and_is_
 /// then the view without it: one recovery, said once.
 #[tokio::test]
 async fn with_fault_tolerance_a_member_whose_pod_failed_is_a_recovery_once_the_view_drops_it() {
-    let rounds = lose_a_member_without_notice(true, true).await;
+    let rounds = lose_a_member_without_notice(true, Loss::FailedFirst).await;
     assert!(
         !reasons(&rounds[0]).contains(&"Recovered"),
         "{:?}",
@@ -2432,12 +2446,32 @@ async fn with_fault_tolerance_a_member_whose_pod_failed_is_a_recovery_once_the_v
     assert_eq!(newcomers, 1);
 }
 
+/// A member that hangs (a frozen instance: its pod still Running, the
+/// coordinator declared it lost and the runtime recovered without it) is
+/// fenced: its pod is deleted, once, besides the recovery and its
+/// replacement, so it holds neither its capacity nor a place in the job.
+#[tokio::test]
+async fn with_fault_tolerance_a_hung_member_the_job_recovered_without_is_fenced() {
+    let rounds = lose_a_member_without_notice(true, Loss::Hung).await;
+    let seen = &rounds[0];
+    let reasons = reasons(seen);
+    assert!(reasons.contains(&"Recovered"), "{:?}", seen.events);
+    assert!(reasons.contains(&"DeleteVacated"), "{:?}", seen.events);
+    assert_eq!(seen.deleted, ["jacobi-2"]);
+    assert_eq!(seen.status["recoveries"], 1, "{}", seen.status);
+    let newcomers = all_applied(&rounds)
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["ductile.dev/role"] == "newcomer")
+        .count();
+    assert_eq!(newcomers, 1, "one replacement");
+}
+
 /// Without `faultTolerance` nothing changes: the loss is reported as
 /// before (`MemberLost`), no recovery is counted, and no pod gets
 /// `+ft-every`.
 #[tokio::test]
 async fn without_fault_tolerance_a_member_lost_without_notice_is_no_recovery() {
-    let rounds = lose_a_member_without_notice(false, false).await;
+    let rounds = lose_a_member_without_notice(false, Loss::Vanished).await;
     let seen = &rounds[0];
     assert!(reasons(seen).contains(&"MemberLost"), "{:?}", seen.events);
     assert!(!reasons(seen).contains(&"Recovered"), "{:?}", seen.events);

@@ -71,6 +71,12 @@
 //!   ([`Supervisor::forget_settled`]) while the job is not finishing: the
 //!   supervisor holds only the newcomers that still run or wait for a
 //!   judgement, however many rescales the job goes through.
+//! - A member that still runs although the views no longer list it (a
+//!   hung node the coordinator declared lost and the job recovered
+//!   without, or a departing node that hung after its hand-over) is no
+//!   longer part of the job: `exit_grace` after the first view without it
+//!   the launcher kills it ([`Supervisor::take_fenced`]), and that end is
+//!   reported, not judged. Node 0 is never fenced.
 //! - The optional wall-clock limit and a stop request end the job.
 
 use std::collections::BTreeMap;
@@ -505,6 +511,34 @@ struct Slot {
     /// view asked for after its death that no longer lists it says the job
     /// recovered without it.
     recovering: bool,
+    /// Whether the views still list it while it runs.
+    absence: Absence,
+}
+
+/// A running member's absence from the views: a process the job no longer
+/// counts on, fenced once it outlasts the grace.
+#[derive(Debug, Clone, Copy, Default)]
+struct Absence {
+    /// When the first view that no longer lists it was asked for (reset
+    /// by a view that lists it again).
+    since: Option<Duration>,
+    /// The launcher was told to kill it.
+    fenced: bool,
+}
+
+impl Absence {
+    fn seen(&mut self, listed: bool, asked_at: Duration) {
+        if listed {
+            self.since = None;
+        } else {
+            self.since.get_or_insert(asked_at);
+        }
+    }
+
+    /// Whether it is due to be fenced at `now`.
+    fn due(&self, now: Duration, grace: Duration) -> bool {
+        !self.fenced && self.since.is_some_and(|since| now >= since + grace)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -526,6 +560,8 @@ struct NewcomerSlot {
     /// The latest epoch seen when it was started: an admission of its pid
     /// in this epoch or before is another process's (a pid reused).
     epoch_at_spawn: Epoch,
+    /// Once admitted: whether the views still list it while it runs.
+    absence: Absence,
 }
 
 /// A coordinator lost while the job runs, to be restarted.
@@ -569,6 +605,8 @@ pub struct Supervisor {
     restart_attempts: u32,
     /// Killed members the job recovered without (fault tolerance).
     recoveries: u32,
+    /// Members to kill, not yet taken by [`Supervisor::take_fenced`].
+    fence: Vec<(Who, u32)>,
 }
 
 impl Supervisor {
@@ -583,6 +621,7 @@ impl Supervisor {
                     exit: None,
                     awaiting_view: false,
                     recovering: false,
+                    absence: Absence::default(),
                 })
                 .collect(),
             newcomers: BTreeMap::new(),
@@ -592,6 +631,7 @@ impl Supervisor {
                 exit: None,
                 awaiting_view: false,
                 recovering: false,
+                absence: Absence::default(),
             },
             limits,
             started: false,
@@ -604,6 +644,7 @@ impl Supervisor {
             down: None,
             restart_attempts: 0,
             recoveries: 0,
+            fence: Vec::new(),
         }
     }
 
@@ -688,6 +729,59 @@ impl Supervisor {
         }
         self.judge_awaiting(asked_at, member_pids);
         self.judge_recovering(asked_at, member_pids);
+        self.note_absences(asked_at, member_pids);
+    }
+
+    /// Running members (launch nodes but node 0, admitted newcomers) the
+    /// view asked for at `asked_at` lists, or not.
+    fn note_absences(&mut self, asked_at: Duration, member_pids: &[u32]) {
+        let running = self.nodes.iter_mut().skip(1).filter(|s| s.exit.is_none());
+        for slot in running {
+            slot.absence.seen(member_pids.contains(&slot.pid), asked_at);
+        }
+        let admitted = self
+            .newcomers
+            .values_mut()
+            .filter(|s| s.admitted && s.exit.is_none());
+        for slot in admitted {
+            slot.absence.seen(member_pids.contains(&slot.pid), asked_at);
+        }
+    }
+
+    /// Members the launcher is to kill since the last call: each still ran
+    /// `exit_grace` after the first view without it. Their end is reported
+    /// when it comes, not judged.
+    pub fn take_fenced(&mut self) -> Vec<(Who, u32)> {
+        std::mem::take(&mut self.fence)
+    }
+
+    /// Marks the members absent past the grace at `now` as fenced.
+    fn fence_absent(&mut self, now: Duration) {
+        let grace = self.limits.exit_grace;
+        let nodes = self
+            .nodes
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, s)| s.exit.is_none())
+            .map(|(i, s)| (Who::Node(i), s.pid, &mut s.absence));
+        let newcomers = self
+            .newcomers
+            .iter_mut()
+            .filter(|(_, s)| s.exit.is_none())
+            .map(|(&n, s)| (Who::Newcomer(n), s.pid, &mut s.absence));
+        for (who, pid, absence) in nodes.chain(newcomers) {
+            if !absence.due(now, grace) {
+                continue;
+            }
+            absence.fenced = true;
+            let since = absence.since.unwrap_or_default();
+            self.notes.push(format!(
+                "{who} (pid {pid}) still runs {} after a view without it (at {}): the job no longer counts on it (declared lost, or removed by a rescale); killing it",
+                secs(now - since),
+                secs(since)
+            ));
+            self.fence.push((who, pid));
+        }
     }
 
     /// The coordinator's recent admissions, `(epoch, pid)` each, asked for
@@ -728,6 +822,11 @@ impl Supervisor {
         }
         slot.exit = Some((exit, now));
         let pid = slot.pid;
+        if slot.absence.fenced {
+            self.notes
+                .push(format!("node {index} (pid {pid}), fenced, {exit}"));
+            return;
+        }
         // Before the start is known an exit cannot be judged: a short job may
         // have started and finished between two looks at the coordinator.
         // A signal can: no job ends its nodes that way.
@@ -751,6 +850,7 @@ impl Supervisor {
             followed: false,
             missed_commit: false,
             epoch_at_spawn: self.epoch.unwrap_or(0),
+            absence: Absence::default(),
         };
         self.newcomers.insert(n, slot);
         n
@@ -765,6 +865,13 @@ impl Supervisor {
             return;
         }
         slot.exit = Some((exit, now));
+        if slot.absence.fenced {
+            slot.judged = true;
+            let pid = slot.pid;
+            self.notes
+                .push(format!("{} (pid {pid}), fenced, {exit}", Who::Newcomer(n)));
+            return;
+        }
         if slot.admitted {
             slot.judged = true;
             let pid = slot.pid;
@@ -1149,6 +1256,7 @@ impl Supervisor {
                     exit: None,
                     awaiting_view: false,
                     recovering: false,
+                    absence: Absence::default(),
                 };
                 self.down = None;
             }
@@ -1218,6 +1326,7 @@ impl Supervisor {
             }
         }
         if self.end.is_none() {
+            self.fence_absent(now);
             self.end = self.judge(now).map(|end| self.after_a_kill(end));
         }
         self.end.clone()
@@ -2631,6 +2740,87 @@ mod tests {
                 disagreeing: vec![]
             })
         );
+    }
+
+    /// A member that runs on after the views dropped it (a hung node the
+    /// coordinator declared lost: stopped, it cannot exit) is fenced once
+    /// it outlasts the grace, with or without fault tolerance; its end is
+    /// reported, never judged, and the job completes without it.
+    #[test]
+    fn a_member_the_views_dropped_while_it_runs_is_fenced_after_the_grace() {
+        for mut sup in [sup(3), sup_ft(3)] {
+            sup.members_seen(s(0.5), 1, &[100, 101, 102]);
+            sup.members_seen(s(5.0), 2, &[100, 101]);
+            assert_eq!(sup.poll(s(5.0) + GRACE - s(0.1)), None);
+            assert!(sup.take_fenced().is_empty(), "not within the grace");
+            assert_eq!(sup.poll(s(5.0) + GRACE), None);
+            assert_eq!(sup.take_fenced(), vec![(Who::Node(2), 102)]);
+            assert_eq!(
+                sup.take_notes(),
+                vec!["node 2 (pid 102) still runs 10.0s after a view without it (at 5.0s): the job no longer counts on it (declared lost, or removed by a rescale); killing it"]
+            );
+            assert_eq!(sup.poll(s(30.0)), None);
+            assert!(sup.take_fenced().is_empty(), "fenced once");
+            sup.node_exited(2, KILL, s(30.0));
+            assert_eq!(sup.poll(s(30.1)), None, "its kill is not judged");
+            assert_eq!(
+                sup.take_notes(),
+                vec!["node 2 (pid 102), fenced, was killed by signal 9 (SIGKILL)"]
+            );
+            assert_eq!(
+                end_normally(&mut sup, &[0, 1], 40.0),
+                Some(JobEnd::Completed {
+                    code: 0,
+                    disagreeing: vec![]
+                })
+            );
+            assert_eq!(sup.recoveries(), 0);
+        }
+    }
+
+    /// A hung node that outlasts the start of the finish is fenced, not
+    /// waited for: the job completes once it is gone.
+    #[test]
+    fn a_dropped_member_does_not_hold_up_the_finish() {
+        let mut sup = sup_ft(3);
+        sup.members_seen(s(5.0), 2, &[100, 101]);
+        sup.node_exited(0, Exit::Code(0), s(8.0));
+        sup.node_exited(1, Exit::Code(0), s(8.0));
+        sup.coordinator_exited(Exit::Code(0), s(8.0));
+        assert_eq!(sup.poll(s(5.0) + GRACE), None);
+        assert_eq!(sup.take_fenced(), vec![(Who::Node(2), 102)]);
+        sup.node_exited(2, KILL, s(15.1));
+        assert_eq!(
+            sup.poll(s(15.2)),
+            Some(JobEnd::Completed {
+                code: 0,
+                disagreeing: vec![]
+            })
+        );
+    }
+
+    /// Not fenced: a departing node that exits within the grace, a member
+    /// a later view lists again, node 0, and a newcomer never admitted.
+    /// An admitted newcomer is fenced like a launch node.
+    #[test]
+    fn only_members_that_outlast_the_grace_outside_the_views_are_fenced() {
+        let mut sup = sup_ft(4);
+        let waiting = sup.newcomer_spawned(200, s(1.0));
+        let admitted = sup.newcomer_spawned(201, s(1.0));
+        sup.members_seen(s(2.0), 2, &[101, 102, 103, 201]);
+        assert!(sup.newcomer_admitted(admitted));
+        sup.members_seen(s(3.0), 3, &[102, 103]);
+        sup.node_exited(1, Exit::Code(0), s(3.1));
+        sup.members_seen(s(4.0), 3, &[102, 103, 201]);
+        assert_eq!(sup.poll(s(60.0)), None);
+        assert!(sup.take_fenced().is_empty(), "{:?}", sup.take_notes());
+        sup.members_seen(s(61.0), 4, &[102, 103]);
+        assert_eq!(sup.poll(s(61.0) + GRACE), None);
+        assert_eq!(sup.take_fenced(), vec![(Who::Newcomer(admitted), 201)]);
+        sup.newcomer_exited(admitted, KILL, s(71.1));
+        assert_eq!(sup.poll(s(71.2)), None, "its kill is not judged");
+        assert!(sup.newcomer_settled(admitted));
+        assert!(!sup.newcomer_settled(waiting));
     }
 
     /// A killed node that every view still lists past the recovery bound

@@ -24,6 +24,11 @@ use super::{
 };
 use crate::state::{unix_ms, JobState, NewcomerRecord};
 
+/// How often the view probe asks while nothing waits for a view: often
+/// enough to fence a hung member soon after the grace, rarely enough to
+/// cost the coordinator nothing.
+const MEMBER_WATCH_INTERVAL: Duration = Duration::from_millis(500);
+
 /// A restart arranged by `ductile rescale --mode restart`: the node count
 /// and the checkpoint directory to relaunch from.
 pub(super) type ArrangedRestart = Option<(u32, PathBuf)>;
@@ -71,6 +76,7 @@ pub(super) fn supervise(
         if let Some(end) = watch.sup.poll(now) {
             break end;
         }
+        watch.fence();
         thread::sleep(POLL_INTERVAL);
     };
     let restart = watch.close();
@@ -290,6 +296,16 @@ impl<'a, 'j> Watch<'a, 'j> {
         }
     }
 
+    /// Kills the members the job no longer counts on that still run (a
+    /// hung node declared lost): their process groups, with SIGKILL, since
+    /// a stopped process takes no other signal.
+    fn fence(&mut self) {
+        for (who, pid) in self.sup.take_fenced() {
+            tracing::info!(%who, pid, "fencing a process the job no longer counts on");
+            signal_group(pid, Signal::SIGKILL);
+        }
+    }
+
     /// Lets go of the newcomers whose end is judged, in the supervisor
     /// and in the fleet (once their process group is gone): what the
     /// launcher holds stays bounded however many rescales the job has;
@@ -405,9 +421,10 @@ enum ProbeAnswer {
 
 /// Asks the coordinator for its view every [`POLL_INTERVAL`]: until the job
 /// has started, then while `watch` is set (a newcomer's admission is
-/// unknown), until `done` is set. Never blocks the
-/// launcher: it runs on its own thread and every call on the connection has a
-/// timeout.
+/// unknown), and every [`MEMBER_WATCH_INTERVAL`] otherwise (members the
+/// views drop while they run are fenced), until `done` is set. Never blocks
+/// the launcher: it runs on its own thread and every call on the connection
+/// has a timeout.
 fn spawn_view_probe(
     addr: String,
     secret: Secret,
@@ -422,8 +439,10 @@ fn spawn_view_probe(
             let timeout = Duration::from_secs(1);
             let mut started = false;
             let mut client: Option<Client> = None;
+            let mut last_asked: Option<Instant> = None;
             while !done.load(Ordering::SeqCst) {
-                if started && !watch.load(Ordering::SeqCst) {
+                let recent = last_asked.is_some_and(|t| t.elapsed() < MEMBER_WATCH_INTERVAL);
+                if started && !watch.load(Ordering::SeqCst) && recent {
                     thread::sleep(POLL_INTERVAL);
                     continue;
                 }
@@ -438,6 +457,7 @@ fn spawn_view_probe(
                     continue;
                 };
                 let asked_at = t0.elapsed();
+                last_asked = Some(Instant::now());
                 let answer = match connected.query_view(timeout) {
                     Ok((Some(view), _)) => {
                         started = true;
