@@ -282,6 +282,11 @@ impl NodeShared {
     /// lowest-numbered survivor; the others log it at info level, so a lost
     /// node is one line on the job's terminal, not one per node and PE.
     pub(crate) fn lose_peer(&self, peer_uid: u64, reason: &str) {
+        // A PE blocked sending to it (a hung peer reads nothing) could not
+        // see the job end otherwise.
+        if let Some(transport) = self.transport_if_any() {
+            transport.disconnect(peer_uid);
+        }
         let view = self.view();
         let me = self.topology_now().map(|t| t.my_uid());
         let (reason, speaks) = loss_report(view.as_ref(), peer_uid, me, reason);

@@ -338,7 +338,13 @@ impl Shell {
                 // before anything it queued runs, and rolls back later.
                 let topo = self.driver().topology().cloned();
                 if let (Some(topo), Some(&lost)) = (topo, order.remove.first()) {
-                    node.note_loss(lost, topo.uid_of(lost));
+                    let uid = topo.uid_of(lost);
+                    node.note_loss(lost, uid);
+                    // A PE blocked sending to it (a hung peer reads
+                    // nothing) could not take its stop order otherwise.
+                    if let Some(transport) = node.transport_if_any() {
+                        transport.disconnect(uid);
+                    }
                 }
                 for inbox in &node.inboxes {
                     inbox.push(crate::pe::recovery_stop(order.clone()));

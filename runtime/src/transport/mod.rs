@@ -194,6 +194,11 @@ pub trait Transport: Send + Sync + 'static {
     }
     /// Brings endpoints in line with `view`, in which this node is `me`.
     fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError>;
+    /// Cuts the connection to peer `peer_uid`, declared lost, at once: a
+    /// send blocked on it (its buffers full of frames a hung peer never
+    /// reads) fails instead of waiting forever, and so do later sends.
+    /// Default: nothing, for a transport whose sends never block on a peer.
+    fn disconnect(&self, _peer_uid: u64) {}
     /// Orderly shutdown: peers will not report this node as lost.
     fn shutdown(&self);
     /// Called by an idle PE while it spins: a transport progressed from the

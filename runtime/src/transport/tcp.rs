@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use ductile_coordinator::proto::{NodeId, View};
 use ductile_coordinator::secret::Secret;
@@ -167,13 +167,15 @@ impl Transport for TcpTransport {
                 }
                 None => {
                     let my_uid = *self.my_uid.read().expect("uid lock poisoned");
-                    match handshake::dial(m.node, &m.address, &self.secret, my_uid) {
-                        Ok(stream) => {
+                    let dialled = handshake::dial(m.node, &m.address, &self.secret, my_uid)
+                        .and_then(|stream| {
+                            Endpoint::new(m.uid, stream)
+                                .map_err(io_err(format!("opening the endpoint to node {}", m.node)))
+                        });
+                    match dialled {
+                        Ok(ep) => {
                             stats.opened += 1;
-                            Arc::new(Endpoint {
-                                uid: m.uid,
-                                stream: Mutex::new(stream),
-                            })
+                            Arc::new(ep)
                         }
                         Err(e) => {
                             failure.get_or_insert(e);
@@ -195,6 +197,14 @@ impl Transport for TcpTransport {
         match failure {
             Some(e) => Err(e),
             None => Ok(stats),
+        }
+    }
+
+    fn disconnect(&self, peer_uid: u64) {
+        let out = self.out.read().expect("endpoint table poisoned");
+        for ep in out.values().filter(|e| e.uid == peer_uid) {
+            ep.cut();
+            debug!(uid = peer_uid, "cut the connection to a lost peer");
         }
     }
 

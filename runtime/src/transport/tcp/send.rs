@@ -12,6 +12,26 @@ use crate::transport::{FrameWrite, Tag};
 pub(super) struct Endpoint {
     pub(super) uid: u64,
     pub(super) stream: Mutex<TcpStream>,
+    /// The same socket, outside the lock: [`Endpoint::cut`] shuts it down
+    /// while a writer blocked on it holds `stream`.
+    cutter: TcpStream,
+}
+
+impl Endpoint {
+    /// An endpoint over `stream`, connected to the peer with uid `uid`.
+    pub(super) fn new(uid: u64, stream: TcpStream) -> io::Result<Endpoint> {
+        Ok(Endpoint {
+            uid,
+            cutter: stream.try_clone()?,
+            stream: Mutex::new(stream),
+        })
+    }
+
+    /// Shuts the connection down at once, without waiting for a writer:
+    /// one blocked on a peer that stopped reading fails (EPIPE) instead.
+    pub(super) fn cut(&self) {
+        let _ = self.cutter.shutdown(Shutdown::Both);
+    }
 }
 
 /// Writes one frame, `[u32 LE length][u64 LE tag][parts...]`, with one

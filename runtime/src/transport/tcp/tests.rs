@@ -376,6 +376,56 @@ fn a_peer_lost_inside_a_large_frame_is_reported_and_nothing_hangs() {
     assert_eq!(a.frames.recv_timeout(WAIT).unwrap().1, b"still here");
 }
 
+/// A hung peer: its receive thread takes one frame and then blocks, so it
+/// reads nothing more (a stopped process, a frozen VM).
+struct Stall(Receiver<()>);
+impl Sink for Stall {
+    fn deliver(&self, _: Tag, _: Vec<u8>) {
+        let _ = self.0.recv();
+    }
+    fn lost(&self, _: u64, _: String) {}
+}
+
+/// A send blocked on a peer that reads nothing (its socket buffers full)
+/// fails once the peer is disconnected as lost, from another thread, and
+/// later sends to it fail at once: a PE stuck there can take its stop
+/// order, where it would otherwise wait forever.
+#[test]
+fn a_send_blocked_on_a_hung_peer_fails_once_it_is_disconnected() {
+    let s = Secret::generate();
+    let a = node(&s, 1);
+    let (release, gate) = unbounded::<()>();
+    let hung =
+        TcpTransport::bind(IpAddr::from([127, 0, 0, 1]), None, s, Arc::new(Stall(gate))).unwrap();
+    let mut v = view(1, &[&a]);
+    v.members.push(Member {
+        node: 1,
+        uid: 2,
+        address: hung.address(),
+        pes: 1,
+        host: "h".into(),
+        pid: 0,
+    });
+    a.t.reconcile(&v, 0).unwrap();
+    let (done, sent) = unbounded();
+    let sender = Arc::clone(&a.t);
+    std::thread::spawn(move || {
+        let body = vec![7u8; 1 << 20];
+        // 1 GiB: far more than the kernel buffers a peer that reads nothing.
+        let r = (0..1024).try_for_each(|_| sender.send(1, Tag::new(0, 1, 5), &[&body]));
+        let _ = done.send(r);
+    });
+    assert!(
+        sent.recv_timeout(Duration::from_millis(500)).is_err(),
+        "1 GiB cannot reach a peer that reads nothing"
+    );
+    a.t.disconnect(2);
+    let r = sent.recv_timeout(WAIT).expect("the blocked send returns");
+    assert!(r.is_err(), "{r:?}");
+    assert!(a.t.send(1, Tag::new(0, 1, 5), &[b"more"]).is_err());
+    drop(release);
+}
+
 #[test]
 fn an_idle_transport_sleeps() {
     let (a, b) = connected_pair();
