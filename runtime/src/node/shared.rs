@@ -410,7 +410,7 @@ impl Sink for NodeSink {
             if !member {
                 // A newcomer that dialled speculatively and died before it
                 // was admitted, or a node already removed: not the job's loss.
-                warn!("the connection from uid {peer_uid}, not a member, ended: {reason}");
+                info!("the connection from uid {peer_uid}, not a member, ended: {reason}");
                 return;
             }
             node.peer_lost(peer_uid, &format!("its connection ended ({reason})"));
