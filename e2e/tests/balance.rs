@@ -1,10 +1,27 @@
 //! Migration and load balancing, seen from outside: real jobs where elements
 //! move while messages fly, checked against sequential computations.
 
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
 use ductile_apps::jacobi::{reference, Spec};
 use ductile_apps::megatest::walk_expectation;
 use ductile_e2e::{run, SHAPES};
 use proptest::prelude::*;
+
+/// The machine the jobs of this file run on: two at a time (the test
+/// threads), but the test that reads measured speeds runs alone, since
+/// another job's PEs on the same cores are measured as slowness.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+/// A share of the machine, beside one other job.
+fn shared() -> RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The machine to one job.
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(|e| e.into_inner())
+}
 
 proptest! {
     // Each case is a real multi-process job: few cases, each a fresh random setup.
@@ -21,6 +38,7 @@ proptest! {
         chains in 1u64..4,
         len in 5u64..40,
     ) {
+        let _machine = shared();
         let (n, p) = shape;
         let elems = per_pe * (n * p) as u64 + 1;
         let job = run(n, p, "megatest", &[
@@ -35,6 +53,7 @@ proptest! {
 
 #[test]
 fn elements_that_move_actually_move() {
+    let _machine = shared();
     let job = run(
         2,
         2,
@@ -57,6 +76,7 @@ fn elements_that_move_actually_move() {
 
 #[test]
 fn destroyed_elements_leave_reductions_and_the_rest_complete() {
+    let _machine = shared();
     for &(n, p) in SHAPES {
         let elems = 6 * n * p + 2;
         let job = run(
@@ -78,6 +98,7 @@ fn destroyed_elements_leave_reductions_and_the_rest_complete() {
 /// Rotate moves every block at every step: the checksum must not notice.
 #[test]
 fn jacobi_checksum_is_unchanged_by_load_balancing() {
+    let _machine = shared();
     let spec = Spec {
         nx: 96,
         ny: 80,
@@ -151,6 +172,7 @@ fn jacobi_checksum_is_unchanged_by_load_balancing() {
 /// which exist: a usage error (exit 2, docs/cli.md), nothing started.
 #[test]
 fn an_unknown_strategy_is_refused_with_the_list() {
+    let _machine = shared();
     let job = run(1, 1, "jacobi2d", &["--grid", "16", "+lb", "Nope"]);
     job.expect_code(2, "unknown strategy");
     assert!(job.stderr.contains("GreedyRefine"), "{}", job.stderr);
@@ -160,6 +182,7 @@ fn an_unknown_strategy_is_refused_with_the_list() {
 /// the result is the same.
 #[test]
 fn periodic_balancing_skips_steps_but_not_results() {
+    let _machine = shared();
     let spec = Spec {
         nx: 128,
         ny: 128,
@@ -222,6 +245,7 @@ fn periodic_balancing_skips_steps_but_not_results() {
 /// offline, give exactly the plan the live step made.
 #[test]
 fn replayed_statistics_give_the_live_plan() {
+    let _machine = shared();
     let dump = tempfile::tempdir().expect("temp dir");
     let dir = dump.path().to_str().expect("utf-8 path");
     let job = run(
@@ -281,6 +305,7 @@ fn replayed_statistics_give_the_live_plan() {
 /// at the default threshold.
 #[test]
 fn steady_state_steps_move_only_when_the_gain_is_worth_it() {
+    let _machine = shared();
     let lb_lines = |extra: &[&str]| {
         let mut args = vec![
             "--grid",
@@ -322,18 +347,18 @@ fn steady_state_steps_move_only_when_the_gain_is_worth_it() {
     );
 }
 
-/// Rate-aware balancing on a mixed-speed shape (PEs 0 and 2 at full speed,
-/// PE 1 at a tenth, emulated with `+pe-speed`) gives the fast PEs more
-/// blocks than the slow one, and the result does not change. Where the
-/// blocks are is read from the statistics the job dumped at its last step:
-/// the placement the earlier steps left. Speeds are measured in wall time,
-/// so a loaded machine (three PEs on two cores, beside other tests) skews
-/// them: at a quarter speed one CI run measured PE 0 slower than PE 1 and
-/// left [10, 17, 37]; a tenth leaves a margin no preemption here reaches.
-/// (Speeds 1, 1/2 and 1/4 are not ordered reliably either: one run here
-/// left [43, 7, 14].)
+/// Rate-aware balancing on a mixed-speed shape (PE 0 at full speed, PE 1
+/// at a tenth, emulated with `+pe-speed`) gives the fast PE more blocks
+/// than the slow one, and the result does not change. Where the blocks are
+/// is read from the statistics the job dumped at its last step: the
+/// placement the earlier steps left. Speeds are measured in wall time, and
+/// the emulated slowness spins, so this runs alone, one PE per core: with
+/// three PEs on the two cores (PEs 0 and 2 fast, PE 1 slow) and another
+/// test's job beside them, CI runs measured a fast PE slower than the slow
+/// one sharing its core, leaving [10, 17, 37] and [52, 6, 6].
 #[test]
 fn rate_aware_balancing_puts_more_blocks_on_faster_pes() {
+    let _machine = alone();
     let spec = Spec {
         nx: 512,
         ny: 512,
@@ -347,7 +372,7 @@ fn rate_aware_balancing_puts_more_blocks_on_faster_pes() {
     let dump = tempfile::tempdir().expect("temp dir");
     let dir = dump.path().to_str().expect("utf-8 path");
     let job = run(
-        3,
+        2,
         1,
         "jacobi2d",
         &[
@@ -370,10 +395,7 @@ fn rate_aware_balancing_puts_more_blocks_on_faster_pes() {
             "1:0.1",
         ],
     );
-    job.expect_code(
-        0,
-        "jacobi2d, ContiguousRateAware on PEs of speeds 1, 1/10, 1",
-    );
+    job.expect_code(0, "jacobi2d, ContiguousRateAware on PEs of speeds 1, 1/10");
     assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
     // Five steps (iterations 10 to 50); the last one's statistics show
     // where steps 1 to 4 put the 64 blocks.
@@ -386,13 +408,13 @@ fn rate_aware_balancing_puts_more_blocks_on_faster_pes() {
             .expect("statistics of step 5 dumped"),
     );
     let stats = ductile::lb::stats::LbStats::load(&last).expect("statistics load");
-    let mut blocks = [0usize; 3];
+    let mut blocks = [0usize; 2];
     for o in &stats.objs {
         blocks[o.pe as usize] += 1;
     }
     assert_eq!(blocks.iter().sum::<usize>(), 64);
     assert!(
-        blocks[1] < blocks[0] && blocks[1] < blocks[2] && blocks[1] < 64 / 3,
-        "blocks per PE {blocks:?}: the tenth-speed PE 1 must hold fewer than each fast PE and than an even share (1 : 1/10 : 1 is 30.5 : 3 : 30.5)"
+        blocks[1] < blocks[0] && blocks[1] < 64 / 2,
+        "blocks per PE {blocks:?}: the tenth-speed PE 1 must hold fewer than the fast PE 0 and than an even share (1 : 1/10 is 58 : 6)"
     );
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use ductile_coordinator::proto::{ServerMsg, View};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info};
 
 use crate::msg::{CollId, decode_frame};
 use crate::operation::OperationSlot;
