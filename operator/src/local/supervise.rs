@@ -76,7 +76,9 @@
 //!   without, or a departing node that hung after its hand-over) is no
 //!   longer part of the job: `exit_grace` after the first view without it
 //!   the launcher kills it ([`Supervisor::take_fenced`]), and that end is
-//!   reported, not judged. Node 0 is never fenced.
+//!   reported, not judged. Node 0 is never fenced. (The driver asks for
+//!   views all along only for a job with fault tolerance; without, a hung
+//!   node ends the job and is stopped with the rest.)
 //! - The optional wall-clock limit and a stop request end the job.
 
 use std::collections::BTreeMap;

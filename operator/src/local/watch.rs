@@ -24,9 +24,9 @@ use super::{
 };
 use crate::state::{unix_ms, JobState, NewcomerRecord};
 
-/// How often the view probe asks while nothing waits for a view: often
-/// enough to fence a hung member soon after the grace, rarely enough to
-/// cost the coordinator nothing.
+/// How often the view probe of a job with fault tolerance asks while
+/// nothing waits for a view: often enough to fence a hung member soon after
+/// the grace, rarely enough to cost the coordinator nothing.
 const MEMBER_WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
 /// A restart arranged by `ductile rescale --mode restart`: the node count
@@ -144,6 +144,7 @@ impl<'a, 'j> Watch<'a, 'j> {
             addr,
             job.secret.clone(),
             job.t0,
+            limits.recovery.is_some(),
             Arc::clone(&probe_watch),
             Arc::clone(&probe_done),
         );
@@ -421,14 +422,16 @@ enum ProbeAnswer {
 
 /// Asks the coordinator for its view every [`POLL_INTERVAL`]: until the job
 /// has started, then while `watch` is set (a newcomer's admission is
-/// unknown), and every [`MEMBER_WATCH_INTERVAL`] otherwise (members the
-/// views drop while they run are fenced), until `done` is set. Never blocks
-/// the launcher: it runs on its own thread and every call on the connection
-/// has a timeout.
+/// unknown), and otherwise, for a job with fault tolerance
+/// (`follow_members`: members the views drop while they run, hung nodes
+/// the job recovered without, are fenced), every [`MEMBER_WATCH_INTERVAL`],
+/// until `done` is set. Never blocks the launcher: it runs on its own
+/// thread and every call on the connection has a timeout.
 fn spawn_view_probe(
     addr: String,
     secret: Secret,
     t0: Instant,
+    follow_members: bool,
     watch: Arc<AtomicBool>,
     done: Arc<AtomicBool>,
 ) -> mpsc::Receiver<ProbeAnswer> {
@@ -442,7 +445,7 @@ fn spawn_view_probe(
             let mut last_asked: Option<Instant> = None;
             while !done.load(Ordering::SeqCst) {
                 let recent = last_asked.is_some_and(|t| t.elapsed() < MEMBER_WATCH_INTERVAL);
-                if started && !watch.load(Ordering::SeqCst) && recent {
+                if started && !watch.load(Ordering::SeqCst) && (!follow_members || recent) {
                     thread::sleep(POLL_INTERVAL);
                     continue;
                 }
