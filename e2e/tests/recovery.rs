@@ -37,6 +37,31 @@ fn view_without(job: &Background, gone: u32) -> Vec<u32> {
     pids(job)
 }
 
+/// A 3-node Jacobi2D job under `+ft-every 2` and a 3 s heartbeat timeout
+/// (and `flags`) whose node 2 is SIGSTOPped 2 s in; returns once the job
+/// recovered without it, with the launch pids (the survivors' unchanged)
+/// and the uninterrupted run's checksum.
+fn hang_node_2(flags: &[&str]) -> (Background, Vec<u32>, String) {
+    let (spec, want) = spec(40_000, &["+ft-every", "2"]);
+    let mut all = vec!["--heartbeat-timeout", "3"];
+    all.extend_from_slice(flags);
+    let job = Background::launch(3, "jacobi2d", &spec)
+        .flags(&all)
+        .timeout_s(240)
+        .start();
+    let start = pids(&job);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(start[2], "-STOP");
+    let after = view_without(&job, start[2]);
+    assert_eq!(
+        after,
+        [start[0], start[1]],
+        "survivors keep their processes"
+    );
+    recoveries(&job, 1);
+    (job, start, want)
+}
+
 /// Waits until node 0 has logged `n` recoveries (a warning: seen under
 /// the default log filter).
 fn recoveries(job: &Background, n: usize) {
@@ -152,21 +177,7 @@ fn a_loss_before_any_checkpoint_ends_the_job_saying_no_checkpoint_covers_it() {
 /// later, it finds itself removed and exits.
 #[test]
 fn a_hung_node_is_declared_lost_after_the_heartbeat_timeout_and_recovered_from() {
-    let (spec, want) = spec(40_000, &["+ft-every", "2"]);
-    let job = Background::launch(3, "jacobi2d", &spec)
-        .flags(&["--heartbeat-timeout", "3"])
-        .timeout_s(240)
-        .start();
-    let start = pids(&job);
-    std::thread::sleep(Duration::from_secs(2));
-    signal(start[2], "-STOP");
-    let after = view_without(&job, start[2]);
-    assert_eq!(
-        after,
-        [start[0], start[1]],
-        "survivors keep their processes"
-    );
-    recoveries(&job, 1);
+    let (job, start, want) = hang_node_2(&[]);
     let log = job.read("coordinator.log");
     assert!(
         log.contains("declared lost"),
@@ -187,17 +198,7 @@ fn a_hung_node_is_declared_lost_after_the_heartbeat_timeout_and_recovered_from()
 /// instead of failing at its end for a member that never exited.
 #[test]
 fn a_hung_node_the_job_recovered_without_is_fenced_by_the_launcher() {
-    let (spec, want) = spec(40_000, &["+ft-every", "2"]);
-    let job = Background::launch(3, "jacobi2d", &spec)
-        .flags(&["--heartbeat-timeout", "3", "--exit-grace", "2"])
-        .timeout_s(240)
-        .start();
-    let start = pids(&job);
-    std::thread::sleep(Duration::from_secs(2));
-    signal(start[2], "-STOP");
-    let after = view_without(&job, start[2]);
-    assert_eq!(after, [start[0], start[1]]);
-    recoveries(&job, 1);
+    let (job, start, want) = hang_node_2(&["--exit-grace", "2"]);
     assert!(
         eventually(WAIT, || !alive(start[2])),
         "the stopped node is killed while the job runs\n{}",
