@@ -382,7 +382,11 @@ impl Driver {
     }
 
     fn fail(&mut self, step: Step, cause: Cause, out: &mut Vec<Action>) {
-        let failure = Failure { step, cause };
+        let failure = Failure {
+            step,
+            cause,
+            recovering: self.recovering_from(),
+        };
         if matches!(failure.cause, Cause::MemberLost { .. }) {
             // Said once for the job, by the shell (`NodeShared::lose_peer`).
             debug!("rescale failed on this node: {failure}");
@@ -393,6 +397,17 @@ impl Driver {
         self.deadline = None;
         self.early.clear();
         out.push(Action::Fail(failure));
+    }
+
+    /// The node (of the view left) whose loss the rescale under way
+    /// recovers from, if it is a recovery.
+    fn recovering_from(&self) -> Option<NodeId> {
+        match &self.state {
+            State::Recovering { lost, .. } => Some(*lost),
+            _ => self
+                .rescale()
+                .and_then(|r| (0..r.old.num_nodes()).find(|&n| r.is_lost(n))),
+        }
     }
 
     /// The rescale this node takes part in, if one is under way.

@@ -126,6 +126,7 @@ impl Shell {
                 return Err(Failure {
                     step: super::driver::Step::Admission,
                     cause: super::driver::Cause::ShuttingDown,
+                    recovering: None,
                 });
             }
         }
@@ -395,17 +396,20 @@ impl Shell {
                 let stage = node
                     .with_desk(|d| format!(" in stage {}", d.stage.name()))
                     .unwrap_or_default();
+                let what = match failure.recovering {
+                    Some(lost) => format!("the recovery from the loss of node {lost}"),
+                    None => "the rescale".to_owned(),
+                };
                 match failure.cause {
                     // One line for the job, by one survivor, with the step.
                     Cause::MemberLost { uid, .. } => node.lose_peer(
                         uid,
                         &format!(
-                            "the coordinator reported it gone during the rescale{stage} \
-                             (step: {})",
+                            "the coordinator reported it gone during {what}{stage} (step: {})",
                             failure.step
                         ),
                     ),
-                    _ => node.abort(format!("rescale failed{stage}: {failure}; ending the job")),
+                    _ => node.abort(format!("{what} failed{stage}: {failure}; ending the job")),
                 }
                 node.finish_rescale(Err(RescaleFailed::Step { stage, failure }));
                 self.command_all(|| PeCommand::Depart);

@@ -445,4 +445,7 @@ pub(crate) struct Failure {
     pub step: Step,
     /// Why.
     pub cause: Cause,
+    /// When the rescale was a recovery: the node (of the view it left)
+    /// whose loss it recovered from.
+    pub recovering: Option<NodeId>,
 }

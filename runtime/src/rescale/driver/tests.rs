@@ -1059,6 +1059,10 @@ fn node_0_lost_or_a_second_loss_in_a_recovery_ends_the_job_naming_it() {
             .any(|f| f.cause == Cause::MemberLost { node: 3, uid: 103 }),
         "{failures:?}"
     );
+    assert!(
+        failures.iter().all(|f| f.recovering == Some(4)),
+        "each failure says which loss it was recovering from: {failures:?}"
+    );
     for uid in [100, 101, 102] {
         assert!(
             !matches!(sim.outcome_of(uid), Some(Outcome::RolledBack { .. })),
@@ -1085,6 +1089,7 @@ fn a_refused_commit_fails_the_rescale_everywhere() {
             .contains("the coordinator refused the commit: refused by the scenario"),
         "{zero}"
     );
+    assert!(failures.iter().all(|f| f.recovering.is_none()));
     assert_eq!(sim.view.epoch, 7, "nothing was committed");
 }
 
@@ -1287,6 +1292,7 @@ fn a_newcomer_that_is_never_admitted_gives_up_at_its_deadline() {
             &Failure {
                 step: Step::Admission,
                 cause: Cause::TimedOut(Duration::from_secs(3600)),
+                recovering: None,
             }
         ),
         other => panic!("{other:?}"),
