@@ -406,7 +406,8 @@ impl Driver {
             State::Recovering { lost, .. } => Some(*lost),
             _ => self
                 .rescale()
-                .and_then(|r| (0..r.old.num_nodes()).find(|&n| r.is_lost(n))),
+                .and_then(|r| r.lost.iter().position(|&l| l))
+                .map(|n| n as NodeId),
         }
     }
 
