@@ -193,11 +193,17 @@ impl Transport for CountedTransport {
     fn reconcile(&self, view: &View, me: NodeId) -> Result<Reconciled, TransportError> {
         self.inner.reconcile(view, me)
     }
+    fn disconnect(&self, peer_uid: u64) {
+        self.inner.disconnect(peer_uid)
+    }
     fn shutdown(&self) {
         self.inner.shutdown()
     }
     fn poll(&self) -> bool {
         self.inner.poll()
+    }
+    fn pe_spinning(&self, spinning: bool) {
+        self.inner.pe_spinning(spinning)
     }
 }
 
@@ -250,6 +256,94 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(c.sum(), 1000 * (0..40).sum::<u64>());
+    }
+
+    /// The counting wrapper is what a node holds: a hook it did not pass on
+    /// would silently fall back to the trait's default (as `disconnect` and
+    /// `pe_spinning` once did: the cut of a hung peer and the PE's own
+    /// progress never reached TCP).
+    #[test]
+    fn the_counted_transport_passes_every_call_on() {
+        #[derive(Default)]
+        struct Calls(std::sync::Mutex<Vec<String>>);
+        impl Calls {
+            fn note(&self, call: &str) {
+                self.0.lock().unwrap().push(call.to_owned());
+            }
+        }
+        impl Transport for Calls {
+            fn address(&self) -> Vec<u8> {
+                self.note("address");
+                Vec::new()
+            }
+            fn send(&self, _: NodeId, _: Tag, _: &[&[u8]]) -> Result<(), TransportError> {
+                self.note("send");
+                Ok(())
+            }
+            fn send_frame(&self, _: NodeId, _: Tag, _: Vec<u8>) -> Result<(), TransportError> {
+                self.note("send_frame");
+                Ok(())
+            }
+            fn send_with(
+                &self,
+                _: NodeId,
+                _: Tag,
+                _: usize,
+                _: &mut dyn FnMut(&mut crate::transport::FrameWrite<'_>) -> std::io::Result<()>,
+            ) -> Result<(), TransportError> {
+                self.note("send_with");
+                Ok(())
+            }
+            fn reconcile(&self, _: &View, _: NodeId) -> Result<Reconciled, TransportError> {
+                self.note("reconcile");
+                Ok(Reconciled::default())
+            }
+            fn disconnect(&self, uid: u64) {
+                self.note(&format!("disconnect {uid}"));
+            }
+            fn shutdown(&self) {
+                self.note("shutdown");
+            }
+            fn poll(&self) -> bool {
+                self.note("poll");
+                true
+            }
+            fn pe_spinning(&self, spinning: bool) {
+                self.note(&format!("pe_spinning {spinning}"));
+            }
+        }
+        let inner = Arc::new(Calls::default());
+        let t = counted("tcp", inner.clone());
+        let tag = Tag::new(0, 1, 1);
+        t.address();
+        t.send(1, tag, &[b"a"]).unwrap();
+        t.send_frame(1, tag, vec![1]).unwrap();
+        t.send_with(1, tag, 1, &mut |w| w(&[b"a"])).unwrap();
+        let view = View {
+            epoch: 1,
+            members: Vec::new(),
+        };
+        t.reconcile(&view, 0).unwrap();
+        t.disconnect(7);
+        assert!(t.poll());
+        t.pe_spinning(true);
+        t.pe_spinning(false);
+        t.shutdown();
+        assert_eq!(
+            *inner.0.lock().unwrap(),
+            [
+                "address",
+                "send",
+                "send_frame",
+                "send_with",
+                "reconcile",
+                "disconnect 7",
+                "poll",
+                "pe_spinning true",
+                "pe_spinning false",
+                "shutdown"
+            ]
+        );
     }
 
     #[test]

@@ -202,11 +202,17 @@ pub trait Transport: Send + Sync + 'static {
     /// Orderly shutdown: peers will not report this node as lost.
     fn shutdown(&self);
     /// Called by an idle PE while it spins: a transport progressed from the
-    /// PE loop (UCX with `DUCTILE_UCX_PROGRESS=pe`) moves communication
-    /// along here. True when something happened. Default: nothing to do.
+    /// PE loop (TCP by default, UCX with `DUCTILE_UCX_PROGRESS=pe`) moves
+    /// communication along here, delivering on the calling thread. True
+    /// when something happened. Default: nothing to do.
     fn poll(&self) -> bool {
         false
     }
+    /// An idle PE starts (`true`) or stops spinning, around its calls to
+    /// [`Transport::poll`]: a transport may leave its own thread out of
+    /// receiving meanwhile (TCP), and must take it back before the PE runs
+    /// anything. Default: nothing to do.
+    fn pe_spinning(&self, _spinning: bool) {}
 }
 
 /// This thread's kernel id, from /proc/thread-self (0 if unreadable): lets

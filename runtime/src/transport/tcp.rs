@@ -9,13 +9,16 @@
 //!
 //! Sends write the header and the caller's parts with one `writev` (no
 //! gather copy); `send_with` writes a frame piece by piece as the runtime
-//! encodes it, a large body straight from the message's memory. One
-//! receive thread per node (`ductile-tcp-rx`) accepts peers and reads
-//! every incoming connection from one epoll set (mio): small frames are parsed out of a per-connection staging buffer (one
-//! `read` for many frames), a large one is read straight into the buffer
-//! that is handed to the runtime (no zero-fill, no copy after receipt).
-//! When nothing arrives it blocks in epoll, after an optional bounded spin
-//! (`DUCTILE_TCP_SPIN_US`), so an idle node's transport uses no CPU.
+//! encodes it, a large body straight from the message's memory. Every
+//! incoming connection is watched by one epoll set (mio) and read by an
+//! idle PE of the node while it spins (no thread hop, no wake-up), or
+//! else by the node's receive thread (`ductile-tcp-rx`), which also
+//! accepts peers: small frames are parsed out of a per-connection staging
+//! buffer (one `read` for many frames), a large one is read straight into
+//! the buffer that is handed to the runtime (no zero-fill, no copy after
+//! receipt). When nothing arrives the thread blocks in epoll, after an
+//! optional bounded spin (`DUCTILE_TCP_SPIN_US`), so an idle node's
+//! transport uses no CPU.
 //! Handshakes run on short-lived threads of their own, so a slow or hostile
 //! peer cannot stall the others' frames.
 //!
@@ -206,6 +209,14 @@ impl Transport for TcpTransport {
             ep.cut();
             debug!(uid = peer_uid, "cut the connection to a lost peer");
         }
+    }
+
+    fn poll(&self) -> bool {
+        self.rx.progress()
+    }
+
+    fn pe_spinning(&self, spinning: bool) {
+        self.rx.pe_spinning(spinning);
     }
 
     fn shutdown(&self) {

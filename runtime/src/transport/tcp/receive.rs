@@ -1,29 +1,63 @@
 //! The receive side: one thread per node (`ductile-tcp-rx`) that accepts
-//! peers and reads every incoming, authenticated connection from one epoll
-//! set (mio). Small frames are parsed out of a per-connection staging
-//! buffer (one `read` for many frames); a large one is read straight into
-//! the buffer handed to the runtime. When nothing arrives the thread blocks
-//! in epoll, after an optional bounded spin (`DUCTILE_TCP_SPIN_US`).
+//! peers, and the reading of every incoming, authenticated connection.
+//! Small frames are parsed out of a per-connection staging buffer (one
+//! `read` for many frames); a large one is read straight into the buffer
+//! handed to the runtime.
+//!
+//! The connections are watched by an epoll set of their own ([`Conns`]),
+//! read by whoever holds it: a PE of the node while it spins
+//! (`DUCTILE_TCP_PROGRESS=pe`, the default: [`RxShared::progress`]), so a
+//! frame that arrives for a waiting PE costs no thread hop and no wake-up;
+//! otherwise the receive thread, whose own epoll set holds the
+//! connections' set while no PE spins. When nothing arrives the thread
+//! blocks in epoll, after an optional bounded spin (`DUCTILE_TCP_SPIN_US`).
 
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ductile_coordinator::secret::Secret;
 use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use tracing::{debug, error, warn};
 
 use super::handshake::accept_handshake;
 use super::{io_err, KIND_BYE, MAX_FRAME};
 use crate::transport::{current_tid, Sink, Tag, TransportError};
 
-/// The receive side: one thread per node that accepts peers and reads
-/// every incoming connection, woken by epoll (mio).
+/// Who reads the connections while a PE of the node spins
+/// (`DUCTILE_TCP_PROGRESS`, measured in docs/message-path.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Progress {
+    /// `thread`: always the receive thread; a frame reaches its PE through
+    /// the PE's inbox, waking the PE if it sleeps.
+    Thread,
+    /// `pe` (default): a spinning PE reads them itself, delivering to its
+    /// own inbox (and to the others', waking those that sleep); the
+    /// receive thread reads them while no PE spins.
+    Pe,
+}
+
+impl Progress {
+    fn from_env() -> Result<Progress, TransportError> {
+        match std::env::var("DUCTILE_TCP_PROGRESS").ok().as_deref() {
+            None | Some("") | Some("pe") => Ok(Progress::Pe),
+            Some("thread") => Ok(Progress::Thread),
+            Some(other) => Err(TransportError::Io {
+                context: "DUCTILE_TCP_PROGRESS".into(),
+                source: io::Error::other(format!(
+                    "`{other}` is not a progress mode (pe or thread)"
+                )),
+            }),
+        }
+    }
+}
+
+/// The receive side of one node's transport.
 pub(super) struct RxShared {
     /// Set by `shutdown`: connections that end are no longer losses.
     pub(super) closing: Arc<AtomicBool>,
@@ -34,12 +68,33 @@ pub(super) struct RxShared {
     pub(super) waker: Waker,
     /// The receive thread's kernel thread id, once it started (tests).
     pub(super) tid: AtomicU64,
+    /// The incoming connections: whoever reads them holds this for the
+    /// call, so frames of a connection are delivered in order.
+    conns: Mutex<Conns>,
+    /// The connections' epoll set, in the receive thread's set while no
+    /// PE spins.
+    conns_fd: RawFd,
+    /// The receive thread's epoll set, for moving `conns_fd` in and out.
+    thread_registry: Registry,
+    /// PEs of this node spinning now.
+    spinning: Mutex<usize>,
+    progress: Progress,
+    sink: Arc<dyn Sink>,
 }
 
-/// Token of the listening socket and of the waker; connections count up from `FIRST_CONN`.
+/// The incoming connections and the epoll set that watches them.
+struct Conns {
+    poll: Poll,
+    events: Events,
+    by_token: HashMap<Token, Conn>,
+    next_token: usize,
+}
+
+/// Tokens of the receive thread's epoll set (the connections' set numbers
+/// its connections from 0).
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
-const FIRST_CONN: usize = 2;
+const CONNS: Token = Token(2);
 
 /// Bytes staged per connection: small frames are parsed out of it (one
 /// `read` for many frames); a frame that does not fit is read straight into
@@ -188,7 +243,7 @@ impl Conn {
 
 /// Starts the receive thread: it accepts peers (their handshakes on
 /// short-lived threads of their own) and reads every authenticated
-/// connection from one epoll set.
+/// connection, from the connections' epoll set nested in its own.
 pub(super) fn start_receiver(
     listener: TcpListener,
     secret: Secret,
@@ -198,6 +253,7 @@ pub(super) fn start_receiver(
     listener
         .set_nonblocking(true)
         .map_err(io_err("making the listener non-blocking"))?;
+    let progress = Progress::from_env()?;
     let poll = Poll::new().map_err(io_err("creating the epoll set"))?;
     let waker = Waker::new(poll.registry(), WAKER).map_err(io_err("creating a waker"))?;
     poll.registry()
@@ -207,33 +263,188 @@ pub(super) fn start_receiver(
             Interest::READABLE,
         )
         .map_err(io_err("watching the listener"))?;
+    let conns = Conns::new().map_err(io_err("creating the connections' epoll set"))?;
+    let conns_fd = conns.poll.as_raw_fd();
+    poll.registry()
+        .register(&mut SourceFd(&conns_fd), CONNS, Interest::READABLE)
+        .map_err(io_err("watching the connections' epoll set"))?;
+    let thread_registry = poll
+        .registry()
+        .try_clone()
+        .map_err(io_err("sharing the receive thread's epoll set"))?;
     let rx = Arc::new(RxShared {
         closing,
         stop: AtomicBool::new(false),
         handed: Mutex::new(Vec::new()),
         waker,
         tid: AtomicU64::new(0),
+        conns: Mutex::new(conns),
+        conns_fd,
+        thread_registry,
+        spinning: Mutex::new(0),
+        progress,
+        sink,
     });
     let shared = rx.clone();
     std::thread::Builder::new()
         .name("ductile-tcp-rx".into())
-        .spawn(move || receive_loop(poll, listener, secret, sink, shared))
+        .spawn(move || receive_loop(poll, listener, secret, shared))
         .map_err(io_err("starting the receive thread"))?;
     Ok(rx)
 }
 
-fn receive_loop(
-    mut poll: Poll,
-    listener: TcpListener,
-    secret: Secret,
-    sink: Arc<dyn Sink>,
-    rx: Arc<RxShared>,
-) {
+impl RxShared {
+    /// Reads what the connections hold now, if no one else is reading
+    /// them: a spinning PE's progress ([`Transport::poll`](crate::transport::Transport::poll)).
+    /// True when a connection had something.
+    pub(super) fn progress(&self) -> bool {
+        if self.progress != Progress::Pe {
+            return false;
+        }
+        match self.conns.try_lock() {
+            Ok(mut conns) => conns.read_ready(&*self.sink, &self.closing),
+            Err(_) => false,
+        }
+    }
+
+    /// A PE of this node starts (`true`) or stops spinning. While any
+    /// spins, the connections' set is out of the receive thread's: what
+    /// arrives is read by the spinning PE, and the receive thread is not
+    /// woken (on two cores its wake-up cost more than the frame). The last
+    /// PE to stop puts it back, before it runs anything that might block
+    /// (a send to a peer that waits for this node to read): a set with
+    /// frames waiting wakes the receive thread at once.
+    pub(super) fn pe_spinning(&self, spinning: bool) {
+        if self.progress != Progress::Pe {
+            return;
+        }
+        let mut n = self.spinning.lock().expect("spin count poisoned");
+        let mut fd = SourceFd(&self.conns_fd);
+        let moved = match (spinning, *n) {
+            (true, 0) => Some(self.thread_registry.deregister(&mut fd)),
+            (false, 1) => Some(
+                self.thread_registry
+                    .register(&mut fd, CONNS, Interest::READABLE),
+            ),
+            _ => None,
+        };
+        if let Some(Err(e)) = moved {
+            // The receive thread would not see frames while no PE spins:
+            // nothing would be received.
+            error!("cannot move the TCP connections' epoll set between the receive thread and the PEs: {e}");
+        }
+        *n = if spinning {
+            *n + 1
+        } else {
+            n.saturating_sub(1)
+        };
+    }
+}
+
+impl Conns {
+    fn new() -> io::Result<Conns> {
+        Ok(Conns {
+            poll: Poll::new()?,
+            events: Events::with_capacity(64),
+            by_token: HashMap::new(),
+            next_token: 0,
+        })
+    }
+
+    /// Watches the authenticated connections the handshakes handed over,
+    /// and reads what they already hold.
+    fn adopt(&mut self, handed: Vec<(u64, TcpStream)>, sink: &dyn Sink, closing: &AtomicBool) {
+        for (uid, stream) in handed {
+            let token = Token(self.next_token);
+            self.next_token += 1;
+            let registered = stream.set_nonblocking(true).and_then(|()| {
+                self.poll.registry().register(
+                    &mut SourceFd(&stream.as_raw_fd()),
+                    token,
+                    Interest::READABLE,
+                )
+            });
+            if let Err(e) = registered {
+                error!("cannot watch the connection of peer {uid}: {e}");
+                continue;
+            }
+            let mut conn = Conn::new(stream, uid);
+            // Frames may have arrived before registration: epoll reports a
+            // socket that is already readable, but read now anyway so none
+            // waits for the next.
+            match conn.on_readable(sink) {
+                Ok(ConnState::Open) => {
+                    self.by_token.insert(token, conn);
+                }
+                Ok(ConnState::Bye) => self.forget(conn, None, sink, closing),
+                Err(reason) => self.forget(conn, Some(reason), sink, closing),
+            }
+        }
+    }
+
+    /// Reads every connection epoll reports readable, until none is (the
+    /// registrations are edge-triggered: an event taken is read to the
+    /// end). True when there was any.
+    fn read_ready(&mut self, sink: &dyn Sink, closing: &AtomicBool) -> bool {
+        let mut any = false;
+        loop {
+            if let Err(e) = self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    error!("polling the TCP connections failed: {e}");
+                    return any;
+                }
+                continue;
+            }
+            let mut taken = 0;
+            let mut ended: Vec<(Token, Option<String>)> = Vec::new();
+            for ev in self.events.iter() {
+                taken += 1;
+                let token = ev.token();
+                if let Some(conn) = self.by_token.get_mut(&token) {
+                    match conn.on_readable(sink) {
+                        Ok(ConnState::Open) => {}
+                        Ok(ConnState::Bye) => ended.push((token, None)),
+                        Err(reason) => ended.push((token, Some(reason))),
+                    }
+                }
+            }
+            for (token, reason) in ended {
+                if let Some(conn) = self.by_token.remove(&token) {
+                    self.forget(conn, reason, sink, closing);
+                }
+            }
+            any |= taken > 0;
+            if taken < self.events.capacity() {
+                return any;
+            }
+        }
+    }
+
+    /// Stops watching a connection that ended; one that ended without a
+    /// BYE (`reason`) is a lost peer, unless the transport is closing.
+    fn forget(
+        &mut self,
+        conn: Conn,
+        reason: Option<String>,
+        sink: &dyn Sink,
+        closing: &AtomicBool,
+    ) {
+        let _ = self
+            .poll
+            .registry()
+            .deregister(&mut SourceFd(&conn.stream.as_raw_fd()));
+        if let Some(reason) = reason {
+            if !closing.load(Ordering::SeqCst) {
+                sink.lost(conn.uid, reason);
+            }
+        }
+    }
+}
+
+fn receive_loop(mut poll: Poll, listener: TcpListener, secret: Secret, rx: Arc<RxShared>) {
     rx.tid.store(current_tid(), Ordering::SeqCst);
     let spin = spin_from_env();
-    let mut events = Events::with_capacity(64);
-    let mut conns: HashMap<Token, Conn> = HashMap::new();
-    let mut next_token = FIRST_CONN;
+    let mut events = Events::with_capacity(8);
     let mut active_at = Instant::now();
     loop {
         if rx.stop.load(Ordering::SeqCst) {
@@ -251,65 +462,21 @@ fn receive_loop(
             continue;
         }
         active_at = Instant::now();
-        let mut ended: Vec<(Token, Option<String>)> = Vec::new();
         for ev in events.iter() {
             match ev.token() {
                 LISTENER => accept_all(&listener, &secret, &rx),
                 WAKER => {
                     let handed = std::mem::take(&mut *rx.handed.lock().expect("handover poisoned"));
-                    for (uid, stream) in handed {
-                        let token = Token(next_token);
-                        next_token += 1;
-                        let registered = stream.set_nonblocking(true).and_then(|()| {
-                            poll.registry().register(
-                                &mut SourceFd(&stream.as_raw_fd()),
-                                token,
-                                Interest::READABLE,
-                            )
-                        });
-                        match registered {
-                            Ok(()) => {
-                                let mut conn = Conn::new(stream, uid);
-                                // Frames may have arrived before registration:
-                                // epoll reports a socket that is already readable,
-                                // but read now anyway so none waits for the next.
-                                match conn.on_readable(&*sink) {
-                                    Ok(ConnState::Open) => {
-                                        conns.insert(token, conn);
-                                    }
-                                    Ok(ConnState::Bye) => {}
-                                    Err(reason) => {
-                                        if !rx.closing.load(Ordering::SeqCst) {
-                                            sink.lost(uid, reason);
-                                        }
-                                    }
-                                }
-                            }
-                            Err(e) => error!("cannot watch the connection of peer {uid}: {e}"),
-                        }
+                    if !handed.is_empty() {
+                        let mut conns = rx.conns.lock().expect("connections poisoned");
+                        conns.adopt(handed, &*rx.sink, &rx.closing);
                     }
                 }
-                token => {
-                    if let Some(conn) = conns.get_mut(&token) {
-                        match conn.on_readable(&*sink) {
-                            Ok(ConnState::Open) => {}
-                            Ok(ConnState::Bye) => ended.push((token, None)),
-                            Err(reason) => ended.push((token, Some(reason))),
-                        }
-                    }
+                CONNS => {
+                    let mut conns = rx.conns.lock().expect("connections poisoned");
+                    conns.read_ready(&*rx.sink, &rx.closing);
                 }
-            }
-        }
-        for (token, reason) in ended {
-            if let Some(conn) = conns.remove(&token) {
-                let _ = poll
-                    .registry()
-                    .deregister(&mut SourceFd(&conn.stream.as_raw_fd()));
-                if let Some(reason) = reason {
-                    if !rx.closing.load(Ordering::SeqCst) {
-                        sink.lost(conn.uid, reason);
-                    }
-                }
+                _ => {}
             }
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::handshake::dial_context;
 use super::*;
-use crossbeam_channel::{Receiver, Sender, unbounded};
+use crossbeam_channel::{unbounded, Receiver, Sender};
 use ductile_coordinator::proto::Member;
 
 struct Collect(Sender<(Tag, Vec<u8>)>, Sender<String>);
@@ -29,20 +29,19 @@ struct Node {
 fn node(secret: &Secret, uid: u64) -> Node {
     let (ft, fr) = unbounded();
     let (lt, lr) = unbounded();
-    let t = TcpTransport::bind(
-        IpAddr::from([127, 0, 0, 1]),
-        None,
-        secret.clone(),
-        Arc::new(Collect(ft, lt)),
-    )
-    .unwrap();
-    t.set_uid(uid);
+    let t = bound(secret, uid, Arc::new(Collect(ft, lt)));
     Node {
         t,
         frames: fr,
         lost: lr,
         uid,
     }
+}
+
+fn bound(secret: &Secret, uid: u64, sink: Arc<dyn Sink>) -> Arc<TcpTransport> {
+    let t = TcpTransport::bind(IpAddr::from([127, 0, 0, 1]), None, secret.clone(), sink).unwrap();
+    t.set_uid(uid);
+    t
 }
 
 fn view(epoch: u64, nodes: &[&Node]) -> View {
@@ -453,4 +452,152 @@ fn an_idle_transport_sleeps() {
             used / 1_000_000
         );
     }
+}
+
+/// Records which thread delivered each frame.
+struct ByThread(Sender<(u64, Vec<u8>)>);
+impl Sink for ByThread {
+    fn deliver(&self, _: Tag, frame: Vec<u8>) {
+        let _ = self.0.send((super::super::current_tid(), frame));
+    }
+    fn lost(&self, _: u64, reason: String) {
+        panic!("no peer is lost here: {reason}");
+    }
+}
+
+/// Frames as `ByThread` records them: (delivering thread, frame).
+type Delivered = Receiver<(u64, Vec<u8>)>;
+
+/// A sender (uid 1) and a receiver (uid 2) whose frames are recorded with
+/// the thread that delivered them.
+fn pair_by_thread() -> (Node, Arc<TcpTransport>, Delivered) {
+    let s = Secret::generate();
+    let a = node(&s, 1);
+    let (tx, rx) = unbounded();
+    let b = Node {
+        t: bound(&s, 2, Arc::new(ByThread(tx))),
+        frames: unbounded().1,
+        lost: unbounded().1,
+        uid: 2,
+    };
+    let v = view(1, &[&a, &b]);
+    a.t.reconcile(&v, 0).unwrap();
+    b.t.reconcile(&v, 1).unwrap();
+    // The connection is adopted by the receive thread once a frame came
+    // through it; then that thread goes back to epoll.
+    a.t.send(1, Tag::new(0, 1, 1), &[b"first"]).unwrap();
+    let (by, f) = rx.recv_timeout(WAIT).unwrap();
+    assert_eq!((by, &f[..]), (b.t.receive_tid(), &b"first"[..]));
+    std::thread::sleep(Duration::from_millis(100));
+    (a, b.t, rx)
+}
+
+/// Polls `t` on this thread, as a spinning PE does, until `n` frames came.
+fn poll_for(t: &TcpTransport, rx: &Delivered, n: usize) -> Vec<(u64, Vec<u8>)> {
+    let until = std::time::Instant::now() + WAIT;
+    let mut got = Vec::new();
+    while got.len() < n {
+        assert!(
+            std::time::Instant::now() < until,
+            "{} of {n} frames came",
+            got.len()
+        );
+        t.poll();
+        got.extend(rx.try_iter());
+    }
+    got
+}
+
+#[test]
+fn a_spinning_pe_reads_frames_on_its_own_thread_and_the_receive_thread_after_it_stops() {
+    let (a, b, rx) = pair_by_thread();
+    let me = super::super::current_tid();
+    b.pe_spinning(true);
+    for i in 0..200u32 {
+        a.t.send(1, Tag::new(0, 1, 1), &[&i.to_le_bytes()]).unwrap();
+    }
+    let got = poll_for(&b, &rx, 200);
+    for (i, (by, f)) in got.iter().enumerate() {
+        assert_eq!(
+            *by, me,
+            "frame {i} was delivered by another thread than the spinning one"
+        );
+        assert_eq!(&f[..], &(i as u32).to_le_bytes());
+    }
+    b.pe_spinning(false);
+    // No PE spins: the receive thread reads again, without any poll.
+    a.t.send(1, Tag::new(0, 1, 1), &[b"after"]).unwrap();
+    let (by, f) = rx.recv_timeout(WAIT).unwrap();
+    assert_eq!((by, &f[..]), (b.receive_tid(), &b"after"[..]));
+}
+
+#[test]
+fn frames_that_came_while_a_pe_spun_without_polling_are_read_once_it_stops() {
+    let (a, b, rx) = pair_by_thread();
+    b.pe_spinning(true);
+    b.pe_spinning(true);
+    for i in 0..5u32 {
+        a.t.send(1, Tag::new(0, 1, 1), &[&i.to_le_bytes()]).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        rx.try_recv().is_err(),
+        "read by the receive thread while PEs spin"
+    );
+    // One of two spinning PEs stops: the other still has the connections.
+    b.pe_spinning(false);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        rx.try_recv().is_err(),
+        "read by the receive thread while a PE spins"
+    );
+    // The last one stops with frames waiting: the receive thread is woken
+    // for them (nothing would read them otherwise).
+    b.pe_spinning(false);
+    for i in 0..5u32 {
+        let (by, f) = rx.recv_timeout(WAIT).unwrap();
+        assert_eq!((by, &f[..]), (b.receive_tid(), &i.to_le_bytes()[..]));
+    }
+}
+
+#[test]
+fn frames_read_by_spinning_pes_and_the_receive_thread_in_turn_keep_per_pair_order() {
+    let (a, b, rx) = pair_by_thread();
+    const N: u32 = 40;
+    let sender = std::thread::spawn(move || {
+        for i in 0..N {
+            a.t.send_frame(1, Tag::new(0, 1, 1), mixed_frame(i))
+                .unwrap();
+        }
+        a
+    });
+    // Two "PEs" that spin and stop in turn, while the receive thread reads
+    // whenever neither spins.
+    let stop = Arc::new(AtomicBool::new(false));
+    let pes: Vec<_> = (0..2)
+        .map(|k| {
+            let (b, stop) = (b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    b.pe_spinning(true);
+                    for _ in 0..50 + k * 30 {
+                        b.poll();
+                    }
+                    b.pe_spinning(false);
+                    std::thread::yield_now();
+                }
+            })
+        })
+        .collect();
+    for i in 0..N {
+        let (_, f) = rx.recv_timeout(WAIT).unwrap();
+        let want = mixed_frame(i);
+        assert_eq!(&f[..4], &i.to_le_bytes(), "frame {i} arrived out of order");
+        assert!(f == want, "frame {i}: content");
+    }
+    stop.store(true, Ordering::SeqCst);
+    for pe in pes {
+        pe.join().unwrap();
+    }
+    sender.join().unwrap();
 }
