@@ -418,3 +418,78 @@ fn rate_aware_balancing_puts_more_blocks_on_faster_pes() {
         "blocks per PE {blocks:?}: the tenth-speed PE 1 must hold fewer than the fast PE 0 and than an even share (1 : 1/10 is 58 : 6)"
     );
 }
+
+/// A node in a cgroup with a CFS quota tells the balancer the share of a
+/// core each PE gets, read from its own cgroup, not from a timing: the job
+/// runs in a fresh group of 0.5 core (two PEs: a quarter each), the
+/// node's log says so at its first step, and the checksum is the
+/// reference's. The speeds themselves are timings and stay out of the
+/// assertion. Needs root and the cgroup v1 `cpu` controller (this
+/// machine's); elsewhere it says why and checks nothing.
+#[test]
+fn a_node_in_a_cpu_quota_sees_its_share_of_a_core() {
+    let _machine = shared();
+    let controller = std::path::Path::new("/sys/fs/cgroup/cpu");
+    let group = controller.join(format!("ductile-e2e-quota-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir(&group) {
+        eprintln!(
+            "skipped: cannot create a cgroup under {} ({e})",
+            controller.display()
+        );
+        return;
+    }
+    let limit = (|| {
+        std::fs::write(group.join("cpu.cfs_period_us"), "10000")?;
+        std::fs::write(group.join("cpu.cfs_quota_us"), "5000")
+    })();
+    let job = limit.map(|()| {
+        // The shell joins the group, then becomes the launcher: every
+        // process of the job starts inside it.
+        let launch = format!(
+            "echo $$ > {}/cgroup.procs && exec {} run --nodes 1 --pes-per-node 2 --timeout 120 -- {} --grid 256 --block 32 --iters 40 --lb-every 10 --quiet +lb ContiguousRateAware",
+            group.display(),
+            ductile_e2e::bin("ductile").display(),
+            ductile_e2e::bin("jacobi2d").display(),
+        );
+        std::process::Command::new("sh")
+            .args(["-c", &launch])
+            .env("DUCTILE_LOG", "ductile::pe::balance=info")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("spawning the job")
+    });
+    // The group can go once its processes are gone.
+    let removed = std::fs::remove_dir(&group);
+    let out = job.expect("setting the group's quota");
+    removed.expect("removing the test's cgroup");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the job failed:\n{stdout}\n{stderr}"
+    );
+    let spec = Spec {
+        nx: 256,
+        ny: 256,
+        bx: 32,
+        by: 32,
+        iters: 40,
+        residual_every: 10,
+        lb_every: 0,
+    };
+    let want = format!("{:016x}", reference(&spec));
+    assert_eq!(
+        ductile_e2e::last_value(&stdout, "checksum").as_deref(),
+        Some(want.as_str())
+    );
+    for pe in 0..2 {
+        let line = format!("pe={pe} share=0.25");
+        assert!(
+            stderr.lines().any(|l| l.contains(&line)),
+            "no `{line}` in the node's log:\n{stderr}"
+        );
+    }
+}

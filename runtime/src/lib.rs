@@ -39,6 +39,7 @@ pub mod options;
 mod pe;
 mod port;
 pub mod proxy;
+mod quota;
 pub mod readonly;
 pub mod reduce;
 pub mod registry;

@@ -14,7 +14,9 @@
 //! Element loads are wall seconds of entry methods on the element's current
 //! PE, including any emulated slowdown, which is what the strategies' cost
 //! model expects. A PE's speed is measured by timing a fixed kernel under the
-//! same conditions as entry methods (see [`calibrate`]).
+//! same conditions as entry methods (see [`calibrate`]), times the share of
+//! a core its node's CPU quota leaves it (`quota.rs`), which a kernel that
+//! short does not see.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -89,6 +91,9 @@ pub(super) struct LbRoot {
 pub(super) struct Balancing {
     /// 1 / emulated speed: how much longer entry methods take here.
     pub(super) slowdown: f64,
+    /// The share of a core the node's CPU quota left this PE at the last
+    /// step (logged when it changes).
+    pub(super) quota_share: Option<f64>,
     /// Time in entry methods and idle since the last statistics report.
     pub(super) busy: Duration,
     pub(super) idle: Duration,
@@ -114,6 +119,7 @@ impl Balancing {
                 .pe_speed
                 .get(&pe)
                 .map_or(1.0, |speed| 1.0 / speed),
+            quota_share: None,
             busy: Duration::ZERO,
             idle: Duration::ZERO,
             measured_since: Instant::now(),
@@ -219,7 +225,14 @@ impl Scheduler {
         let me = self.ctx.pe;
         let _span = self.lb_span("collect", step);
         let busy_before = self.ctx.lb.busy;
-        let speed = calibrate(&mut |d| self.ctx.charge(d));
+        // The kernel runs between a CPU quota's throttlings: the share of
+        // the core the quota leaves this PE scales what it measured.
+        let share = crate::quota::pe_share(self.ctx.topo.local_pes());
+        if self.ctx.lb.quota_share != Some(share) {
+            info!(pe = me, share, "the CPU quota leaves this PE {share:.3} of a core");
+            self.ctx.lb.quota_share = Some(share);
+        }
+        let speed = calibrate(&mut |d| self.ctx.charge(d)) * share;
         // The calibration is the runtime's work, not an element's.
         self.ctx.lb.busy = busy_before;
         let loads = self
