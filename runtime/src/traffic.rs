@@ -202,6 +202,9 @@ impl Transport for CountedTransport {
     fn poll(&self) -> bool {
         self.inner.poll()
     }
+    fn progress_after(&self) -> std::time::Duration {
+        self.inner.progress_after()
+    }
     fn pe_spinning(&self, spinning: bool) {
         self.inner.pe_spinning(spinning)
     }
@@ -308,6 +311,10 @@ mod tests {
                 self.note("poll");
                 true
             }
+            fn progress_after(&self) -> std::time::Duration {
+                self.note("progress_after");
+                std::time::Duration::from_micros(3)
+            }
             fn pe_spinning(&self, spinning: bool) {
                 self.note(&format!("pe_spinning {spinning}"));
             }
@@ -326,6 +333,7 @@ mod tests {
         t.reconcile(&view, 0).unwrap();
         t.disconnect(7);
         assert!(t.poll());
+        assert_eq!(t.progress_after(), std::time::Duration::from_micros(3));
         t.pe_spinning(true);
         t.pe_spinning(false);
         t.shutdown();
@@ -339,6 +347,7 @@ mod tests {
                 "reconcile",
                 "disconnect 7",
                 "poll",
+                "progress_after",
                 "pe_spinning true",
                 "pe_spinning false",
                 "shutdown"

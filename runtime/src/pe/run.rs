@@ -11,22 +11,14 @@
 //! progressed only while they spin; while they run or sleep its own thread
 //! delivers through the inbox like any other.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::debug;
 
 use super::{Inbox, LoopExit, Scheduler};
 use crate::reduce::Value;
-use crate::transport::Transport;
 
-/// How long an idle PE busy-waits on its inbox alone before it starts
-/// progressing the transport and yielding its core. A reply from a PE of
-/// the same node comes within a microsecond or two and needs no system
-/// call on its way; one from another node takes longer than this (TCP on
-/// loopback: 5.7 µs one-way at best on the 2-vCPU VM, docs/message-path.md),
-/// and the PE is reading the connections by then. Measured there against
-/// 2, 10 and 20 µs.
+/// How long an idle PE busy-waits before it starts yielding its core.
 const HOT_SPIN: Duration = Duration::from_micros(5);
 
 impl Scheduler {
@@ -79,46 +71,51 @@ impl Scheduler {
         }
     }
 
-    /// Waits up to `spin` from `now` for the inbox to fill: busy on the
-    /// inbox alone for the first microseconds ([`HOT_SPIN`]), then
-    /// progressing a transport that asks for it (TCP by default, UCX with
-    /// `DUCTILE_UCX_PROGRESS=pe`; told when the PE starts and stops) and
-    /// yielding the core, so that a transport's thread or another node's
-    /// PE that shares it is not starved. True when something came.
+    /// Waits up to `spin` from `now` for the inbox to fill: busy for the
+    /// first microseconds, then yielding the core, so that a transport's
+    /// thread or another node's PE that shares it is not starved. An idle
+    /// PE progresses a transport that asks for it (TCP by default, UCX with
+    /// `DUCTILE_UCX_PROGRESS=pe`) meanwhile, from the transport's
+    /// [`progress_after`](crate::transport::Transport::progress_after) on, telling it when it starts and
+    /// stops. True when something came.
     fn spin_for(&self, inbox: &Inbox, now: Instant, spin: Duration) -> bool {
         if spin.is_zero() {
             return !inbox.queue.is_empty();
         }
         let until = now + spin;
         let hot_until = now + HOT_SPIN;
-        // Set once the hot spin is over: the PE progresses the transport.
-        let mut transport: Option<Arc<dyn Transport>> = None;
+        // The transport, and when the PE starts progressing it.
+        let transport = self
+            .ctx
+            .node
+            .transport_if_any()
+            .map(|t| (now + t.progress_after(), t));
+        let mut progressing = false;
         let came = loop {
             if !inbox.queue.is_empty() {
                 break true;
             }
-            if let Some(t) = &transport {
-                if t.poll() {
-                    continue;
-                }
+            if progressing && transport.as_ref().is_some_and(|(_, t)| t.poll()) {
+                continue;
             }
             let t = Instant::now();
             if t >= until {
                 break false;
             }
-            if t < hot_until {
-                std::hint::spin_loop();
-                continue;
-            }
-            if transport.is_none() {
-                transport = self.ctx.node.transport_if_any();
-                if let Some(t) = &transport {
-                    t.pe_spinning(true);
+            if let Some((from, transport)) = &transport {
+                if !progressing && t >= *from {
+                    transport.pe_spinning(true);
+                    progressing = true;
+                    continue;
                 }
             }
-            std::thread::yield_now();
+            if t < hot_until {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         };
-        if let Some(t) = &transport {
+        if let Some((_, t)) = transport.as_ref().filter(|_| progressing) {
             t.pe_spinning(false);
         }
         came

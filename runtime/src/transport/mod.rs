@@ -208,6 +208,13 @@ pub trait Transport: Send + Sync + 'static {
     fn poll(&self) -> bool {
         false
     }
+    /// How long an idle PE watches only its inbox before it starts calling
+    /// [`Transport::poll`]: for a transport whose progress costs system
+    /// calls (TCP), a reply from a PE of the same node should not wait
+    /// behind them. Default: none, the PE polls at once.
+    fn progress_after(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
     /// An idle PE starts (`true`) or stops spinning, around its calls to
     /// [`Transport::poll`]: a transport may leave its own thread out of
     /// receiving meanwhile (TCP), and must take it back before the PE runs

@@ -53,6 +53,12 @@ use send::{write_frame, write_frame_with, Endpoint};
 pub const MAX_FRAME: usize = 1 << 30;
 /// Kind of the frame a node sends before closing an endpoint on purpose.
 const KIND_BYE: u32 = 0;
+/// How long an idle PE watches only its inbox before it reads the
+/// connections (two `epoll_ctl` and an `epoll_wait` per poll): a reply from
+/// a PE of the same node comes within a microsecond or two, one from
+/// another node takes longer (5.7 µs one-way at best on loopback on the
+/// 2-vCPU VM). Measured against 2, 10 and 20 µs in docs/message-path.md.
+const PE_PROGRESS_AFTER: std::time::Duration = std::time::Duration::from_micros(5);
 /// The TCP transport of one node.
 pub struct TcpTransport {
     local: SocketAddr,
@@ -213,6 +219,10 @@ impl Transport for TcpTransport {
 
     fn poll(&self) -> bool {
         self.rx.progress()
+    }
+
+    fn progress_after(&self) -> std::time::Duration {
+        PE_PROGRESS_AFTER
     }
 
     fn pe_spinning(&self, spinning: bool) {
