@@ -33,11 +33,20 @@ fn start(nodes: u32, spec: &[String], hold_newcomers: bool, env: &[(&str, &str)]
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         launch = launch.prefix(&wrapper);
     }
+    // Every node says how it learned of a loss (the lowest-numbered survivor
+    // alone says it at error level): a failure here then shows which node
+    // noticed first, and how.
+    launch = launch.env("DUCTILE_LOG", DIAGNOSTIC_LOG);
     for (k, v) in env {
         launch = launch.env(k, v);
     }
     launch.state(state).start()
 }
+
+/// Node log filter of these jobs: warnings, plus each node's account of a
+/// lost peer (`info`) and of failed sends and cut connections (`debug`).
+const DIAGNOSTIC_LOG: &str =
+    "warn,ductile::node::shared=info,ductile::pe::send=debug,ductile::transport::tcp=debug";
 
 fn uids(members: &[Member]) -> Vec<u64> {
     members.iter().map(|m| m.uid).collect()

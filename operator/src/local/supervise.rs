@@ -550,6 +550,9 @@ struct NewcomerSlot {
     exit: Option<(Exit, Duration)>,
     /// Seen as a member of the view: from then on judged as a member.
     admitted: bool,
+    /// The epoch that admitted it (once `admitted`): an older view cannot
+    /// list it, so its absence from one says nothing.
+    admitted_in: Epoch,
     /// Its exit has been judged (as a member's, or as a drop).
     judged: bool,
     /// Killed by a signal as a member, with fault tolerance: waits for a
@@ -719,6 +722,7 @@ impl Supervisor {
             slot.followed = true;
             if member_pids.contains(&slot.pid) {
                 slot.admitted = true;
+                slot.admitted_in = epoch;
                 // Already gone: it died (or left) as a member.
                 if let Some((exit, at)) = slot.exit {
                     slot.judged = true;
@@ -731,12 +735,15 @@ impl Supervisor {
         }
         self.judge_awaiting(asked_at, member_pids);
         self.judge_recovering(asked_at, member_pids);
-        self.note_absences(asked_at, member_pids);
+        self.note_absences(asked_at, epoch, member_pids);
     }
 
     /// Running members (launch nodes but node 0, admitted newcomers) the
-    /// view asked for at `asked_at` lists, or not.
-    fn note_absences(&mut self, asked_at: Duration, member_pids: &[u32]) {
+    /// view of `epoch` asked for at `asked_at` lists, or not. A newcomer
+    /// admitted by a later epoch is not judged by it: the admission history
+    /// is asked for after the view, so it may list a commit the view
+    /// predates.
+    fn note_absences(&mut self, asked_at: Duration, epoch: Epoch, member_pids: &[u32]) {
         let running = self.nodes.iter_mut().skip(1).filter(|s| s.exit.is_none());
         for slot in running {
             slot.absence.seen(member_pids.contains(&slot.pid), asked_at);
@@ -744,7 +751,7 @@ impl Supervisor {
         let admitted = self
             .newcomers
             .values_mut()
-            .filter(|s| s.admitted && s.exit.is_none());
+            .filter(|s| s.admitted && s.admitted_in <= epoch && s.exit.is_none());
         for slot in admitted {
             slot.absence.seen(member_pids.contains(&slot.pid), asked_at);
         }
@@ -801,11 +808,14 @@ impl Supervisor {
             }
             let listed = admitted
                 .iter()
-                .any(|&(epoch, pid)| pid == slot.pid && epoch > slot.epoch_at_spawn);
-            if !listed {
+                .filter(|&&(epoch, pid)| pid == slot.pid && epoch > slot.epoch_at_spawn)
+                .map(|&(epoch, _)| epoch)
+                .max();
+            let Some(epoch) = listed else {
                 continue;
-            }
+            };
             slot.admitted = true;
+            slot.admitted_in = epoch;
             if let Some((exit, at)) = slot.exit {
                 slot.judged = true;
                 let pid = slot.pid;
@@ -847,6 +857,7 @@ impl Supervisor {
             spawned_at: now,
             exit: None,
             admitted: false,
+            admitted_in: 0,
             judged: false,
             recovering: false,
             followed: false,
@@ -2823,6 +2834,28 @@ mod tests {
         assert_eq!(sup.poll(s(71.2)), None, "its kill is not judged");
         assert!(sup.newcomer_settled(admitted));
         assert!(!sup.newcomer_settled(waiting));
+    }
+
+    /// The probe asks for the view, then for the admission history: a
+    /// commit between the two lists the newcomer as admitted beside a view
+    /// that predates it. That view's not listing it is no absence (it was
+    /// once: the newcomer was fenced 10 s after its admission, and the job
+    /// ended on the loss, when no later view came to clear it).
+    #[test]
+    fn a_view_older_than_a_newcomers_admission_does_not_count_it_absent() {
+        for mut sup in [sup(2), sup_ft(2)] {
+            sup.members_seen(s(0.1), 3, &[100, 101]);
+            let n = sup.newcomer_spawned(201, s(0.2));
+            sup.admissions_seen(&[(4, 201)]);
+            sup.members_seen(s(0.3), 3, &[100, 101]);
+            assert!(sup.newcomer_admitted(n));
+            assert_eq!(sup.poll(s(0.3) + GRACE + s(5.0)), None);
+            assert!(sup.take_fenced().is_empty(), "{:?}", sup.take_notes());
+            // A view of its epoch or later that drops it still counts.
+            sup.members_seen(s(20.0), 5, &[100, 101]);
+            assert_eq!(sup.poll(s(20.0) + GRACE), None);
+            assert_eq!(sup.take_fenced(), vec![(Who::Newcomer(n), 201)]);
+        }
     }
 
     /// A killed node that every view still lists past the recovery bound
