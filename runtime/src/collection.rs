@@ -83,8 +83,15 @@ pub(crate) trait Store: Send {
     /// Removes element `key` and encodes it for another PE.
     fn pack(&mut self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)>;
     /// Serialises a local element (and its bookkeeping) without moving it:
-    /// a checkpoint.
-    fn snapshot(&self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)>;
+    /// a checkpoint. The state is appended to `buf` (a buffer kept from an
+    /// earlier checkpoint costs no fresh memory).
+    fn snapshot_into(&self, key: IndexKey, buf: &mut Vec<u8>) -> Option<ElemMeta>;
+    /// [`Store::snapshot_into`] a new buffer.
+    fn snapshot(&self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)> {
+        let mut state = Vec::new();
+        let meta = self.snapshot_into(key, &mut state)?;
+        Some((state, meta))
+    }
     /// Re-creates a migrated element here and replays broadcasts it missed.
     fn unpack(
         &mut self,
@@ -299,10 +306,10 @@ impl<C: Chare> Store for ArrayStore<C> {
         Some((state, slot.meta))
     }
 
-    fn snapshot(&self, key: IndexKey) -> Option<(Vec<u8>, ElemMeta)> {
+    fn snapshot_into(&self, key: IndexKey, buf: &mut Vec<u8>) -> Option<ElemMeta> {
         let slot = self.elems.get(&key)?;
-        let state = postcard::to_allocvec(&slot.chare).expect("encoding into a Vec cannot fail");
-        Some((state, slot.meta.clone()))
+        postcard::to_io(&slot.chare, &mut *buf).expect("encoding into a Vec cannot fail");
+        Some(slot.meta.clone())
     }
 
     fn unpack(

@@ -60,6 +60,10 @@ pub(super) struct Buddy {
     own: BTreeMap<u64, Arc<Vec<SavedChare>>>,
     /// The copies kept here for other PEs: `(checkpoint, owner)`.
     held: BTreeMap<(u64, PeId), Arc<Vec<SavedChare>>>,
+    /// The state buffers of copies no longer kept, at most one per chare
+    /// of this PE's last copy: the next checkpoint packs into them, where
+    /// fresh memory would cost a page fault per 4 KiB.
+    spare: Vec<Vec<u8>>,
     /// Root: sync points since the last checkpoint.
     syncs: u32,
     /// Root: the number of the next checkpoint.
@@ -113,10 +117,30 @@ pub(crate) fn buddy_of(topo: &Topology, pe: PeId) -> PeId {
 }
 
 impl Buddy {
+    /// Checkpoint `ckpt` is complete: older copies go, their buffers kept
+    /// for the next checkpoint (up to one per chare of this PE's copy).
+    fn complete(&mut self, ckpt: u64) {
+        let want = self.own.get(&ckpt).map_or(0, |c| c.len());
+        let own = self.own.split_off(&ckpt);
+        let held = self.held.split_off(&(ckpt, 0));
+        let old_own = std::mem::replace(&mut self.own, own);
+        let old_held = std::mem::replace(&mut self.held, held);
+        for copy in old_own.into_values().chain(old_held.into_values()) {
+            // Still shared (a send holding it): dropped as it is.
+            let Ok(chares) = Arc::try_unwrap(copy) else {
+                continue;
+            };
+            let room = want.saturating_sub(self.spare.len());
+            self.spare
+                .extend(chares.into_iter().take(room).map(|c| c.state.0));
+        }
+    }
+
     /// Drops every copy: after a rescale, or once a recovery used them.
     fn forget(&mut self) {
         self.own.clear();
         self.held.clear();
+        self.spare.clear();
         self.syncs = 0;
         self.taking = None;
         self.complete = None;
@@ -225,10 +249,7 @@ impl Scheduler {
                 members,
                 result,
             } => self.buddy_stored(ckpt, pe, members, result),
-            SysMsg::BuddyComplete { ckpt } => {
-                self.ctx.ft.own.retain(|&g, _| g >= ckpt);
-                self.ctx.ft.held.retain(|&(g, _), _| g >= ckpt);
-            }
+            SysMsg::BuddyComplete { ckpt } => self.ctx.ft.complete(ckpt),
             SysMsg::BuddyRestore { ckpt, lost } => self.buddy_restore(ckpt, &lost),
             other => misrouted(self.ctx.pe, "buddy", &other),
         }
@@ -264,7 +285,9 @@ impl Scheduler {
             self.ctx.send_sys(0, stored);
         } else {
             let began = Instant::now();
-            let chares = Arc::new(self.snapshot_chares());
+            let mut spare = std::mem::take(&mut self.ctx.ft.spare);
+            let chares = Arc::new(self.snapshot_chares(&mut spare));
+            self.ctx.ft.spare = spare;
             let packed = began.elapsed();
             let members = chares
                 .iter()
@@ -348,8 +371,9 @@ impl Scheduler {
                 for pe in 0..npes {
                     self.ctx.send_sys(pe, SysMsg::BuddyComplete { ckpt });
                 }
-                // Each PE holds its own copy and its buddy's: about twice
-                // `max_pe_bytes` at most, three times while the next is taken.
+                // Each PE holds its own copy, its buddy's and the buffers
+                // to pack the next into: about three times `max_pe_bytes`,
+                // four while the next is taken.
                 let line = format!(
                     "ft checkpoint={ckpt} chares={} bytes={} max_pe_bytes={} pause_ms={:.3} total_ms={:.3}",
                     t.chares,
@@ -627,6 +651,44 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    fn copy(sizes: &[usize]) -> Arc<Vec<SavedChare>> {
+        Arc::new(
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| SavedChare {
+                    coll: 1,
+                    key: k as crate::msg::IndexKey,
+                    state: crate::Bulk(vec![7u8; n]),
+                    meta: Default::default(),
+                })
+                .collect(),
+        )
+    }
+
+    /// A complete checkpoint drops the older copies, own and held, and
+    /// keeps their state buffers (memory already touched) for the next,
+    /// never more than one per chare of this PE's copy; a copy still shared
+    /// is dropped as it is.
+    #[test]
+    fn a_complete_checkpoint_keeps_the_old_copies_buffers_for_the_next() {
+        let mut b = Buddy::default();
+        b.own.insert(3, copy(&[100, 200]));
+        b.own.insert(4, copy(&[100, 200]));
+        b.held.insert((3, 9), copy(&[300, 400, 500]));
+        b.held.insert((4, 9), copy(&[300]));
+        let shared = copy(&[50]);
+        b.held.insert((3, 8), shared.clone());
+        b.complete(4);
+        assert_eq!(b.own.keys().copied().collect::<Vec<_>>(), vec![4]);
+        assert_eq!(b.held.keys().copied().collect::<Vec<_>>(), vec![(4, 9)]);
+        assert_eq!(b.spare.len(), 2, "one per chare of the own copy");
+        assert!(b.spare.iter().all(|s| s.capacity() >= 100));
+        assert_eq!(Arc::strong_count(&shared), 1, "a shared copy is let go");
+        b.forget();
+        assert!(b.spare.is_empty());
     }
 
     #[test]

@@ -221,7 +221,7 @@ impl Scheduler {
                 let file = PeFile {
                     pe: me,
                     node: self.ctx.topo.my_node(),
-                    chares: self.snapshot_chares(),
+                    chares: self.snapshot_chares(&mut Vec::new()),
                 };
                 let n = file.chares.len() as u64;
                 write(&pe_path(Path::new(dir), me), &file)
@@ -234,8 +234,9 @@ impl Scheduler {
     }
 
     /// Every chare here but main, as saved, in a fixed order (collection,
-    /// then key); they stay where they are.
-    pub(super) fn snapshot_chares(&self) -> Vec<SavedChare> {
+    /// then key); they stay where they are. Each chare's state is packed into a buffer taken from `spare`
+    /// (emptied first) while there are any, else into a new one.
+    pub(super) fn snapshot_chares(&self, spare: &mut Vec<Vec<u8>>) -> Vec<SavedChare> {
         let mut colls: Vec<CollId> = self
             .stores
             .keys()
@@ -249,13 +250,16 @@ impl Scheduler {
             let mut keys: Vec<IndexKey> = store.locals().into_iter().map(|(k, _)| k).collect();
             keys.sort_unstable();
             for key in keys {
-                if let Some((state, meta)) = store.snapshot(key) {
-                    chares.push(SavedChare {
+                let mut state = spare.pop().unwrap_or_default();
+                state.clear();
+                match store.snapshot_into(key, &mut state) {
+                    Some(meta) => chares.push(SavedChare {
                         coll,
                         key,
                         state: crate::Bulk(state),
                         meta,
-                    });
+                    }),
+                    None => spare.push(state),
                 }
             }
         }
