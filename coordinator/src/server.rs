@@ -11,8 +11,10 @@
 //! closing drains included), each may send [`UNAUTHENTICATED_BYTES`] and has
 //! the core's `hello_timeout` in total to prove the secret. When that budget
 //! is full, a new connection takes the slot of the oldest stranger (closed
-//! without a word): a flood of idle connections then churns through the
-//! budget instead of holding it, and a node that connects during the flood
+//! without a word, and closed before the next connection is accepted: an
+//! aborted task lets go of its socket only when the runtime next polls it,
+//! and a fast flood otherwise outran that): a flood of idle connections
+//! then churns through the budget instead of holding it, and a node that connects during the flood
 //! gets its round trip to authenticate (the client dials again if it was
 //! pushed out before its `Welcome`). Authenticated connections (members,
 //! newcomers, tools) never count against that budget; every connection
@@ -22,6 +24,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -108,6 +111,9 @@ struct ConnIo {
 struct Open {
     reader: AbortHandle,
     writer: AbortHandle,
+    /// Held by the reader and the writer: alive while either holds a half
+    /// of the socket, which is open until both are dropped.
+    socket: Weak<()>,
     /// Bytes received so far while unauthenticated; `None` once welcomed.
     stranger: Option<usize>,
 }
@@ -119,7 +125,14 @@ struct Budget {
     strangers: BTreeSet<ConnId>,
     turned_away: u64,
     pushed_out: u64,
+    /// Sockets whose tasks were aborted and are not dropped yet (an abort
+    /// takes effect when the runtime next polls the task), with when.
+    closing: Vec<(Weak<()>, std::time::Instant)>,
 }
+
+/// How long the accept loop waits for an aborted connection's socket to
+/// close before it accepts again regardless.
+const CLOSE_WAIT: Duration = Duration::from_millis(100);
 
 impl Budget {
     /// Forgets `id` and closes its socket at once (no flush, no drain).
@@ -127,6 +140,7 @@ impl Budget {
         if let Some(o) = self.open.remove(&id) {
             o.reader.abort();
             o.writer.abort();
+            self.closing.push((o.socket, std::time::Instant::now()));
         }
         self.strangers.remove(&id);
     }
@@ -135,8 +149,19 @@ impl Budget {
     fn ended(&mut self, id: ConnId) {
         if let Some(o) = self.open.remove(&id) {
             o.writer.abort();
+            self.closing.push((o.socket, std::time::Instant::now()));
         }
         self.strangers.remove(&id);
+    }
+
+    /// Whether every socket aborted before is closed (or waited for past
+    /// [`CLOSE_WAIT`]): only then is another accepted, so the descriptors
+    /// of strangers stay within the budget, one more at most, however fast
+    /// they come.
+    fn sockets_closed(&mut self) -> bool {
+        self.closing
+            .retain(|(socket, since)| socket.strong_count() > 0 && since.elapsed() < CLOSE_WAIT);
+        self.closing.is_empty()
     }
 
     fn welcomed(&mut self, id: ConnId) {
@@ -168,6 +193,7 @@ async fn read_loop(
     events: mpsc::Sender<Event>,
     mut closed: watch::Receiver<Option<Duration>>,
     ended: mpsc::UnboundedSender<ConnId>,
+    _socket: Arc<()>,
 ) {
     let drain = loop {
         tokio::select! {
@@ -218,7 +244,11 @@ fn read_some(rd: &OwnedReadHalf) -> std::io::Result<Option<Vec<u8>>> {
     }
 }
 
-async fn write_loop(mut wr: OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<Vec<u8>>) {
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut frames: mpsc::UnboundedReceiver<Vec<u8>>,
+    _socket: Arc<()>,
+) {
     while let Some(frame) = frames.recv().await {
         if wr.write_all(&frame).await.is_err() {
             return;
@@ -270,8 +300,9 @@ pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
                 None => std::future::pending().await,
             }
         };
+        let may_accept = budget.sockets_closed();
         tokio::select! {
-            accepted = listener.accept() => {
+            accepted = listener.accept(), if may_accept => {
                 let (stream, peer) = match accepted {
                     Ok(x) => x,
                     Err(e) => {
@@ -313,10 +344,12 @@ pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
                 let (rd, wr) = stream.into_split();
                 let (wtx, wrx) = mpsc::unbounded_channel();
                 let (ctx, crx) = watch::channel(None);
-                let writer = writers.spawn(write_loop(wr, wrx));
-                let reader = tokio::spawn(read_loop(id, rd, ev_tx.clone(), crx, ended_tx.clone()))
-                    .abort_handle();
-                budget.open.insert(id, Open { reader, writer, stranger: Some(0) });
+                let held = Arc::new(());
+                let socket = Arc::downgrade(&held);
+                let writer = writers.spawn(write_loop(wr, wrx, held.clone()));
+                let read = read_loop(id, rd, ev_tx.clone(), crx, ended_tx.clone(), held);
+                let reader = tokio::spawn(read).abort_handle();
+                budget.open.insert(id, Open { reader, writer, socket, stranger: Some(0) });
                 budget.strangers.insert(id);
                 conns.insert(id, ConnIo { writer: wtx, closed: ctx });
                 actions.extend(core.on_connect(id, now));
@@ -346,6 +379,11 @@ pub async fn serve(listener: TcpListener, cfg: ServerConfig) -> Result<i32> {
                 actions = Vec::new();
             }
             Some(_) = writers.join_next(), if !writers.is_empty() => {
+                actions = Vec::new();
+            }
+            // An aborted socket's tasks are dropped by the runtime: let it
+            // run them, then look again.
+            () = tokio::task::yield_now(), if !may_accept => {
                 actions = Vec::new();
             }
             () = timer => {
