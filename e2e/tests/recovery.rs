@@ -99,6 +99,31 @@ fn two_losses_in_a_row_are_each_recovered_and_the_checksum_holds() {
     );
 }
 
+/// A replacement that registered before a node was lost without notice
+/// (here a newcomer started outside the launcher, as a policy's
+/// replacement would be) joins in the recovery's commit: the job goes on
+/// with as many nodes as before, and the same checksum.
+#[test]
+fn a_newcomer_waiting_when_a_node_is_lost_joins_in_the_recovery() {
+    let (spec, want) = spec(40_000, &["+ft-every", "2"]);
+    let mut job = Background::launch(3, "jacobi2d", &spec)
+        .timeout_s(240)
+        .start();
+    let start = pids(&job);
+    job.start_strays(1);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(start[2], "-9");
+    let after = view_without(&job, start[2]);
+    assert_eq!(after.len(), 3, "the newcomer took the lost node's place");
+    assert_eq!(after[..2], start[..2], "survivors keep their processes");
+    job.wait_for_log("with 1 waiting newcomer admitted", 1);
+    assert!(
+        job.control().status().expect("status").pending.is_empty(),
+        "nobody is left waiting"
+    );
+    job.finish().completes_with(&want);
+}
+
 fn alive_none(pids: &[u32]) -> bool {
     eventually(Duration::from_secs(10), || pids.iter().all(|&p| !alive(p)))
 }

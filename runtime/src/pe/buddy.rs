@@ -25,8 +25,11 @@
 //! a rollback ([`Scheduler::roll_back`]): every PE forgets its runtime
 //! state and its chares; PE 0 restores main and the job's state from its
 //! copy, has every PE adopt the collections as a newcomer would, and tells
-//! every PE to restore its own chares and the copies it holds of the lost
-//! PEs ([`SysMsg::BuddyRestore`]). Then the step the checkpoint's sync
+//! every surviving PE to restore its own chares and the copies it holds of
+//! the lost PEs ([`SysMsg::BuddyRestore`]). Newcomers the recovery's commit
+//! admitted (replacements that were waiting) adopt the collections too and
+//! restore nothing: the step that follows gives them elements. Then the
+//! step the checkpoint's sync
 //! point was for runs (`pe/checkpoint.rs`'s restore path: it balances with
 //! `+lb-rescale`'s strategy and resumes the elements), and the job goes on
 //! from the checkpointed iteration in the same processes.
@@ -48,7 +51,7 @@ use super::{PeState, Scheduler, misrouted};
 use crate::checkpoint::{JobFile, SavedChare};
 use crate::msg::{CallbackSpec, CollId, MAIN_COLL, Target};
 use crate::rescale::RescaleFailed;
-use crate::system::{AdoptedColl, Adoption, SysMsg};
+use crate::system::{AdoptedColl, Adoption, Shape, SysMsg};
 use crate::topo::{Pe as PeId, Topology};
 
 use super::Reentry;
@@ -488,6 +491,7 @@ impl Scheduler {
                         noticed,
                         step: c.job.lb_steps.iter().find(|(coll, _)| *coll == c.job.synced).map_or(0, |(_, s)| *s),
                         interrupted,
+                        admitted: r.new.num_nodes() - survivors(r),
                     }),
                     synced: c.job.synced,
                     acks: 0,
@@ -557,13 +561,31 @@ impl Scheduler {
                 Some((spec.coll, start))
             })
             .collect();
-        self.ctx.red.populations = populations.into_iter().collect();
-
-        let broadcasts: BTreeMap<CollId, u64> = job.broadcasts.iter().copied().collect();
         let old_of: BTreeMap<PeId, PeId> = (0..r.old.num_pes())
             .filter_map(|old| r.plan.pe_map[old as usize].map(|new| (new, old)))
             .collect();
         let pes = self.ctx.num_pes();
+        // Newcomers admitted by the recovery's commit: their group and
+        // nodegroup members join the reductions PE 0's member is at, as
+        // after a rescale (`Scheduler::adoption`).
+        let (new_pes, new_nodes) = (pes - old_of.len() as u32, r.new.num_nodes() - survivors(r));
+        for spec in &job.specs {
+            let joining = match spec.shape {
+                Shape::Group => new_pes,
+                Shape::NodeGroup => new_nodes,
+                Shape::Array { .. } => 0,
+            };
+            if let (Some(p), Some(&start), true) = (
+                populations.get_mut(&spec.coll),
+                red_start.get(&spec.coll),
+                joining > 0,
+            ) {
+                *p.births.entry(start).or_insert(0) += i64::from(joining);
+            }
+        }
+        self.ctx.red.populations = populations.into_iter().collect();
+
+        let broadcasts: BTreeMap<CollId, u64> = job.broadcasts.iter().copied().collect();
         for pe in 0..pes {
             let own = old_of.get(&pe).and_then(|old| c.members.get(old));
             let colls = job
@@ -581,17 +603,20 @@ impl Scheduler {
                 colls,
             };
             self.ctx.send_sys(pe, SysMsg::Adopt(adoption));
-            let restore = SysMsg::BuddyRestore {
-                ckpt: c.ckpt,
-                lost: lost.to_vec(),
-            };
-            self.ctx.send_sys(pe, restore);
+            if old_of.contains_key(&pe) {
+                let restore = SysMsg::BuddyRestore {
+                    ckpt: c.ckpt,
+                    lost: lost.to_vec(),
+                };
+                self.ctx.send_sys(pe, restore);
+            }
             self.ctx.send_sys(pe, SysMsg::RestoreSent);
         }
         info!(
             ckpt = c.ckpt,
             lost = ?lost,
             pes,
+            new_pes,
             chares = c.chares,
             "rolling back to the last buddy checkpoint"
         );
@@ -627,6 +652,11 @@ impl Scheduler {
             ckpt, mine, theirs, "chares restored from the buddy checkpoint"
         );
     }
+}
+
+/// How many nodes of the view `r` leaves are in the view it enters.
+fn survivors(r: &Reentry) -> u32 {
+    r.plan.node_map.iter().flatten().count() as u32
 }
 
 #[cfg(test)]

@@ -99,6 +99,8 @@ pub(crate) struct Recovery {
     /// A checkpoint that was being taken when the node was lost (the
     /// previous complete one was used).
     pub interrupted: Option<u64>,
+    /// Newcomer nodes the recovery's commit admitted.
+    pub admitted: u32,
 }
 
 /// Where a restore's chares come from.
@@ -683,13 +685,19 @@ impl PeState {
             placed_ms,
             total_ms,
             migrations,
-            "recovered from the loss of node {} (uid {}) in {:.1} ms: rolled back to buddy checkpoint {} (the sync point of LB step {}), {} PEs",
+            admitted = r.admitted,
+            "recovered from the loss of node {} (uid {}) in {:.1} ms: rolled back to buddy checkpoint {} (the sync point of LB step {}), {} PEs{}",
             r.node,
             r.uid,
             seconds * 1e3,
             r.ckpt,
             r.step + 1,
-            self.num_pes()
+            self.num_pes(),
+            match r.admitted {
+                0 => String::new(),
+                1 => ", with 1 waiting newcomer admitted".to_owned(),
+                n => format!(", with {n} waiting newcomers admitted"),
+            }
         );
         crate::activity::recovered(seconds);
     }

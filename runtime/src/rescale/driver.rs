@@ -321,6 +321,10 @@ impl Driver {
                     // are leaves of the drain tree): a loss that matters
                     // fails a survivor, and that loss reaches this node.
                     debug!(node, uid, "another leaving node was lost");
+                } else if matches!(self.state, State::Admission) {
+                    // A waiting newcomer takes no part in what the members
+                    // do about it (a recovery may admit it).
+                    debug!(node, uid, "a member was lost while this newcomer waits");
                 } else if self.busy() {
                     self.fail_busy(Cause::MemberLost { node, uid }, out);
                 } else if matches!(self.state, State::Running { .. }) {

@@ -125,9 +125,16 @@ pub fn plan(view: &View, req: &RescaleRequest) -> Result<Renumbering, RescaleErr
     })
 }
 
+/// What a recovery's order admits: every newcomer waiting at its commit
+/// (node 0 asks the coordinator how many wait, as for a rescale, and
+/// admits `min(this, waiting)`). A replacement that registered before the
+/// loss joins in the recovery's commit instead of waiting for a rescale.
+pub(crate) const EVERY_WAITING_NEWCOMER: u32 = u32::MAX;
+
 /// The plan of a recovery from the loss of node `lost` of `topo`'s view:
-/// the same renumbering as a request removing it and admitting nobody,
-/// computed by every survivor from its own topology.
+/// the same renumbering as a request removing it (newcomers are numbered
+/// after the survivors whatever their count), computed by every survivor
+/// from its own topology.
 pub(crate) fn recovery_plan(
     topo: &crate::topo::Topology,
     lost: NodeId,

@@ -25,7 +25,7 @@ use tracing::debug;
 use super::{
     Action, Cause, ControlFrame, DrainMode, DrainWait, Driver, Rescale, Stage, State, Step,
 };
-use crate::rescale::plan::recovery_plan;
+use crate::rescale::plan::{recovery_plan, EVERY_WAITING_NEWCOMER};
 use crate::system::StopOrder;
 use crate::topo::TREE_ARITY;
 
@@ -33,6 +33,7 @@ impl Driver {
     /// Member `lost` (not node 0) was lost without notice and recovery is
     /// on: every survivor plans the same removal itself, has its PEs stop
     /// and roll back ([`Action::Recover`]), and drains among survivors.
+    /// The commit admits every newcomer waiting then.
     pub(super) fn recover(&mut self, lost: NodeId, now: Instant, out: &mut Vec<Action>) {
         let Some(topo) = self.topo.clone() else {
             return;
@@ -50,7 +51,7 @@ impl Driver {
         let order = StopOrder {
             epoch: topo.epoch(),
             remove: vec![lost],
-            admit: 0,
+            admit: EVERY_WAITING_NEWCOMER,
             plan,
         };
         out.push(Action::Recover {

@@ -909,7 +909,16 @@ fn a_member_lost_in_each_stage_fails_the_rescale_everywhere() {
             sim.rescale(vec![4], 1);
             sim.run();
             let took_part = [100, 101, 103, 1000];
-            assert_failed_everywhere(&sim, &took_part);
+            // The newcomer takes part once the commit admits it; before,
+            // a member's loss is not its to fail on: it still waits (and
+            // gives up at its admission deadline when the job has ended).
+            let newcomer = &sim.nodes[&1000];
+            if newcomer.outcomes.is_empty() {
+                assert_eq!(newcomer.driver.state_name(), "admission", "{name}");
+                assert_failed_everywhere(&sim, &took_part[..3]);
+            } else {
+                assert_failed_everywhere(&sim, &took_part);
+            }
             let heard = took_part.iter().any(|u| match sim.outcome_of(*u) {
                 Some(Outcome::Failed(f)) => f.cause == Cause::MemberLost { node: 2, uid: 102 },
                 Some(Outcome::Lost { uid }) => *uid == 102,
@@ -1034,6 +1043,48 @@ fn a_member_lost_with_recovery_on_after_a_rescale_is_recovered_in_the_new_view()
             sim.outcome_of(uid)
         );
     }
+}
+
+/// Newcomers waiting when a member is lost (replacements launched before
+/// the loss) join in the recovery's commit, in both drain modes.
+#[test]
+fn a_recovery_admits_the_newcomers_waiting_in_its_commit() {
+    for drain in [DrainMode::Tree, DrainMode::AllToAll] {
+        let mut sim = Sim::new(&[1, 2, 1], 2, drain, 43).recovering();
+        sim.traffic(3);
+        sim.kill(102);
+        sim.run();
+        let members = vec![100, 101, 1000, 1001];
+        assert_eq!(sim.view.epoch, 8, "{drain:?}");
+        assert_eq!(sim.members(), members, "{drain:?}");
+        assert!(sim.pending.is_empty(), "{drain:?}: nobody left waiting");
+        for uid in [100, 101] {
+            assert_eq!(
+                sim.nodes[&uid].outcomes,
+                vec![Outcome::RolledBack {
+                    epoch: 8,
+                    members: members.clone()
+                }],
+                "{drain:?}: uid {uid}"
+            );
+        }
+        for uid in [1000, 1001] {
+            assert_eq!(
+                sim.outcome_of(uid),
+                Some(&Outcome::Joined {
+                    epoch: 8,
+                    members: members.clone()
+                }),
+                "{drain:?}: uid {uid}"
+            );
+        }
+        assert_eq!(sim.queries, 1, "{drain:?}: node 0 asked how many wait");
+    }
+    // With nobody waiting, the recovery commits the removal alone.
+    let mut sim = Sim::new(&[1, 1, 1], 0, DrainMode::Tree, 44).recovering();
+    sim.kill(101);
+    sim.run();
+    assert_eq!(sim.members(), vec![100, 102]);
 }
 
 #[test]
