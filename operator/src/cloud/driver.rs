@@ -773,6 +773,7 @@ impl Driver<'_> {
             }
         }
         self.follow_recoveries(say);
+        self.follow_admissions_outside_rescales(say);
         // Newcomers registered: ready for the policy.
         let pending: Vec<u32> = self.view.as_ref().map(|v| v.pending.iter().map(|p| p.pid).collect()).unwrap_or_default();
         for pid in pending {
@@ -1002,6 +1003,36 @@ impl Driver<'_> {
         for (instance, seconds, epoch) in done {
             let detail = format!("the job recovered without its node in {seconds:.2} s (epoch {epoch}), from its last in-memory checkpoint");
             self.mark("recovered", Some(&instance), detail, say);
+        }
+    }
+
+    /// Newcomers that became members with no rescale in flight: a recovery's
+    /// commit admits every newcomer waiting (docs/elasticity.md). The policy
+    /// is told they joined, as a commit it asked for would have told it.
+    /// While a rescale is in flight its report says whom it admitted.
+    fn follow_admissions_outside_rescales(&mut self, say: &mut dyn FnMut(&str)) {
+        if self.in_flight.is_some() {
+            return;
+        }
+        let Some(view) = self.view.clone() else { return };
+        let joined: Vec<String> = self
+            .ready
+            .iter()
+            .filter(|name| {
+                let pid = self.nodes.get(name.as_str()).map(|n| n.pid);
+                view.members.iter().any(|m| Some(m.pid) == pid)
+            })
+            .cloned()
+            .collect();
+        for name in joined {
+            self.ready.remove(&name);
+            let capacity = self.cloud.instance(&name).map_or(Capacity::Spot, |i| i.capacity);
+            self.policy.observe(
+                self.now().0,
+                Event::MemberJoined { member: MemberId(name.clone()), capacity, root: false },
+            );
+            let detail = format!("admitted by the job's own commit (epoch {}): a recovery admits every newcomer waiting", view.epoch);
+            self.mark("admitted", Some(&name), detail, say);
         }
     }
 

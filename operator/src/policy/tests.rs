@@ -66,6 +66,15 @@ fn committed(epoch: u64, admitted: &[&str]) -> Event {
         admitted: ids(admitted),
     }
 }
+/// A newcomer that became a member without a rescale the policy asked
+/// for: a recovery's commit admits every newcomer waiting.
+fn joined(newcomer: &str) -> Event {
+    Event::MemberJoined {
+        member: id(newcomer),
+        capacity: Capacity::Spot,
+        root: false,
+    }
+}
 fn replace(member: &str, newcomer: &str) -> Decision {
     Decision::LaunchReplacement {
         for_member: id(member),
@@ -573,6 +582,36 @@ fn scenarios() -> Vec<Scenario> {
                         },
                     ],
                 ),
+            ],
+        },
+        Scenario {
+            name: "a replacement admitted by a recovery is a member; its at-risk member gets another",
+            config: config(),
+            launch: 4,
+            on_demand: 1,
+            desired: 4,
+            steps: vec![
+                At(0, rebalance("job-2")),
+                Decide(0, vec![replace("job-2", "job-n0")]),
+                // job-3 is lost without notice just as job-n0 registers:
+                // the runtime's recovery admits it.
+                At(5, ready("job-n0")),
+                At(5, gone("job-3")),
+                At(5, joined("job-n0")),
+                // job-n0 is a member: no rescale asks for it; job-2 is
+                // still at risk and the job grows back towards 4 staying.
+                Decide(
+                    5,
+                    vec![
+                        vacated("job-3"),
+                        Decision::Report(Report::MemberLost {
+                            member: id("job-3"),
+                        }),
+                        launch(&["job-n1"]),
+                    ],
+                ),
+                At(10, ready("job-n1")),
+                Decide(10, vec![rescale(&["job-2"], 1, CompleteReplacement)]),
             ],
         },
         Scenario {
