@@ -29,10 +29,10 @@
 //! the lost PEs ([`SysMsg::BuddyRestore`]). Newcomers the recovery's commit
 //! admitted (replacements that were waiting) adopt the collections too and
 //! restore nothing: the step that follows gives them elements. Then the
-//! step the checkpoint's sync
-//! point was for runs (`pe/checkpoint.rs`'s restore path: it balances with
-//! `+lb-rescale`'s strategy and resumes the elements), and the job goes on
-//! from the checkpointed iteration in the same processes.
+//! step the checkpoint's sync point was for runs (`pe/checkpoint.rs`'s
+//! restore path: it balances with `+lb-rescale`'s strategy and resumes the
+//! elements), and the job goes on from the checkpointed iteration in the
+//! same processes.
 //!
 //! A rescale's re-entry drops every copy (the departed nodes took theirs
 //! along and PE numbers changed): the next sync point checkpoints again,
