@@ -124,6 +124,33 @@ fn a_newcomer_waiting_when_a_node_is_lost_joins_in_the_recovery() {
     job.finish().completes_with(&want);
 }
 
+/// The same with groups and nodegroups (`elastic_probe`, 2 PEs per node):
+/// the admitted newcomer's members are counted into the reductions, so
+/// every round after the recovery sees exactly the new view's members.
+#[test]
+fn a_newcomer_admitted_by_a_recovery_joins_the_group_and_nodegroup_reductions() {
+    let args = ["--rounds", "200000", "--sync-every", "100", "+ft-every", "1"];
+    let mut job = Background::launch(3, "elastic_probe", &args)
+        .pes(2)
+        .timeout_s(240)
+        .start();
+    let start = pids(&job);
+    job.start_strays(1);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(start[2], "-9");
+    let after = view_without(&job, start[2]);
+    assert_eq!(after.len(), 3, "the newcomer took the lost node's place");
+    job.wait_for_log("with 1 waiting newcomer admitted", 1);
+    let done = job.finish();
+    assert_eq!(done.code, Some(0), "{}\n{}", done.stdout, done.stderr);
+    assert!(
+        done.stdout.lines().any(|l| l.starts_with("probe ok")),
+        "{}\n{}",
+        done.stdout,
+        done.stderr
+    );
+}
+
 fn alive_none(pids: &[u32]) -> bool {
     eventually(Duration::from_secs(10), || pids.iter().all(|&p| !alive(p)))
 }
