@@ -99,6 +99,20 @@ fn two_losses_in_a_row_are_each_recovered_and_the_checksum_holds() {
     );
 }
 
+/// Registers a newcomer outside the launcher, SIGKILLs node 2 two seconds
+/// in and waits until the recovery admitted the newcomer in its place;
+/// the launch pids and the members after.
+fn lose_node_2_with_a_newcomer_waiting(job: &mut Background) -> (Vec<u32>, Vec<u32>) {
+    let start = pids(job);
+    job.start_strays(1);
+    std::thread::sleep(Duration::from_secs(2));
+    signal(start[2], "-9");
+    let after = view_without(job, start[2]);
+    assert_eq!(after.len(), 3, "the newcomer took the lost node's place");
+    job.wait_for_log("with 1 waiting newcomer admitted", 1);
+    (start, after)
+}
+
 /// A replacement that registered before a node was lost without notice
 /// (here a newcomer started outside the launcher, as a policy's
 /// replacement would be) joins in the recovery's commit: the job goes on
@@ -109,14 +123,8 @@ fn a_newcomer_waiting_when_a_node_is_lost_joins_in_the_recovery() {
     let mut job = Background::launch(3, "jacobi2d", &spec)
         .timeout_s(240)
         .start();
-    let start = pids(&job);
-    job.start_strays(1);
-    std::thread::sleep(Duration::from_secs(2));
-    signal(start[2], "-9");
-    let after = view_without(&job, start[2]);
-    assert_eq!(after.len(), 3, "the newcomer took the lost node's place");
+    let (start, after) = lose_node_2_with_a_newcomer_waiting(&mut job);
     assert_eq!(after[..2], start[..2], "survivors keep their processes");
-    job.wait_for_log("with 1 waiting newcomer admitted", 1);
     assert!(
         job.control().status().expect("status").pending.is_empty(),
         "nobody is left waiting"
@@ -129,18 +137,19 @@ fn a_newcomer_waiting_when_a_node_is_lost_joins_in_the_recovery() {
 /// every round after the recovery sees exactly the new view's members.
 #[test]
 fn a_newcomer_admitted_by_a_recovery_joins_the_group_and_nodegroup_reductions() {
-    let args = ["--rounds", "200000", "--sync-every", "100", "+ft-every", "1"];
+    let args = [
+        "--rounds",
+        "200000",
+        "--sync-every",
+        "100",
+        "+ft-every",
+        "1",
+    ];
     let mut job = Background::launch(3, "elastic_probe", &args)
         .pes(2)
         .timeout_s(240)
         .start();
-    let start = pids(&job);
-    job.start_strays(1);
-    std::thread::sleep(Duration::from_secs(2));
-    signal(start[2], "-9");
-    let after = view_without(&job, start[2]);
-    assert_eq!(after.len(), 3, "the newcomer took the lost node's place");
-    job.wait_for_log("with 1 waiting newcomer admitted", 1);
+    lose_node_2_with_a_newcomer_waiting(&mut job);
     let done = job.finish();
     assert_eq!(done.code, Some(0), "{}\n{}", done.stdout, done.stderr);
     assert!(
