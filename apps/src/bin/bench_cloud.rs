@@ -24,7 +24,8 @@
 //! * `hetero`: two instance types of different real speed (quota), load
 //!   balancing rate-aware against none, against the ideal: an equal-speed
 //!   fleet of as many instances with the same total quota, run interleaved
-//!   in the same sitting (`--repeat` runs of each, medians).
+//!   in the same sitting (`--repeat` runs of each, medians), for each CFS
+//!   period of `--cpu-period-ms` (the scenario's `cpuPeriodMs`).
 //!
 //! This machine has few cores: every instance is one PE, the quotas share
 //! 90% of the cores, and the oversubscription is printed with each table.
@@ -62,6 +63,8 @@ struct Run {
     events: Vec<String>,
     random: Option<String>,
     cpu_per_speed: Option<f64>,
+    /// The scenario's `cpuPeriodMs`; `None`: its default.
+    cpu_period_ms: Option<f64>,
 }
 
 impl Run {
@@ -103,6 +106,9 @@ spec:
         let mut s = format!("timeFactor: {}\n", self.time_factor);
         if let Some(c) = self.cpu_per_speed {
             s += &format!("cpuPerSpeed: {c}\n");
+        }
+        if let Some(p) = self.cpu_period_ms {
+            s += &format!("cpuPeriodMs: {p}\n");
         }
         s += &self.fleet;
         if !self.events.is_empty() {
@@ -230,6 +236,7 @@ impl Bench {
             events: Vec::new(),
             random: None,
             cpu_per_speed: None,
+            cpu_period_ms: None,
         }
     }
 }
@@ -451,7 +458,7 @@ fn median(v: &[f64]) -> f64 {
 /// many instances with the same total quota, run in the same sitting,
 /// interleaved with the mixed runs so that the machine's load falls on
 /// both alike.
-fn hetero(b: &Bench, repeat: usize) -> Result<Value> {
+fn hetero(b: &Bench, repeat: usize, periods: &[f64]) -> Result<Value> {
     let types = "instanceTypes:
   - { name: fast, pes: 1, speed: 1.0, price: { onDemand: 0.1, spot: 0.04 } }
   - { name: slow, pes: 1, speed: 0.5, price: { onDemand: 0.05, spot: 0.02 } }
@@ -470,79 +477,86 @@ fn hetero(b: &Bench, repeat: usize) -> Result<Value> {
     // Compute-bound and short: 2048² in 128² blocks (256 blocks, 4x the
     // work per message of 1024² in 64² blocks), a step every 50 iterations.
     let (grid, block, iters) = if b.quick { (1024, 64, 200) } else { (2048, 128, 400) };
-    let mut seconds = vec![Vec::new(); configs.len()];
+    // seconds[period][config]
+    let mut seconds = vec![vec![Vec::new(); configs.len()]; periods.len()];
     let mut runs = Vec::new();
     let mut reference: Option<String> = None;
     let mut same = true;
     for rep in 0..repeat {
-        for (c, (fleet_label, fleet, lb)) in configs.iter().enumerate() {
-            let label = format!("{fleet_label}, +lb {lb}, run {}", rep + 1);
-            // A short name: the run's directory holds the launcher's socket.
-            let mut r = b.base(&format!("het{c}r{rep}"), 4, iters);
-            r.grid = grid;
-            r.block = block;
-            r.iters = iters;
-            r.lb_every = 50;
-            r.lb = lb;
-            r.fleet = (*fleet).clone();
-            r.cpu_per_speed = Some(cpu);
-            let dump = b.dir.join(format!("hetero-dump-{c}-{rep}"));
-            let _ = std::fs::remove_dir_all(&dump);
-            r.extra = vec!["+lb-report".into(), "+lb-dump".into(), dump.display().to_string()];
-            let load = bench::loadavg().unwrap_or_default();
-            let o = b.run(&r)?;
-            let blocks = blocks_per_pe(&dump);
-            // Steps that moved blocks (the others kept the placement).
-            let log = std::fs::read_to_string(b.dir.join(&r.label).join("job.log")).unwrap_or_default();
-            let steps = log.lines().filter(|l| l.starts_with("lb step=")).count();
-            let moving = log.lines().filter(|l| l.starts_with("lb step=") && !l.contains(" migrations=0 ")).count();
-            let _ = std::fs::remove_dir_all(&dump);
-            same &= reference.get_or_insert_with(|| o.checksum.clone()) == &o.checksum;
-            seconds[c].push(o.seconds);
-            runs.push(json!({
-                "fleet": fleet_label, "lb": lb, "run": rep + 1, "seconds": o.seconds, "checksum": o.checksum,
-                "blocksPerPe": blocks, "lbSteps": steps, "movingSteps": moving, "throttled": o.record["throttled"], "loadBefore": load,
-            }));
-            let throttled: Vec<String> = o.record["throttled"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|t| format!("{:.2}", t["seconds"].as_f64().unwrap_or(0.0)))
-                .collect();
-            eprintln!(
-                "{label}: {:.2} s, blocks per PE {blocks:?} (measured at the last step), {moving} of {steps} steps moved, throttled s per instance [{}], load {load}",
-                o.seconds,
-                throttled.join(", ")
-            );
+        for (p, &period) in periods.iter().enumerate() {
+            for (c, (fleet_label, fleet, lb)) in configs.iter().enumerate() {
+                let label = format!("{fleet_label}, +lb {lb}, period {period} ms, run {}", rep + 1);
+                // A short name: the run's directory holds the launcher's socket.
+                let mut r = b.base(&format!("het{c}p{p}r{rep}"), 4, iters);
+                r.grid = grid;
+                r.block = block;
+                r.iters = iters;
+                r.lb_every = 50;
+                r.lb = lb;
+                r.fleet = (*fleet).clone();
+                r.cpu_per_speed = Some(cpu);
+                r.cpu_period_ms = Some(period);
+                let dump = b.dir.join(format!("hetero-dump-{c}-{p}-{rep}"));
+                let _ = std::fs::remove_dir_all(&dump);
+                r.extra = vec!["+lb-report".into(), "+lb-dump".into(), dump.display().to_string()];
+                let load = bench::loadavg().unwrap_or_default();
+                let o = b.run(&r)?;
+                let blocks = blocks_per_pe(&dump);
+                // Steps that moved blocks (the others kept the placement).
+                let log = std::fs::read_to_string(b.dir.join(&r.label).join("job.log")).unwrap_or_default();
+                let steps = log.lines().filter(|l| l.starts_with("lb step=")).count();
+                let moving = log.lines().filter(|l| l.starts_with("lb step=") && !l.contains(" migrations=0 ")).count();
+                let _ = std::fs::remove_dir_all(&dump);
+                same &= reference.get_or_insert_with(|| o.checksum.clone()) == &o.checksum;
+                seconds[p][c].push(o.seconds);
+                runs.push(json!({
+                    "fleet": fleet_label, "lb": lb, "cpuPeriodMs": period, "run": rep + 1, "seconds": o.seconds, "checksum": o.checksum,
+                    "blocksPerPe": blocks, "lbSteps": steps, "movingSteps": moving, "throttled": o.record["throttled"], "loadBefore": load,
+                }));
+                let throttled: Vec<String> = o.record["throttled"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|t| format!("{:.2}", t["seconds"].as_f64().unwrap_or(0.0)))
+                    .collect();
+                eprintln!(
+                    "{label}: {:.2} s, blocks per PE {blocks:?} (measured at the last step), {moving} of {steps} steps moved, throttled s per instance [{}], load {load}",
+                    o.seconds,
+                    throttled.join(", ")
+                );
+            }
         }
     }
-    let ideal = median(&seconds[0]);
     let mut rows = Vec::new();
     let mut out = Vec::new();
-    for (c, (fleet_label, _, lb)) in configs.iter().enumerate() {
-        let v = &seconds[c];
-        let m = median(v);
-        // Each sitting's ratio to the ideal run next to it.
-        let ratios: Vec<f64> = v.iter().zip(&seconds[0]).map(|(s, i)| s / i).collect();
-        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = v.iter().copied().fold(0.0, f64::max);
-        rows.push(format!(
-            "| {fleet_label} | `{lb}` | {m:.2} [{min:.2}..{max:.2}] | {:+.1}% | {:+.1}% |",
-            100.0 * (m / ideal - 1.0),
-            100.0 * (median(&ratios) - 1.0),
-        ));
-        out.push(json!({
-            "fleet": fleet_label, "lb": lb, "seconds": v, "medianSeconds": m,
-            "aboveIdealPct": 100.0 * (m / ideal - 1.0), "medianPairRatio": median(&ratios),
-        }));
+    for (p, &period) in periods.iter().enumerate() {
+        // Each period against its own ideal: the equal fleet at that period.
+        let ideal = median(&seconds[p][0]);
+        for (c, (fleet_label, _, lb)) in configs.iter().enumerate() {
+            let v = &seconds[p][c];
+            let m = median(v);
+            // Each sitting's ratio to the ideal run next to it.
+            let ratios: Vec<f64> = v.iter().zip(&seconds[p][0]).map(|(s, i)| s / i).collect();
+            let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = v.iter().copied().fold(0.0, f64::max);
+            rows.push(format!(
+                "| {period} ms | {fleet_label} | `{lb}` | {m:.2} [{min:.2}..{max:.2}] | {:+.1}% | {:+.1}% |",
+                100.0 * (m / ideal - 1.0),
+                100.0 * (median(&ratios) - 1.0),
+            ));
+            out.push(json!({
+                "fleet": fleet_label, "lb": lb, "cpuPeriodMs": period, "seconds": v, "medianSeconds": m,
+                "aboveIdealPct": 100.0 * (m / ideal - 1.0), "medianPairRatio": median(&ratios), "idealSeconds": ideal,
+            }));
+        }
     }
     println!("\n## heterogeneous fleet ({repeat} runs of each, interleaved; jacobi2d {grid}² in {block}² blocks, {iters} iterations, a step every 50)\n");
-    println!("| fleet | `+lb` | seconds: median [min..max] | median above ideal | median of per-sitting ratios |\n|---|---|---|---|---|");
+    println!("| CFS period | fleet | `+lb` | seconds: median [min..max] | median above ideal | median of per-sitting ratios |\n|---|---|---|---|---|---|");
     for r in rows {
         println!("{r}");
     }
     println!("\nchecksums: {}", if same { "all the same" } else { "DIFFER" });
-    Ok(json!({ "configs": out, "runs": runs, "checksumsEqual": same, "idealSeconds": ideal }))
+    Ok(json!({ "configs": out, "runs": runs, "checksumsEqual": same }))
 }
 
 fn period_svg(curve: &[(f64, f64)]) -> String {
@@ -593,6 +607,17 @@ struct Args {
     /// `hetero`: runs of each fleet and strategy (medians are reported).
     #[arg(long, default_value_t = 5)]
     repeat: usize,
+    /// `hetero`: the CFS periods of the instances' quotas to compare, ms
+    /// (the scenario's `cpuPeriodMs`), run interleaved.
+    #[arg(long, value_delimiter = ',', default_value = "10", value_parser = parse_period)]
+    cpu_period_ms: Vec<f64>,
+}
+
+fn parse_period(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (1.0..=1000.0).contains(&p) => Ok(p),
+        _ => Err(format!("{s:?} is not a CFS period from 1 to 1000 ms")),
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -635,7 +660,7 @@ fn main() -> Result<()> {
         results.insert("staggered".into(), staggered(&b)?);
     }
     if has(Experiment::Hetero) {
-        results.insert("hetero".into(), hetero(&b, args.repeat.max(1))?);
+        results.insert("hetero".into(), hetero(&b, args.repeat.max(1), &args.cpu_period_ms)?);
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let doc = json!({

@@ -3,16 +3,35 @@
 //!
 //! Each job gets a directory `ductile-<job>-<launcher pid>` under the
 //! controller's mount, and each instance a child directory holding its
-//! node's processes. The period is short (10 ms) so a throttled node is slow
-//! evenly, not in bursts. Everything created is removed when the
-//! [`Quotas`] is dropped (after its processes are gone).
+//! node's processes. The period is short (10 ms by default, the scenario's
+//! `cpuPeriodMs`) so a throttled node is slow evenly, not in bursts; a
+//! quota the kernel would refuse (under 1 ms per period) gets a longer
+//! period instead. Everything created is removed when the [`Quotas`] is
+//! dropped (after its processes are gone).
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// The CFS period: short, so latency is not bursty.
+/// The default CFS period: short, so latency is not bursty.
 pub const PERIOD_US: u64 = 10_000;
+
+/// The smallest quota per period the kernel accepts (`cpu.cfs_quota_us`).
+const MIN_QUOTA_US: u64 = 1_000;
+
+/// The longest period the kernel accepts (`cpu.cfs_period_us`, 1 s).
+const MAX_PERIOD_US: u64 = 1_000_000;
+
+/// The period and quota, in µs, that give `cores` with a period of
+/// `period_us`, or the shortest longer one whose quota the kernel accepts
+/// (0.3 cores with a 1 ms period: 3334 µs, quota 1000).
+pub fn period_and_quota(cores: f64, period_us: u64) -> (u64, u64) {
+    let period = period_us
+        .max((MIN_QUOTA_US as f64 / cores).ceil() as u64)
+        .min(MAX_PERIOD_US);
+    let quota = ((cores * period as f64).round() as u64).max(MIN_QUOTA_US);
+    (period, quota)
+}
 
 /// Where the cgroup v1 `cpu` controller is mounted on Debian and most
 /// distributions.
@@ -22,13 +41,17 @@ pub const CPU_CONTROLLER: &str = "/sys/fs/cgroup/cpu";
 #[derive(Debug)]
 pub struct Quotas {
     root: PathBuf,
+    /// The CFS period asked for, µs.
+    period_us: u64,
     instances: Vec<PathBuf>,
 }
 
 impl Quotas {
-    /// Creates the job's cgroup under `controller`; an error means quotas
-    /// cannot be used here (not root, no v1 `cpu` controller, read-only).
-    pub fn create(controller: &Path, job: &str) -> io::Result<Self> {
+    /// Creates the job's cgroup under `controller`, its instances' quotas
+    /// over periods of `period_us` (see [`period_and_quota`]); an error
+    /// means quotas cannot be used here (not root, no v1 `cpu` controller,
+    /// read-only).
+    pub fn create(controller: &Path, job: &str, period_us: u64) -> io::Result<Self> {
         let quota_file = controller.join("cpu.cfs_quota_us");
         if !quota_file.exists() {
             return Err(io::Error::new(
@@ -40,6 +63,7 @@ impl Quotas {
         fs::create_dir(&root)?;
         Ok(Quotas {
             root,
+            period_us,
             instances: Vec::new(),
         })
     }
@@ -56,8 +80,8 @@ impl Quotas {
         if !dir.exists() {
             fs::create_dir(&dir)?;
             self.instances.push(dir.clone());
-            let quota = ((cores * PERIOD_US as f64).round() as u64).max(1000);
-            fs::write(dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())?;
+            let (period, quota) = period_and_quota(cores, self.period_us);
+            fs::write(dir.join("cpu.cfs_period_us"), period.to_string())?;
             fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
         }
         // cgroup.procs moves every thread of the process; threads it starts
@@ -122,7 +146,7 @@ mod tests {
     #[test]
     fn a_missing_controller_is_an_error_not_a_panic() {
         let dir = tempfile::tempdir().unwrap();
-        let err = Quotas::create(dir.path(), "job").expect_err("no controller there");
+        let err = Quotas::create(dir.path(), "job", PERIOD_US).expect_err("no controller there");
         assert!(err.to_string().contains("no cgroup v1 cpu controller"), "{err}");
     }
 
@@ -131,7 +155,7 @@ mod tests {
     #[test]
     fn a_quota_throttles_a_busy_process_and_is_removed_afterwards() {
         let controller = Path::new(CPU_CONTROLLER);
-        let Ok(mut quotas) = Quotas::create(controller, "unit-test") else {
+        let Ok(mut quotas) = Quotas::create(controller, "unit-test", PERIOD_US) else {
             eprintln!("skipped: no writable cgroup v1 cpu controller");
             return;
         };
@@ -150,5 +174,38 @@ mod tests {
         busy.wait().unwrap();
         drop(quotas);
         assert!(!root.exists(), "the job's cgroup is removed");
+    }
+
+    #[test]
+    fn a_quota_under_the_kernel_s_minimum_gets_a_longer_period_not_more_cpu() {
+        assert_eq!(period_and_quota(0.45, PERIOD_US), (10_000, 4_500));
+        // 1 ms periods: 0.6 and 0.3 cores need 1.667 and 3.334 ms.
+        assert_eq!(period_and_quota(0.6, 1_000), (1_667, 1_000));
+        assert_eq!(period_and_quota(0.3, 1_000), (3_334, 1_000));
+        assert_eq!(period_and_quota(2.0, 1_000), (1_000, 2_000));
+        for (cores, asked) in [(0.3, 1_000), (0.6, 2_000), (0.05, 10_000), (1.5, 1_000)] {
+            let (period, quota) = period_and_quota(cores, asked);
+            assert!(period >= asked && quota >= MIN_QUOTA_US, "{cores} cores over {asked} µs");
+            let share = quota as f64 / period as f64;
+            assert!((share - cores).abs() < 0.001, "{cores} cores over {asked} µs gave {share}");
+        }
+        // The kernel's longest period bounds a tiny share.
+        assert_eq!(period_and_quota(0.0001, 1_000).0, MAX_PERIOD_US);
+    }
+
+    /// The period asked for is the one the kernel gets.
+    #[test]
+    fn an_instance_s_cgroup_gets_the_period_asked_for() {
+        let Ok(mut quotas) = Quotas::create(Path::new(CPU_CONTROLLER), "unit-period", 2_000) else {
+            eprintln!("skipped: no writable cgroup v1 cpu controller");
+            return;
+        };
+        let root = quotas.root().to_path_buf();
+        let mut idle = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        quotas.place("i-1", 0.3, idle.id()).unwrap();
+        let read = |f: &str| fs::read_to_string(root.join("i-1").join(f)).unwrap().trim().to_string();
+        assert_eq!((read("cpu.cfs_period_us"), read("cpu.cfs_quota_us")), ("3334".into(), "1000".into()));
+        idle.kill().unwrap();
+        idle.wait().unwrap();
     }
 }

@@ -324,7 +324,8 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
         .sum();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let cpu_per_speed = scenario.cpu_per_speed.unwrap_or(0.9 * cores / launch_speed.max(1e-9));
-    let quotas = match Quotas::create(&opts.cpu_controller, &loaded.name) {
+    let period_us = (scenario.cpu_period_ms * 1000.0).round() as u64;
+    let quotas = match Quotas::create(&opts.cpu_controller, &loaded.name, period_us) {
         Ok(q) => Some(q),
         Err(e) => {
             say(&format!(
@@ -411,6 +412,7 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
             scenario: loaded.scenario_name.clone(),
             time_factor: scenario.time_factor,
             cpu_per_speed,
+            cpu_period_ms: scenario.cpu_period_ms,
             target: loaded.replicas,
             target_pes: launch_pes.iter().sum(),
             ..Record::default()

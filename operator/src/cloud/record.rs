@@ -195,6 +195,8 @@ pub struct Record {
     pub cgroup: Option<String>,
     /// Cores that speed 1.0 gives a PE.
     pub cpu_per_speed: f64,
+    /// The CFS period of the quotas asked for, ms (`cpuPeriodMs`).
+    pub cpu_period_ms: f64,
     /// Events.
     pub marks: Vec<Mark>,
     /// Samples.

@@ -145,6 +145,13 @@ pub struct Scenario {
     /// launch fleet uses 90% of this machine's cores.
     #[serde(default)]
     pub cpu_per_speed: Option<f64>,
+    /// The CFS period of every instance's CPU quota, ms (10 by default): a
+    /// shorter one makes a throttled instance slow evenly rather than in
+    /// pauses of several milliseconds. An instance whose quota would be
+    /// under the kernel's 1 ms minimum gets the shortest period above this
+    /// one that allows it.
+    #[serde(default = "default_cpu_period_ms")]
+    pub cpu_period_ms: f64,
     /// The instance types.
     pub instance_types: Vec<InstanceType>,
     /// Which types the job runs on.
@@ -174,6 +181,10 @@ pub enum Network {
 
 fn one_f() -> f64 {
     1.0
+}
+
+fn default_cpu_period_ms() -> f64 {
+    10.0
 }
 
 /// What a scripted event does.
@@ -276,6 +287,12 @@ impl Scenario {
             if !(c.is_finite() && c > 0.0) {
                 return Err(err(top("cpuPerSpeed"), "cpuPerSpeed must be a positive number of cores".into()));
             }
+        }
+        if !(1.0..=1000.0).contains(&scenario.cpu_period_ms) {
+            return Err(err(
+                top("cpuPeriodMs"),
+                format!("cpuPeriodMs must be from 1 to 1000 (the kernel's CFS periods), not {}", scenario.cpu_period_ms),
+            ));
         }
         if scenario.instance_types.is_empty() {
             return Err(err(top("instanceTypes"), "instanceTypes is empty: name at least one".into()));
@@ -596,6 +613,20 @@ events:
         assert_eq!(e.line, Some(1));
         let e = refused(&GOOD.replace("bootSeconds: 20", "bootSecs: 20"));
         assert!(e.message.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn the_quota_period_defaults_to_10_ms_and_stays_within_the_kernel_s_range() {
+        let (s, _) = Scenario::load("s.yaml", GOOD, &job()).expect("valid");
+        assert_eq!(s.cpu_period_ms, 10.0);
+        let short = GOOD.replace("timeFactor: 10\n", "timeFactor: 10\ncpuPeriodMs: 1\n");
+        let (s, _) = Scenario::load("s.yaml", &short, &job()).expect("valid");
+        assert_eq!(s.cpu_period_ms, 1.0);
+        for bad in ["0.5", "1001", "-3", ".nan"] {
+            let e = refused(&GOOD.replace("timeFactor: 10\n", &format!("timeFactor: 10\ncpuPeriodMs: {bad}\n")));
+            assert_eq!(e.line, Some(2), "{bad}: {e}");
+            assert!(e.message.contains("cpuPeriodMs must be from 1 to 1000"), "{bad}: {e}");
+        }
     }
 
     #[test]
