@@ -208,6 +208,9 @@ impl Transport for CountedTransport {
     fn pe_spinning(&self, spinning: bool) {
         self.inner.pe_spinning(spinning)
     }
+    fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.inner.wait_fd()
+    }
 }
 
 /// A sink whose received frames are counted.
@@ -318,6 +321,10 @@ mod tests {
             fn pe_spinning(&self, spinning: bool) {
                 self.note(&format!("pe_spinning {spinning}"));
             }
+            fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+                self.note("wait_fd");
+                None
+            }
         }
         let inner = Arc::new(Calls::default());
         let t = counted("tcp", inner.clone());
@@ -335,6 +342,7 @@ mod tests {
         assert!(t.poll());
         assert_eq!(t.progress_after(), std::time::Duration::from_micros(3));
         t.pe_spinning(true);
+        assert!(t.wait_fd().is_none());
         t.pe_spinning(false);
         t.shutdown();
         assert_eq!(
@@ -349,6 +357,7 @@ mod tests {
                 "poll",
                 "progress_after",
                 "pe_spinning true",
+                "wait_fd",
                 "pe_spinning false",
                 "shutdown"
             ]

@@ -61,10 +61,10 @@ impl NodeShared {
         args: Vec<String>,
         options: Options,
         events: crossbeam_channel::Sender<NodeEvent>,
-    ) -> Self {
-        NodeShared {
+    ) -> std::io::Result<Self> {
+        Ok(NodeShared {
             registry,
-            inboxes: (0..pes).map(|_| Inbox::new()).collect(),
+            inboxes: (0..pes).map(|_| Inbox::new()).collect::<std::io::Result<_>>()?,
             readonly: Mutex::new(HashMap::new()),
             args,
             options,
@@ -82,7 +82,13 @@ impl NodeShared {
             draining: AtomicBool::new(false),
             events,
             loss: Mutex::new(None),
-        }
+        })
+    }
+
+    /// Gives a node of [`NodeShared::for_tests`] its transport.
+    #[cfg(test)]
+    pub(crate) fn set_transport_for_tests(&self, transport: Arc<dyn Transport>) {
+        assert!(self.transport.set(transport).is_ok(), "a transport already");
     }
 
     /// A standalone node of `pes` PEs with nothing registered, for tests
@@ -96,7 +102,8 @@ impl NodeShared {
             Vec::new(),
             Options::default(),
             events,
-        ));
+        )
+        .expect("eventfds for the PEs' inboxes"));
         node.install(Arc::new(Topology::standalone(pes)));
         node
     }

@@ -117,13 +117,11 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
     }
     let options_coordinator = options.coordinator.clone();
     let (events, events_rx) = crossbeam_channel::unbounded();
-    let node = Arc::new(NodeShared::new(
-        registry.clone(),
-        pes,
-        args,
-        options,
-        events,
-    ));
+    let node = Arc::new(
+        NodeShared::new(registry.clone(), pes, args, options, events).unwrap_or_else(|e| {
+            fail_startup(format!("cannot create the eventfds that wake the PEs: {e}"))
+        }),
+    );
     if let Some(listen) = env_var(contract::ENV_METRICS) {
         let listen = listen
             .parse()

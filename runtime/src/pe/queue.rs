@@ -4,12 +4,15 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering as AtOrd};
-use std::sync::OnceLock;
-use std::thread::Thread;
 use std::time::Instant;
 
 use crossbeam_queue::SegQueue;
+use nix::poll::{PollFd, PollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::time::TimeSpec;
 
 use crate::msg::Envelope;
 
@@ -17,32 +20,54 @@ use crate::msg::Envelope;
 /// PEs of the node, the transport's receive thread, the node's main
 /// thread), and the PE's sleep.
 ///
-/// A push is one lock-free push and, only if the PE sleeps, one wake-up.
-/// No wake-up is lost: the PE sets `sleeping`, then (after a SeqCst fence)
-/// looks at the queue once more before it blocks; a sender pushes, then
-/// (after a SeqCst fence) reads `sleeping`. Of two such fences one comes
-/// first, so either the PE sees the message or the sender sees the flag.
-/// The first sender to see the flag clears it and wakes the PE, so a burst
-/// of pushes to a sleeping PE costs one wake-up, not one each.
+/// A push is one lock-free push and, only if the PE sleeps, one wake-up
+/// (a write to the inbox's eventfd). No wake-up is lost: the PE sets
+/// `sleeping`, then (after a SeqCst fence) looks at the queue once more
+/// before it blocks; a sender pushes, then (after a SeqCst fence) reads
+/// `sleeping`. Of two such fences one comes first, so either the PE sees
+/// the message or the sender sees the flag. The first sender to see the
+/// flag clears it and wakes the PE, so a burst of pushes to a sleeping PE
+/// costs one wake-up, not one each.
+///
+/// The PE sleeps in `ppoll` on the eventfd and, when it has one, a file
+/// descriptor of the transport that turns readable when frames arrive
+/// ([`Transport::wait_fd`](crate::transport::Transport::wait_fd)): a frame
+/// from another node then wakes the PE itself, which reads it, with no
+/// thread between.
 pub(crate) struct Inbox {
     pub(super) queue: SegQueue<Envelope>,
     sleeping: AtomicBool,
-    pub(super) thread: OnceLock<Thread>,
+    /// Written to wake the PE (non-blocking: a full counter is a PE woken
+    /// already).
+    wake: EventFd,
     /// Wake-ups senders paid (a push that found the PE asleep).
     wakeups: AtomicU64,
     /// Times the PE blocked.
     sleeps: AtomicU64,
 }
 
+/// What ended a PE's [`Inbox::sleep`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Woken {
+    /// A push, an interrupt, the deadline, a signal, or no sleep at all
+    /// (work waited, or the stop condition held).
+    Inbox,
+    /// The transport's descriptor turned readable: frames to read.
+    Transport,
+}
+
 impl Inbox {
-    pub(crate) fn new() -> Self {
-        Inbox {
+    /// An empty inbox; an error when no eventfd can be created (out of
+    /// file descriptors).
+    pub(crate) fn new() -> io::Result<Self> {
+        let wake = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(Inbox {
             queue: SegQueue::new(),
             sleeping: AtomicBool::new(false),
-            thread: OnceLock::new(),
+            wake,
             wakeups: AtomicU64::new(0),
             sleeps: AtomicU64::new(0),
-        }
+        })
     }
 
     /// Empties the queue (the PE is stopped).
@@ -58,10 +83,8 @@ impl Inbox {
         // The plain load keeps the common case (the PE is awake) free of a
         // write to the line the PE polls; the swap picks one waker.
         if self.sleeping.load(AtOrd::Relaxed) && self.sleeping.swap(false, AtOrd::Relaxed) {
-            if let Some(t) = self.thread.get() {
-                self.wakeups.fetch_add(1, AtOrd::Relaxed);
-                t.unpark();
-            }
+            self.wakeups.fetch_add(1, AtOrd::Relaxed);
+            self.ring();
         }
     }
 
@@ -69,29 +92,65 @@ impl Inbox {
     /// flags (the node is aborting). The caller sets its flag, then a
     /// SeqCst fence, then calls this; `sleep` checks `stop` after its own.
     pub(crate) fn interrupt(&self) {
-        if let Some(t) = self.thread.get() {
-            t.unpark();
-        }
+        self.ring();
     }
 
-    /// Blocks the PE's own thread until a push, an `interrupt`, or `until`
-    /// (none: no deadline), unless the queue holds something or `stop()`
-    /// is already true. May return early (a spurious wake-up): the caller
+    fn ring(&self) {
+        // EAGAIN: the counter is full, the PE has a wake-up waiting.
+        let _ = self.wake.write(1);
+    }
+
+    /// Blocks the PE's own thread until a push, an `interrupt`, `until`
+    /// (none: no deadline) or, with `transport`, that descriptor turning
+    /// readable, unless the queue holds something or `stop()` is already
+    /// true. May return early (a spurious wake-up, a signal): the caller
     /// loops.
-    pub(crate) fn sleep(&self, until: Option<Instant>, stop: impl Fn() -> bool) {
+    pub(crate) fn sleep(
+        &self,
+        until: Option<Instant>,
+        transport: Option<BorrowedFd<'_>>,
+        stop: impl Fn() -> bool,
+    ) -> Woken {
         self.sleeping.store(true, AtOrd::Relaxed);
         fence(AtOrd::SeqCst);
+        let mut woken = Woken::Inbox;
         if self.queue.is_empty() && !stop() {
             let nap = until.map(|at| at.saturating_duration_since(Instant::now()));
             if nap != Some(std::time::Duration::ZERO) {
                 self.sleeps.fetch_add(1, AtOrd::Relaxed);
-                match nap {
-                    None => std::thread::park(),
-                    Some(d) => std::thread::park_timeout(d),
-                }
+                woken = self.block(nap.map(TimeSpec::from_duration), transport);
             }
         }
         self.sleeping.store(false, AtOrd::Relaxed);
+        woken
+    }
+
+    /// `ppoll` on the eventfd and the transport's descriptor; drains the
+    /// eventfd if it rang.
+    fn block(&self, timeout: Option<TimeSpec>, transport: Option<BorrowedFd<'_>>) -> Woken {
+        let mut fds = [
+            PollFd::new(self.wake.as_fd(), PollFlags::POLLIN),
+            PollFd::new(transport.unwrap_or(self.wake.as_fd()), PollFlags::POLLIN),
+        ];
+        let watched = if transport.is_some() { 2 } else { 1 };
+        match nix::poll::ppoll(&mut fds[..watched], timeout, None) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                // Not expected (bad descriptors); a sleep that cannot block
+                // must not spin the caller at full speed unseen.
+                tracing::error!("a PE could not sleep: ppoll: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        let readable = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
+        if readable(&fds[0]) {
+            let _ = self.wake.read();
+        }
+        if watched == 2 && readable(&fds[1]) {
+            Woken::Transport
+        } else {
+            Woken::Inbox
+        }
     }
 
     /// Wake-ups senders paid so far (a push that found the PE asleep).
@@ -194,11 +253,10 @@ mod tests {
     fn no_wake_up_is_lost_when_pushes_race_the_receiver_going_to_sleep() {
         const SENDERS: u64 = 4;
         const EACH: u64 = 20_000;
-        let inbox = Arc::new(Inbox::new());
+        let inbox = Arc::new(Inbox::new().unwrap());
         let (done_tx, done_rx) = crossbeam_channel::bounded(1);
         let rx_inbox = inbox.clone();
         std::thread::spawn(move || {
-            let _ = rx_inbox.thread.set(std::thread::current());
             let (mut got, mut sum, mut calls) = (0u64, 0u64, 0u64);
             while got < SENDERS * EACH {
                 while let Some(env) = rx_inbox.queue.pop() {
@@ -207,7 +265,7 @@ mod tests {
                 }
                 if got < SENDERS * EACH {
                     calls += 1;
-                    rx_inbox.sleep(None, || false);
+                    rx_inbox.sleep(None, None, || false);
                 }
             }
             let _ = done_tx.send((sum, calls));
@@ -255,8 +313,7 @@ mod tests {
 
     #[test]
     fn a_push_to_an_awake_receiver_costs_no_wake_up() {
-        let inbox = Inbox::new();
-        let _ = inbox.thread.set(std::thread::current());
+        let inbox = Inbox::new().unwrap();
         for i in 0..100 {
             inbox.push(message(i));
         }
@@ -266,21 +323,20 @@ mod tests {
 
     #[test]
     fn a_sleep_ends_at_its_deadline_and_not_at_all_when_work_waits() {
-        let inbox = Inbox::new();
-        let _ = inbox.thread.set(std::thread::current());
+        let inbox = Inbox::new().unwrap();
         let until = Instant::now() + Duration::from_millis(20);
-        inbox.sleep(Some(until), || false);
-        // park_timeout may return early (spurious); a sleep loop would go on.
+        inbox.sleep(Some(until), None, || false);
+        // A sleep may return early (a signal); a sleep loop would go on.
         while Instant::now() < until {
-            inbox.sleep(Some(until), || false);
+            inbox.sleep(Some(until), None, || false);
         }
         assert!(inbox.sleeps() >= 1);
         let before = inbox.sleeps();
         inbox.push(message(1));
-        inbox.sleep(None, || false);
+        inbox.sleep(None, None, || false);
         assert_eq!(inbox.sleeps(), before, "a queued message: no sleep");
         inbox.take_all();
-        inbox.sleep(None, || true);
+        inbox.sleep(None, None, || true);
         assert_eq!(inbox.sleeps(), before, "stop already set: no sleep");
     }
 }

@@ -8,15 +8,29 @@
 //! are the sleep's deadline; the node's abort (a lost peer, the launcher's
 //! timeout) interrupts every PE (`NodeShared::abort`). A transport that the
 //! PEs progress (TCP by default, UCX with `DUCTILE_UCX_PROGRESS=pe`) is
-//! progressed only while they spin; while they run or sleep its own thread
-//! delivers through the inbox like any other.
+//! progressed while they spin; one with a descriptor to wait on (TCP) stays
+//! the PE's through its sleep too, so a frame from another node wakes the
+//! PE, which reads it on its own thread. While PEs run, the transport's own
+//! thread receives and delivers through the inbox like any other.
 
 use std::time::{Duration, Instant};
 
 use tracing::debug;
 
+use super::queue::Woken;
 use super::{Inbox, LoopExit, Scheduler};
 use crate::reduce::Value;
+use crate::transport::Transport;
+
+/// How an idle PE's spin ended; `progressing`: the PE had started
+/// progressing the transport (`Transport::pe_spinning(true)`), and must
+/// say when it stops.
+enum Spin {
+    /// Something came.
+    Came { progressing: bool },
+    /// The spin is over with nothing come.
+    Over { progressing: bool },
+}
 
 /// How long an idle PE busy-waits before it starts yielding its core.
 const HOT_SPIN: Duration = Duration::from_micros(5);
@@ -25,7 +39,6 @@ impl Scheduler {
     /// Runs the scheduler loop until the job exits, the node aborts, or a
     /// rescale stops this PE (then the loop can be entered again).
     pub(crate) fn run(&mut self, inbox: &Inbox, spin: Duration) -> LoopExit {
-        let _ = inbox.thread.set(std::thread::current());
         loop {
             while let Some(env) = inbox.queue.pop() {
                 self.ctx.queue.push(env);
@@ -56,18 +69,40 @@ impl Scheduler {
                 self.ctx.deliver_callback(&cb, &Value::Unit);
                 continue;
             }
-            // Idle: spin (a reply from another PE of this node comes within
-            // microseconds), then sleep until a message, the earliest
-            // timer, or the node's abort wakes the PE.
-            let idle_from = now;
-            if !self.spin_for(inbox, now, spin) {
+            self.idle(inbox, now, spin);
+            self.ctx.lb.idle += now.elapsed();
+        }
+    }
+
+    /// Nothing to run: spin (a reply from another PE of this node comes
+    /// within microseconds), then sleep until a message, the earliest timer,
+    /// or the node's abort wakes the PE. A transport the PE progressed
+    /// while it spun and that has a descriptor to wait on (TCP) is watched
+    /// through the sleep: a frame wakes the PE, which reads it here. The
+    /// transport gets its own thread back before the PE runs anything.
+    fn idle(&self, inbox: &Inbox, now: Instant, spin: Duration) {
+        let transport = self.ctx.node.transport_if_any();
+        let progressing = match self.spin_for(inbox, now, spin, transport.as_deref()) {
+            Spin::Came { progressing } => progressing,
+            Spin::Over { progressing } => {
                 let deadline = [self.ctx.qd.next_wave_at, self.ctx.timers.next()]
                     .into_iter()
                     .flatten()
                     .min();
-                inbox.sleep(deadline, || self.ctx.node.aborting());
+                let fd = transport
+                    .as_deref()
+                    .filter(|_| progressing)
+                    .and_then(|t| t.wait_fd());
+                if inbox.sleep(deadline, fd, || self.ctx.node.aborting()) == Woken::Transport {
+                    if let Some(t) = &transport {
+                        t.poll();
+                    }
+                }
+                progressing
             }
-            self.ctx.lb.idle += idle_from.elapsed();
+        };
+        if let Some(t) = transport.filter(|_| progressing) {
+            t.pe_spinning(false);
         }
     }
 
@@ -76,34 +111,39 @@ impl Scheduler {
     /// thread or another node's PE that shares it is not starved. An idle
     /// PE progresses a transport that asks for it (TCP by default, UCX with
     /// `DUCTILE_UCX_PROGRESS=pe`) meanwhile, from the transport's
-    /// [`progress_after`](crate::transport::Transport::progress_after) on, telling it when it starts and
-    /// stops. True when something came.
-    fn spin_for(&self, inbox: &Inbox, now: Instant, spin: Duration) -> bool {
+    /// [`progress_after`](crate::transport::Transport::progress_after) on,
+    /// telling it when it starts; the caller tells it when the PE stops.
+    fn spin_for(
+        &self,
+        inbox: &Inbox,
+        now: Instant,
+        spin: Duration,
+        transport: Option<&dyn Transport>,
+    ) -> Spin {
         if spin.is_zero() {
-            return !inbox.queue.is_empty();
+            return match inbox.queue.is_empty() {
+                true => Spin::Over { progressing: false },
+                false => Spin::Came { progressing: false },
+            };
         }
         let until = now + spin;
         let hot_until = now + HOT_SPIN;
-        // The transport, and when the PE starts progressing it.
-        let transport = self
-            .ctx
-            .node
-            .transport_if_any()
-            .map(|t| (now + t.progress_after(), t));
+        // When the PE starts progressing the transport.
+        let from = transport.map(|t| now + t.progress_after());
         let mut progressing = false;
-        let came = loop {
+        loop {
             if !inbox.queue.is_empty() {
-                break true;
+                return Spin::Came { progressing };
             }
-            if progressing && transport.as_ref().is_some_and(|(_, t)| t.poll()) {
+            if progressing && transport.is_some_and(|t| t.poll()) {
                 continue;
             }
             let t = Instant::now();
             if t >= until {
-                break false;
+                return Spin::Over { progressing };
             }
-            if let Some((from, transport)) = &transport {
-                if !progressing && t >= *from {
+            if let (Some(from), Some(transport)) = (from, transport) {
+                if !progressing && t >= from {
                     transport.pe_spinning(true);
                     progressing = true;
                     continue;
@@ -114,11 +154,7 @@ impl Scheduler {
             } else {
                 std::thread::yield_now();
             }
-        };
-        if let Some((_, t)) = transport.as_ref().filter(|_| progressing) {
-            t.pe_spinning(false);
         }
-        came
     }
 
     /// What this PE still holds when the job is being ended from outside
@@ -247,6 +283,116 @@ mod tests {
         assert_eq!(inbox.wakeups(), 1, "one message, one wake-up");
         assert!(inbox.queue.is_empty(), "the PE took the message in");
         stop(&node, &rx);
+    }
+
+    /// A transport with a descriptor the test rings, as TCP's connections
+    /// turn readable: its `poll` then delivers one message to PE 0, noting
+    /// the thread that called it.
+    struct Ringable {
+        node: std::sync::OnceLock<std::sync::Weak<NodeShared>>,
+        bell: nix::sys::eventfd::EventFd,
+        polled_by: std::sync::Mutex<Vec<u64>>,
+        spinning: std::sync::Mutex<Vec<bool>>,
+    }
+
+    impl Transport for Ringable {
+        fn address(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn send(
+            &self,
+            _: ductile_coordinator::proto::NodeId,
+            _: crate::transport::Tag,
+            _: &[&[u8]],
+        ) -> Result<(), crate::transport::TransportError> {
+            Ok(())
+        }
+        fn reconcile(
+            &self,
+            _: &crate::transport::View,
+            _: ductile_coordinator::proto::NodeId,
+        ) -> Result<crate::transport::Reconciled, crate::transport::TransportError> {
+            Ok(Default::default())
+        }
+        fn shutdown(&self) {}
+        fn poll(&self) -> bool {
+            // Non-blocking: an error when it was not rung.
+            if self.bell.read().is_err() {
+                return false;
+            }
+            self.polled_by.lock().unwrap().push(current_tid());
+            let node = self.node.get().and_then(|n| n.upgrade()).expect("the node");
+            node.inboxes[0].push(Envelope {
+                prio: 0,
+                dest: Dest::Member { coll: 7 },
+                payload: Payload::local(1u64),
+                counted: false,
+            });
+            true
+        }
+        fn pe_spinning(&self, spinning: bool) {
+            self.spinning.lock().unwrap().push(spinning);
+        }
+        fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+            use std::os::fd::AsFd;
+            Some(self.bell.as_fd())
+        }
+    }
+
+    /// A PE that spun out keeps the transport through its sleep: what makes
+    /// the transport's descriptor readable wakes it (no push, no wake-up
+    /// paid by another thread), it reads on its own thread, and it hands the
+    /// transport back before it runs what came.
+    #[test]
+    fn a_frame_for_a_sleeping_pe_wakes_it_through_the_transport_s_descriptor() {
+        use nix::sys::eventfd::{EfdFlags, EventFd};
+        let ring = Arc::new(Ringable {
+            node: std::sync::OnceLock::new(),
+            bell: EventFd::from_flags(EfdFlags::EFD_NONBLOCK).unwrap(),
+            polled_by: Default::default(),
+            spinning: Default::default(),
+        });
+        let t = ring.clone();
+        let (node, tid, rx) = start_pe(move |pe| {
+            let _ = t.node.set(Arc::downgrade(&pe.ctx.node));
+            pe.ctx.node.set_transport_for_tests(t);
+        });
+        let inbox = &node.inboxes[0];
+        wait_for("the PE slept", || inbox.sleeps() >= 1);
+        let sleeps = inbox.sleeps();
+        assert_eq!(
+            *ring.spinning.lock().unwrap(),
+            [true],
+            "the PE holds the transport through its sleep"
+        );
+        ring.bell.write(1).unwrap();
+        wait_for("the PE read what came and slept again", || {
+            inbox.sleeps() > sleeps
+        });
+        assert_eq!(
+            *ring.polled_by.lock().unwrap(),
+            [tid],
+            "read on the PE's thread"
+        );
+        assert_eq!(inbox.wakeups(), 0, "no other thread had to wake the PE");
+        assert!(inbox.queue.is_empty(), "the PE took the message in");
+        assert_eq!(
+            ring.spinning.lock().unwrap()[..3],
+            [true, false, true],
+            "the transport went back before the PE ran, then the PE spun again"
+        );
+        stop(&node, &rx);
+        let spinning = ring.spinning.lock().unwrap();
+        assert_eq!(
+            spinning.last(),
+            Some(&false),
+            "given back at the end: {spinning:?}"
+        );
+        assert_eq!(
+            spinning.iter().filter(|s| **s).count() * 2,
+            spinning.len(),
+            "every start has its stop: {spinning:?}"
+        );
     }
 
     /// A sleeping PE wakes for its earliest timer, runs it, and sleeps again.

@@ -220,6 +220,17 @@ pub trait Transport: Send + Sync + 'static {
     /// receiving meanwhile (TCP), and must take it back before the PE runs
     /// anything. Default: nothing to do.
     fn pe_spinning(&self, _spinning: bool) {}
+    /// A descriptor that turns readable when frames wait to be read by
+    /// [`Transport::poll`], for an idle PE that has spun out to sleep on
+    /// together with its inbox: the frame then wakes the PE, which reads it
+    /// itself. Valid only between the PE's `pe_spinning(true)` and
+    /// `pe_spinning(false)` (while the transport's own thread is out of
+    /// receiving; TCP). Default: none,
+    /// the PE sleeps on its inbox alone and frames reach it through the
+    /// transport's thread.
+    fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// This thread's kernel id, from /proc/thread-self (0 if unreadable): lets

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -74,6 +74,8 @@ pub(super) struct RxShared {
     /// The connections' epoll set, in the receive thread's set while no
     /// PE spins.
     conns_fd: RawFd,
+    /// The same set, for a PE to sleep on ([`RxShared::wait_fd`]).
+    conns_wait: OwnedFd,
     /// The receive thread's epoll set, for moving `conns_fd` in and out.
     thread_registry: Registry,
     /// PEs of this node spinning now.
@@ -265,6 +267,12 @@ pub(super) fn start_receiver(
         .map_err(io_err("watching the listener"))?;
     let conns = Conns::new().map_err(io_err("creating the connections' epoll set"))?;
     let conns_fd = conns.poll.as_raw_fd();
+    let conns_wait = conns
+        .poll
+        .registry()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(io_err("sharing the connections' epoll set"))?;
     poll.registry()
         .register(&mut SourceFd(&conns_fd), CONNS, Interest::READABLE)
         .map_err(io_err("watching the connections' epoll set"))?;
@@ -280,6 +288,7 @@ pub(super) fn start_receiver(
         tid: AtomicU64::new(0),
         conns: Mutex::new(conns),
         conns_fd,
+        conns_wait,
         thread_registry,
         spinning: Mutex::new(0),
         progress,
@@ -305,6 +314,14 @@ impl RxShared {
             Ok(mut conns) => conns.read_ready(&*self.sink, &self.closing),
             Err(_) => false,
         }
+    }
+
+    /// The connections' epoll set, readable while a connection has
+    /// something to read: what a PE that spins sleeps on once its spin is
+    /// over (the set is then out of the receive thread's, so the frame wakes
+    /// the PE alone). None in `thread` mode.
+    pub(super) fn wait_fd(&self) -> Option<BorrowedFd<'_>> {
+        (self.progress == Progress::Pe).then(|| self.conns_wait.as_fd())
     }
 
     /// A PE of this node starts (`true`) or stops spinning. While any

@@ -531,6 +531,48 @@ fn a_spinning_pe_reads_frames_on_its_own_thread_and_the_receive_thread_after_it_
     assert_eq!((by, &f[..]), (b.receive_tid(), &b"after"[..]));
 }
 
+/// Whether `fd` turns readable within `within` (poll(2), as a sleeping PE
+/// waits on it beside its inbox).
+fn readable_within(fd: std::os::fd::BorrowedFd<'_>, within: Duration) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let ms = PollTimeout::try_from(within).unwrap();
+    nix::poll::poll(&mut fds, ms).unwrap() == 1
+}
+
+#[test]
+fn a_pe_sleeping_on_the_wait_fd_is_woken_by_a_frame_and_reads_it_itself() {
+    let (a, b, rx) = pair_by_thread();
+    let me = super::super::current_tid();
+    b.pe_spinning(true);
+    let fd = b.wait_fd().expect("TCP gives a spinning PE a descriptor");
+    assert!(
+        !readable_within(fd, Duration::from_millis(50)),
+        "readable with nothing sent"
+    );
+    for round in 0..20u32 {
+        a.t.send(1, Tag::new(0, 1, 1), &[&round.to_le_bytes()])
+            .unwrap();
+        assert!(
+            readable_within(fd, WAIT),
+            "round {round}: a frame did not make the descriptor readable"
+        );
+        // The PE reads what woke it, on its own thread; nothing is left to
+        // make the descriptor readable again.
+        let got = poll_for(&b, &rx, 1);
+        assert_eq!(got, [(me, round.to_le_bytes().to_vec())], "round {round}");
+        assert!(
+            !readable_within(fd, Duration::ZERO),
+            "round {round}: still readable after the frame was read"
+        );
+    }
+    b.pe_spinning(false);
+    // The receive thread reads again once no PE holds the connections.
+    a.t.send(1, Tag::new(0, 1, 1), &[b"after"]).unwrap();
+    let (by, f) = rx.recv_timeout(WAIT).unwrap();
+    assert_eq!((by, &f[..]), (b.receive_tid(), &b"after"[..]));
+}
+
 #[test]
 fn frames_that_came_while_a_pe_spun_without_polling_are_read_once_it_stops() {
     let (a, b, rx) = pair_by_thread();
