@@ -181,15 +181,16 @@ fn run_member(
         a.parse()
             .unwrap_or_else(|e| fail_startup(format!("{}={a}: {e}", contract::ENV_ADVERTISE)))
     });
-    // DUCTILE_TRANSPORT: tcp, or ucx when built with the `ucx` feature (then
-    // the default); UCX itself reads UCX_TLS, UCX_NET_DEVICES, ... from the
-    // environment the node inherits.
+    // DUCTILE_TRANSPORT: tcp (the default, whatever the build, as for
+    // `ductile run` and the operator: a node started by hand joins a TCP
+    // job), or ucx when built with the `ucx` feature; UCX itself reads
+    // UCX_TLS, UCX_NET_DEVICES, ... from the environment the node inherits.
     let available: &[&str] = if cfg!(feature = "ucx") {
-        &["ucx", "tcp"]
+        &["tcp", "ucx"]
     } else {
         &["tcp"]
     };
-    let chosen = env_var(contract::ENV_TRANSPORT).unwrap_or_else(|| available[0].to_owned());
+    let chosen = env_var(contract::ENV_TRANSPORT).unwrap_or_else(|| "tcp".to_owned());
     if !available.contains(&chosen.as_str()) {
         fail_startup(format!(
             "transport `{chosen}` is not built into this program (available: {})",
