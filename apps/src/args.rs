@@ -69,6 +69,15 @@ where
     Ok(value)
 }
 
+/// A clap value parser for a finite amount that may be zero but not
+/// negative (`pingpong --gap-us`).
+pub fn non_negative(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{text}` is not a number of at least 0")),
+    }
+}
+
 /// The options every benchmark driver (`bench_core`, `bench_rescale`,
 /// `bench_lb`) shares: how many jobs per case, the quick smoke mode, the
 /// bound on one child job, and where the JSON goes. Flattened into each

@@ -1,9 +1,13 @@
 //! Pingpong: round-trip latency and bandwidth between two array elements on
 //! PE 0 and PE 1 (same node or not, depending on how the job is shaped).
 //!
-//! `pingpong [--sizes 8,1024,...] [--min-iters N] [--budget-ms MS] [--hold SECS]`
+//! `pingpong [--sizes 8,1024,...] [--min-iters N] [--budget-ms MS] [--gap-us US] [--hold SECS]`
 //! prints one `pingpong size=<bytes> iters=<n> oneway_us=<us>
-//! bandwidth_MBps=<MB/s>` line per size. With `--hold`, the job then idles
+//! bandwidth_MBps=<MB/s>` line per size. With `--gap-us`, element 0 waits
+//! that long (a timer) between round trips, so the other PE has spun out
+//! and sleeps when each ping comes: the figure is then a message to a
+//! sleeping PE, wake-up included (only the round trips are timed, not the
+//! gaps). With `--hold`, the job then idles
 //! for SECS (nothing queued anywhere, main waits on a timer) before it
 //! exits, printing `pingpong holding secs=<s>` when the hold starts: what
 //! an idle job costs is measured over that window.
@@ -25,6 +29,8 @@ enum PlayerMsg {
     },
     Ping(Bulk<u8>),
     Pong(Bulk<u8>),
+    /// To element 0: the gap is over, send the next ping.
+    Next(()),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -33,6 +39,14 @@ struct Player {
     warmup: u64,
     iters: u64,
     size: usize,
+    /// Between round trips (`--gap-us`); zero: none.
+    gap: Duration,
+    /// The timed round trips' total, with a gap (without one, `t0` times
+    /// them all at once).
+    timed: Duration,
+    /// The payload kept over a gap.
+    #[serde(skip)]
+    held: Option<Bulk<u8>>,
     #[serde(skip)]
     t0: Option<Instant>,
 }
@@ -40,15 +54,18 @@ struct Player {
 impl Chare for Player {
     const NAME: &'static str = "pingpong::Player";
     type Index = u32;
-    type Init = ();
+    type Init = Duration;
     type Msg = PlayerMsg;
 
-    fn new(_: (), _: &mut Ctx<'_, Self>) -> Self {
+    fn new(gap: Duration, _: &mut Ctx<'_, Self>) -> Self {
         Player {
             left: 0,
             warmup: 0,
             iters: 0,
             size: 0,
+            gap,
+            timed: Duration::ZERO,
+            held: None,
             t0: None,
         }
     }
@@ -63,19 +80,38 @@ impl Chare for Player {
             } => {
                 (self.size, self.iters, self.warmup, self.left) =
                     (size, iters, warmup, iters + warmup);
-                self.t0 = (warmup == 0).then(Instant::now);
+                self.timed = Duration::ZERO;
+                self.t0 = Some(Instant::now());
                 other.send(ctx, PlayerMsg::Ping(Bulk(vec![7u8; size])));
             }
             PlayerMsg::Ping(data) => other.send(ctx, PlayerMsg::Pong(data)),
+            PlayerMsg::Next(()) => {
+                let data = self.held.take().expect("a payload kept over the gap");
+                self.t0 = Some(Instant::now());
+                other.send(ctx, PlayerMsg::Ping(data));
+            }
             PlayerMsg::Pong(data) => {
+                let timing = self.left <= self.iters;
                 self.left -= 1;
-                if self.left == self.iters {
-                    self.t0 = Some(Instant::now());
+                if self.gap.is_zero() {
+                    if self.left == self.iters {
+                        self.t0 = Some(Instant::now());
+                    }
+                } else if timing {
+                    self.timed += self.t0.map_or(Duration::ZERO, |t| t.elapsed());
                 }
-                if self.left > 0 {
+                if self.left > 0 && self.gap.is_zero() {
                     other.send(ctx, PlayerMsg::Ping(data));
+                } else if self.left > 0 {
+                    self.held = Some(data);
+                    let me = ctx.this_array().elem(ctx.index());
+                    ctx.after(self.gap, Callback::element(me, PlayerMsg::Next));
                 } else {
-                    let secs = self.t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                    let secs = if self.gap.is_zero() {
+                        self.t0.map_or(0.0, |t| t.elapsed().as_secs_f64())
+                    } else {
+                        self.timed.as_secs_f64()
+                    };
                     main_chare::<Main>().send(
                         ctx,
                         MainMsg::Done {
@@ -105,6 +141,7 @@ struct Main {
     next: usize,
     min_iters: u64,
     budget_ms: f64,
+    gap: Duration,
     hold_s: f64,
 }
 
@@ -128,7 +165,7 @@ impl Main {
         };
         self.next += 1;
         // Fewer round trips for big messages: aim for the time budget at ~1 GB/s.
-        let est_us = 20.0 + size as f64 / 1e3;
+        let est_us = 20.0 + size as f64 / 1e3 + self.gap.as_secs_f64() * 1e6;
         let iters = ((self.budget_ms * 1e3 / est_us) as u64).clamp(self.min_iters, 20_000);
         self.players.elem(0).send(
             ctx,
@@ -156,18 +193,21 @@ impl Chare for Main {
             sizes,
             min_iters,
             budget_ms,
+            gap_us,
             hold,
         } = args::parse_main("pingpong", &a);
+        let gap = Duration::from_secs_f64(gap_us / 1e6);
         // Two elements over all PEs would land on PEs 0 and P/2; pin them to 0 and 1.
         let players = ArrayProxy::<Player>::create_empty(ctx);
-        players.insert_on(ctx, 0, 0, ());
-        players.insert_on(ctx, 1, 1, ());
+        players.insert_on(ctx, 0, 0, gap);
+        players.insert_on(ctx, 1, 1, gap);
         let mut m = Main {
             players,
             sizes,
             next: 0,
             min_iters,
             budget_ms,
+            gap,
             hold_s: hold,
         };
         m.run_next(ctx);
@@ -208,6 +248,10 @@ struct PingpongArgs {
     /// Time to spend per size, in ms.
     #[arg(long = "budget-ms", value_name = "MS", default_value_t = 200.0)]
     budget_ms: f64,
+    /// Wait this long between round trips (a timer on PE 0), so the other
+    /// PE sleeps when each ping comes; only the round trips are timed.
+    #[arg(long = "gap-us", value_name = "US", default_value_t = 0.0, value_parser = args::non_negative)]
+    gap_us: f64,
     /// After the sizes, idle this many seconds before exiting (to measure
     /// an idle job's CPU); 0: exit at once.
     #[arg(long, value_name = "SECS", default_value_t = 0.0)]
