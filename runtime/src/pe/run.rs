@@ -22,14 +22,13 @@ use super::{Inbox, LoopExit, Scheduler};
 use crate::reduce::Value;
 use crate::transport::Transport;
 
-/// How an idle PE's spin ended; `progressing`: the PE had started
-/// progressing the transport (`Transport::pe_spinning(true)`), and must
-/// say when it stops.
-enum Spin {
-    /// Something came.
-    Came { progressing: bool },
-    /// The spin is over with nothing come.
-    Over { progressing: bool },
+/// How an idle PE's spin ended.
+struct Spun {
+    /// Something came (else the spin is over with nothing).
+    came: bool,
+    /// The PE had started progressing the transport
+    /// (`Transport::pe_spinning(true)`), and must say when it stops.
+    progressing: bool,
 }
 
 /// How long an idle PE busy-waits before it starts yielding its core.
@@ -82,25 +81,22 @@ impl Scheduler {
     /// transport gets its own thread back before the PE runs anything.
     fn idle(&self, inbox: &Inbox, now: Instant, spin: Duration) {
         let transport = self.ctx.node.transport_if_any();
-        let progressing = match self.spin_for(inbox, now, spin, transport.as_deref()) {
-            Spin::Came { progressing } => progressing,
-            Spin::Over { progressing } => {
-                let deadline = [self.ctx.qd.next_wave_at, self.ctx.timers.next()]
-                    .into_iter()
-                    .flatten()
-                    .min();
-                let fd = transport
-                    .as_deref()
-                    .filter(|_| progressing)
-                    .and_then(|t| t.wait_fd());
-                if inbox.sleep(deadline, fd, || self.ctx.node.aborting()) == Woken::Transport {
-                    if let Some(t) = &transport {
-                        t.poll();
-                    }
+        let Spun { came, progressing } = self.spin_for(inbox, now, spin, transport.as_deref());
+        if !came {
+            let deadline = [self.ctx.qd.next_wave_at, self.ctx.timers.next()]
+                .into_iter()
+                .flatten()
+                .min();
+            let fd = transport
+                .as_deref()
+                .filter(|_| progressing)
+                .and_then(|t| t.wait_fd());
+            if inbox.sleep(deadline, fd, || self.ctx.node.aborting()) == Woken::Transport {
+                if let Some(t) = &transport {
+                    t.poll();
                 }
-                progressing
             }
-        };
+        }
         if let Some(t) = transport.filter(|_| progressing) {
             t.pe_spinning(false);
         }
@@ -119,11 +115,11 @@ impl Scheduler {
         now: Instant,
         spin: Duration,
         transport: Option<&dyn Transport>,
-    ) -> Spin {
+    ) -> Spun {
         if spin.is_zero() {
-            return match inbox.queue.is_empty() {
-                true => Spin::Over { progressing: false },
-                false => Spin::Came { progressing: false },
+            return Spun {
+                came: !inbox.queue.is_empty(),
+                progressing: false,
             };
         }
         let until = now + spin;
@@ -133,14 +129,20 @@ impl Scheduler {
         let mut progressing = false;
         loop {
             if !inbox.queue.is_empty() {
-                return Spin::Came { progressing };
+                return Spun {
+                    came: true,
+                    progressing,
+                };
             }
             if progressing && transport.is_some_and(|t| t.poll()) {
                 continue;
             }
             let t = Instant::now();
             if t >= until {
-                return Spin::Over { progressing };
+                return Spun {
+                    came: false,
+                    progressing,
+                };
             }
             if let (Some(from), Some(transport)) = (from, transport) {
                 if !progressing && t >= from {
