@@ -32,6 +32,7 @@ pub mod gpu;
 mod ids;
 pub mod lb;
 mod link;
+mod malloc;
 mod msg;
 pub mod node;
 mod operation;

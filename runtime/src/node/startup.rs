@@ -12,7 +12,7 @@ use std::time::Duration;
 use ductile_coordinator::client::{Admission, Client};
 use ductile_coordinator::contract;
 use ductile_coordinator::proto::{NodeId, Registration, Role};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::coordinator::{shutdown_barrier, watch_coordinator, Rejoiner};
 use super::pes::start_pes;
@@ -113,6 +113,20 @@ pub fn launch(register: impl FnOnce(&mut Registry)) -> ! {
     if let Some(spec) = &registry.gpu {
         if let Err(e) = crate::gpu::start(spec, pes) {
             fail_startup(e);
+        }
+    }
+    if options.ft_every > 0 {
+        // Buddy checkpoints reuse memory instead of faulting it in anew.
+        match crate::malloc::decide(env_var) {
+            crate::malloc::Decision::Keep if crate::malloc::keep_freed_memory() => {
+                debug!("+ft-every: glibc keeps freed memory for the next checkpoint")
+            }
+            crate::malloc::Decision::Keep => {
+                warn!("+ft-every: glibc refused the settings that keep freed memory; checkpoints will fault their memory in")
+            }
+            crate::malloc::Decision::UserSet(var) => {
+                debug!("+ft-every: {var} is set, glibc's malloc is left as configured")
+            }
         }
     }
     let options_coordinator = options.coordinator.clone();
