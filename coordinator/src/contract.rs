@@ -32,7 +32,7 @@ pub const ENV_CONTROL_FILE: &str = "DUCTILE_CONTROL_FILE";
 pub const ENV_METRICS: &str = "DUCTILE_METRICS";
 /// File the node writes its bound metrics address to (local fleets).
 pub const ENV_METRICS_FILE: &str = "DUCTILE_METRICS_FILE";
-/// Transport the nodes use: `tcp` or `ucx`.
+/// Transport the nodes use: `tcp` (also when unset) or `ucx`.
 pub const ENV_TRANSPORT: &str = "DUCTILE_TRANSPORT";
 /// A launch member restores the job from this checkpoint directory instead
 /// of running main (the kill-and-restart baseline; every launch member gets
