@@ -344,6 +344,10 @@ fn status_waits_for_a_starting_job_prints_addresses_as_text_and_reports_an_ended
             &state_arg,
             "--",
         ])
+        // Each node starts 3 s late, so the job is still starting when the
+        // test looks (it once came too late on a loaded machine, where the
+        // launcher and node 0 were quicker than the test's poll).
+        .args(["sh", "-c", "sleep 3; exec \"$0\" \"$@\""])
         .arg(bin("jacobi2d"))
         .args([
             "--grid",
