@@ -137,8 +137,12 @@ impl Inbox {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => {
                 // Not expected (bad descriptors); a sleep that cannot block
-                // must not spin the caller at full speed unseen.
-                tracing::error!("a PE could not sleep: ppoll: {e}");
+                // must not spin the caller at full speed unseen, nor say so
+                // a thousand times a second: once per process.
+                static SAID: AtomicBool = AtomicBool::new(false);
+                if !SAID.swap(true, AtOrd::Relaxed) {
+                    tracing::error!("a PE could not sleep (ppoll: {e}); it naps 1 ms instead");
+                }
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }
