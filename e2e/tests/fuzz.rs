@@ -6,8 +6,9 @@
 //! * `frame_decoder`, `coordinator_input`: the coordinator's frame codec and
 //!   state machine (the same functions as the cargo-fuzz targets);
 //! * `control_request`: the control endpoint's request and reply decoders;
-//! * `runtime_frame`: the runtime's decoder of frames from other nodes
-//!   ([`ductile::decode_frame_rank`]), as node 1 of a 3-node view.
+//! * `runtime_frame`: the runtime's decoder of frames from other nodes and
+//!   of the runtime messages they carry ([`ductile::decode_frame_rank`]),
+//!   as node 1 of a 3-node view.
 //!
 //! Each runs `DUCTILE_FUZZ_SECONDS` (default 3) from seed
 //! `DUCTILE_FUZZ_SEED` (default fixed per target, so CI is reproducible).
@@ -244,6 +245,7 @@ fn write_corpus() {
         [vec![1], Tag::new(0, 7, kind::ENVELOPE).0.to_le_bytes().to_vec(), vec![2, 0, 1, 1, 5]]
             .concat(),
         [vec![1], Tag::new(2, 6, kind::CONTROL).0.to_le_bytes().to_vec(), vec![0; 4]].concat(),
+        [vec![0, 0], ductile::buddy_copy_frame(2)].concat(),
     ];
     let write = |name: &str, inputs: &[Vec<u8>]| {
         let dir = corpus_dir(name);

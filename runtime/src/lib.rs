@@ -57,12 +57,14 @@ pub use bulk::Bulk;
 pub use callback::Callback;
 pub use chare::{ArrayIndex, BulkIndex, Chare, IndexKey, Message};
 pub use ctx::Ctx;
-pub use msg::decode_frame_rank;
 pub use msg::CollId;
 pub use node::launch;
 pub use port::PeCtx;
 pub use proxy::{main_chare, ArrayProxy, ElementProxy, GroupProxy, NodeGroupProxy};
 pub use readonly::Readonly;
+#[doc(hidden)]
+pub use system::buddy_copy_frame;
+pub use system::decode_frame_rank;
 pub use reduce::{Reducer, Reducible, Value};
 pub use registry::Registry;
 pub use topo::{Pe, Topology};

@@ -261,19 +261,6 @@ pub(crate) fn decode_frame(
     Ok((rank, env))
 }
 
-/// [`decode_frame`] for fuzzers and tests outside the crate: the local
-/// rank of the PE `frame` (received with `tag`) is for, or why it was
-/// refused. Never panics, whatever the bytes.
-pub fn decode_frame_rank(
-    topo: &crate::topo::Topology,
-    tag: crate::transport::Tag,
-    frame: Vec<u8>,
-) -> Result<usize, String> {
-    decode_frame(topo, tag, frame)
-        .map(|(rank, _)| rank)
-        .map_err(|e| e.to_string())
-}
-
 /// A byte string at least this long is written from its own memory rather
 /// than gathered into the small-field buffer.
 pub(crate) const GATHER_MIN: usize = 4096;
@@ -611,7 +598,7 @@ mod tests {
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256), kind_bits in 0u32..4) {
             if let Ok((rank, env)) = decode_frame(&topo(), Tag::new(0, 7, kind_bits), bytes) {
                 prop_assert!(rank < 2);
-                let _ = env.payload.take::<SysMsg>();
+                let _ = SysMsg::take(env.payload);
             }
         }
     }

@@ -153,7 +153,7 @@ impl Scheduler {
     /// Hands a runtime message to the service it belongs to, once the
     /// collection it needs exists here. Tree broadcasts are forwarded first.
     fn system(&mut self, env: Envelope) {
-        let msg = match env.payload.take::<SysMsg>() {
+        let msg = match SysMsg::take(env.payload) {
             Ok(m) => m,
             Err(e) => {
                 error!(pe = self.ctx.pe, "dropping malformed runtime message: {e}");

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::lb::stats::{ObjStat, PeStat};
-use crate::msg::{CallbackSpec, CollId, IndexKey};
+use crate::msg::{CallbackSpec, CollId, DecodeError, IndexKey, Payload};
 use crate::reduce::{Reducer, Value};
 use crate::topo::Pe;
 
@@ -231,9 +231,9 @@ pub(crate) enum SysMsg {
         pe: Pe,
         /// Its group and nodegroup members: `(collection, next reduction)`.
         members: Vec<(CollId, u32)>,
-        /// Shared with the owner's own copy: sent without copying it again.
-        #[serde(with = "shared_chares")]
-        chares: Arc<Vec<SavedChare>>,
+        /// Shared with the owner's own copy when sent; kept as the frame
+        /// it came in when received (see [`BuddyChares`]).
+        chares: BuddyChares,
     },
     /// To PE 0: PE `pe`'s copy of checkpoint `ckpt` is stored at its buddy
     /// (chares, bytes of their state), or why not.
@@ -263,27 +263,131 @@ pub(crate) struct SavedChare {
     pub meta: ElemMeta,
 }
 
-/// A buddy copy's chares on the wire: the `Vec` they share with the
-/// owner's copy, serialized in place; received as a new one.
-mod shared_chares {
-    use std::sync::Arc;
+/// One saved chare read in place from the bytes it was encoded into:
+/// `state` borrows them. Encoded exactly as [`SavedChare`].
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct SavedChareRef<'a> {
+    pub coll: CollId,
+    pub key: IndexKey,
+    #[serde(borrow, with = "byte_string")]
+    pub state: &'a [u8],
+    pub meta: ElemMeta,
+}
 
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+/// `&[u8]` as one byte string (serde's default for a slice is a sequence
+/// of bytes, written one at a time; postcard encodes both alike).
+mod byte_string {
+    use serde::{Deserialize, Deserializer, Serializer};
 
-    use super::SavedChare;
-
-    pub(super) fn serialize<S: Serializer>(
-        chares: &Arc<Vec<SavedChare>>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        chares.as_slice().serialize(s)
+    pub(super) fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(b)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Arc<Vec<SavedChare>>, D::Error> {
-        Vec::deserialize(d).map(Arc::new)
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<&'de [u8], D::Error> {
+        <&'de [u8]>::deserialize(d)
     }
+}
+
+/// A buddy copy's chares (`+ft-every`, `pe/buddy.rs`).
+///
+/// The sender's are shared with its own copy and written to the wire in
+/// place. A copy received from another node stays the frame it came in:
+/// checked and counted when it arrives, decoded only if a recovery restores
+/// it. A checkpoint passes over a PE's state once less than if every copy
+/// were decoded into chares of its own on arrival.
+#[derive(Clone, Debug)]
+pub(crate) enum BuddyChares {
+    Shared(Arc<Vec<SavedChare>>),
+    Received(ReceivedChares),
+}
+
+/// A received copy: `bytes[offset..]` encodes a `Vec<SavedChare>`.
+#[derive(Clone, Debug)]
+pub(crate) struct ReceivedChares {
+    bytes: Arc<Vec<u8>>,
+    offset: usize,
+    count: u64,
+    state_bytes: u64,
+}
+
+impl BuddyChares {
+    /// Chares in the copy.
+    pub(crate) fn count(&self) -> u64 {
+        match self {
+            BuddyChares::Shared(c) => c.len() as u64,
+            BuddyChares::Received(r) => r.count,
+        }
+    }
+
+    /// Bytes of the chares' packed state.
+    pub(crate) fn state_bytes(&self) -> u64 {
+        match self {
+            BuddyChares::Shared(c) => c.iter().map(|c| c.state.len() as u64).sum(),
+            BuddyChares::Received(r) => r.state_bytes,
+        }
+    }
+
+    /// The chares, read in place.
+    pub(crate) fn chares(&self) -> Result<Vec<SavedChareRef<'_>>, postcard::Error> {
+        match self {
+            BuddyChares::Shared(c) => Ok(c
+                .iter()
+                .map(|c| SavedChareRef {
+                    coll: c.coll,
+                    key: c.key,
+                    state: c.state.0.as_slice(),
+                    meta: c.meta.clone(),
+                })
+                .collect()),
+            BuddyChares::Received(r) => postcard::from_bytes(&r.bytes[r.offset..]),
+        }
+    }
+}
+
+impl Serialize for BuddyChares {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            BuddyChares::Shared(c) => c.as_slice().serialize(s),
+            // Sent on again (a departing PE forwards what it holds).
+            BuddyChares::Received(_) => self
+                .chares()
+                .map_err(serde::ser::Error::custom)?
+                .serialize(s),
+        }
+    }
+}
+
+/// Decoded as chares of its own; a frame from another node goes through
+/// [`SysMsg::take`], which keeps it as it came.
+impl<'de> Deserialize<'de> for BuddyChares {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::deserialize(d).map(|c| BuddyChares::Shared(Arc::new(c)))
+    }
+}
+
+/// The fields of [`SysMsg::BuddyCopy`] before its chares, in its order.
+#[derive(Deserialize)]
+struct BuddyCopyHead {
+    ckpt: u64,
+    pe: Pe,
+    members: Vec<(CollId, u32)>,
+}
+
+/// The variant index postcard writes first for a [`SysMsg::BuddyCopy`].
+fn buddy_copy_variant() -> u32 {
+    static VARIANT: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *VARIANT.get_or_init(|| {
+        let sample = SysMsg::BuddyCopy {
+            ckpt: 0,
+            pe: 0,
+            members: Vec::new(),
+            chares: BuddyChares::Shared(Arc::default()),
+        };
+        let bytes = postcard::to_allocvec(&sample).expect("encoding into a Vec cannot fail");
+        postcard::take_from_bytes::<u32>(&bytes)
+            .expect("a variant index leads")
+            .0
+    })
 }
 
 /// What every node needs to know to take part in a rescale.
@@ -346,6 +450,46 @@ pub(crate) enum Service {
 }
 
 impl SysMsg {
+    /// The runtime message an envelope carries. A buddy copy from another
+    /// node keeps its chares in the frame they came in ([`BuddyChares`]).
+    pub(crate) fn take(payload: Payload) -> Result<SysMsg, DecodeError> {
+        match payload {
+            Payload::Wire { bytes, offset } => {
+                let malformed = |source| DecodeError::Malformed {
+                    expected: std::any::type_name::<SysMsg>(),
+                    source,
+                };
+                let body = &bytes[offset..];
+                match postcard::take_from_bytes::<u32>(body) {
+                    Ok((v, rest)) if v == buddy_copy_variant() => {
+                        let (head, rest) =
+                            postcard::take_from_bytes::<BuddyCopyHead>(rest).map_err(malformed)?;
+                        let at = bytes.len() - rest.len();
+                        let chares: Vec<SavedChareRef<'_>> =
+                            postcard::from_bytes(rest).map_err(malformed)?;
+                        let count = chares.len() as u64;
+                        let state_bytes = chares.iter().map(|c| c.state.len() as u64).sum();
+                        drop(chares);
+                        let chares = BuddyChares::Received(ReceivedChares {
+                            bytes,
+                            offset: at,
+                            count,
+                            state_bytes,
+                        });
+                        Ok(SysMsg::BuddyCopy {
+                            ckpt: head.ckpt,
+                            pe: head.pe,
+                            members: head.members,
+                            chares,
+                        })
+                    }
+                    _ => Payload::Wire { bytes, offset }.take(),
+                }
+            }
+            local => local.take(),
+        }
+    }
+
     /// Which service handles this message. Exhaustive, so a new message
     /// cannot be added without giving it one.
     pub(crate) fn service(&self) -> Service {
@@ -439,5 +583,164 @@ impl SysMsg {
                 | SysMsg::QdWave { .. }
                 | SysMsg::QdReport { .. }
         )
+    }
+}
+
+/// [`crate::msg::decode_frame`] for fuzzers and tests outside the crate,
+/// and the runtime message a system envelope carries (a buddy copy's
+/// chares read in place, as a PE takes it): the local rank of the PE
+/// `frame` (received with `tag`) is for, or why it was refused. Never
+/// panics, whatever the bytes.
+pub fn decode_frame_rank(
+    topo: &crate::topo::Topology,
+    tag: crate::transport::Tag,
+    frame: Vec<u8>,
+) -> Result<usize, String> {
+    let (rank, env) = crate::msg::decode_frame(topo, tag, frame).map_err(|e| e.to_string())?;
+    if matches!(env.dest, crate::msg::Dest::System) {
+        SysMsg::take(env.payload).map_err(|e| e.to_string())?;
+    }
+    Ok(rank)
+}
+
+/// A frame for PE `dest_pe` carrying a buddy copy of two small chares, as
+/// a PE sends one: a seed for fuzz corpora.
+#[doc(hidden)]
+pub fn buddy_copy_frame(dest_pe: Pe) -> Vec<u8> {
+    let chares = (0..2u8)
+        .map(|k| SavedChare {
+            coll: 3,
+            key: IndexKey::from(k),
+            state: crate::Bulk(vec![k; 24]),
+            meta: ElemMeta::default(),
+        })
+        .collect();
+    let msg = SysMsg::BuddyCopy {
+        ckpt: 2,
+        pe: 0,
+        members: vec![(1, 4)],
+        chares: BuddyChares::Shared(Arc::new(chares)),
+    };
+    let env = crate::msg::Envelope {
+        prio: 0,
+        dest: crate::msg::Dest::System,
+        payload: Payload::local(msg),
+        counted: false,
+    };
+    let mut out = Vec::new();
+    crate::msg::write_frame(dest_pe, &env, &mut |parts: &[&[u8]]| {
+        parts.iter().for_each(|p| out.extend_from_slice(p));
+        Ok(())
+    })
+    .expect("encoding into a Vec cannot fail");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy() -> Vec<SavedChare> {
+        (0..3u8)
+            .map(|k| SavedChare {
+                coll: 7,
+                key: u128::from(k) << 70,
+                state: crate::Bulk(vec![k; 1000 + usize::from(k)]),
+                meta: ElemMeta {
+                    next_red: 4 + u32::from(k),
+                    hops: 2,
+                    ..Default::default()
+                },
+            })
+            .collect()
+    }
+
+    fn wire(msg: &SysMsg) -> Payload {
+        let mut bytes = vec![0xAB; 5];
+        bytes.extend(postcard::to_allocvec(msg).unwrap());
+        Payload::Wire {
+            bytes: Arc::new(bytes),
+            offset: 5,
+        }
+    }
+
+    fn same(a: &SavedChareRef<'_>, b: &SavedChare) -> bool {
+        a.coll == b.coll
+            && a.key == b.key
+            && a.state == b.state.0.as_slice()
+            && a.meta.next_red == b.meta.next_red
+            && a.meta.hops == b.meta.hops
+    }
+
+    /// A buddy copy from another node is kept in the frame it came in,
+    /// counted on arrival, and reads back exactly what was sent.
+    #[test]
+    fn a_received_buddy_copy_stays_in_its_frame_and_reads_back_the_chares_sent() {
+        let sent = copy();
+        let msg = SysMsg::BuddyCopy {
+            ckpt: 9,
+            pe: 3,
+            members: vec![(2, 11)],
+            chares: BuddyChares::Shared(Arc::new(sent.clone())),
+        };
+        let Ok(SysMsg::BuddyCopy {
+            ckpt,
+            pe,
+            members,
+            chares,
+        }) = SysMsg::take(wire(&msg))
+        else {
+            panic!("not a buddy copy");
+        };
+        assert_eq!((ckpt, pe, members), (9, 3, vec![(2, 11)]));
+        assert!(matches!(chares, BuddyChares::Received(_)), "kept undecoded");
+        assert_eq!(chares.count(), 3);
+        assert_eq!(chares.state_bytes(), 1000 + 1001 + 1002);
+        let back = chares.chares().unwrap();
+        assert_eq!(back.len(), 3);
+        assert!(back.iter().zip(&sent).all(|(a, b)| same(a, b)));
+        // Sent on again (a departing PE forwarding it): the same encoding.
+        let again = SysMsg::BuddyCopy {
+            ckpt,
+            pe,
+            members: vec![(2, 11)],
+            chares: chares.clone(),
+        };
+        assert_eq!(
+            postcard::to_allocvec(&again).unwrap(),
+            postcard::to_allocvec(&msg).unwrap()
+        );
+    }
+
+    /// A torn copy is refused when it arrives, not when a recovery needs it.
+    #[test]
+    fn a_torn_buddy_copy_is_refused_on_arrival() {
+        let msg = SysMsg::BuddyCopy {
+            ckpt: 1,
+            pe: 0,
+            members: Vec::new(),
+            chares: BuddyChares::Shared(Arc::new(copy())),
+        };
+        let mut bytes = postcard::to_allocvec(&msg).unwrap();
+        bytes.truncate(bytes.len() - 10);
+        let torn = Payload::Wire {
+            bytes: Arc::new(bytes),
+            offset: 0,
+        };
+        let err = SysMsg::take(torn).unwrap_err();
+        assert!(err.to_string().contains("malformed"), "{err}");
+    }
+
+    /// Other runtime messages decode as before.
+    #[test]
+    fn other_runtime_messages_decode_as_before() {
+        let msg = SysMsg::BuddyRestore {
+            ckpt: 4,
+            lost: vec![1, 2],
+        };
+        let Ok(SysMsg::BuddyRestore { ckpt, lost }) = SysMsg::take(wire(&msg)) else {
+            panic!("not decoded");
+        };
+        assert_eq!((ckpt, lost), (4, vec![1, 2]));
     }
 }

@@ -8,7 +8,8 @@
 //! ([`SysMsg::BuddySnapshot`]). Each PE keeps a copy of its chares and
 //! sends another to its buddy: the PE of the same rank on the next node of
 //! the view ([`buddy_of`]), so no chare's two copies share a node. The
-//! buddy stores it and tells PE 0, which also keeps the job's own state
+//! buddy keeps it in the frame it came in (decoded only if a recovery
+//! restores it) and tells PE 0, which also keeps the job's own state
 //! (main, readonly values, collections, populations, counters; node 0 is
 //! never lost, so that copy stays on it). Once every PE has taken its
 //! copies ([`SysMsg::BuddyTaken`]) the step the sync point was for runs:
@@ -51,7 +52,7 @@ use super::{PeState, Scheduler, misrouted};
 use crate::checkpoint::{JobFile, SavedChare};
 use crate::msg::{CallbackSpec, CollId, MAIN_COLL, Target};
 use crate::rescale::RescaleFailed;
-use crate::system::{AdoptedColl, Adoption, Shape, SysMsg};
+use crate::system::{AdoptedColl, Adoption, BuddyChares, Shape, SysMsg};
 use crate::topo::{Pe as PeId, Topology};
 
 use super::Reentry;
@@ -62,7 +63,7 @@ pub(super) struct Buddy {
     /// This PE's chares, by checkpoint (shared with the copy sent).
     own: BTreeMap<u64, Arc<Vec<SavedChare>>>,
     /// The copies kept here for other PEs: `(checkpoint, owner)`.
-    held: BTreeMap<(u64, PeId), Arc<Vec<SavedChare>>>,
+    held: BTreeMap<(u64, PeId), BuddyChares>,
     /// The state buffers of copies no longer kept, at most one per chare
     /// of this PE's last copy: the next checkpoint packs into them, where
     /// fresh memory would cost a page fault per 4 KiB.
@@ -128,7 +129,12 @@ impl Buddy {
         let held = self.held.split_off(&(ckpt, 0));
         let old_own = std::mem::replace(&mut self.own, own);
         let old_held = std::mem::replace(&mut self.held, held);
-        for copy in old_own.into_values().chain(old_held.into_values()) {
+        let old_held = old_held.into_values().filter_map(|c| match c {
+            BuddyChares::Shared(c) => Some(c),
+            // The frame it came in: no buffer per chare to keep.
+            BuddyChares::Received(_) => None,
+        });
+        for copy in old_own.into_values().chain(old_held) {
             // Still shared (a send holding it): dropped as it is.
             let Ok(chares) = Arc::try_unwrap(copy) else {
                 continue;
@@ -232,10 +238,8 @@ impl Scheduler {
                 members,
                 chares,
             } => {
-                let count = chares.len() as u64;
-                let bytes = chares.iter().map(|c| c.state.len() as u64).sum();
+                let result = Ok((chares.count(), chares.state_bytes()));
                 self.ctx.ft.held.insert((ckpt, pe), chares);
-                let result = Ok((count, bytes));
                 self.ctx.send_sys(
                     0,
                     SysMsg::BuddyStored {
@@ -305,7 +309,7 @@ impl Scheduler {
                     ckpt,
                     pe: me,
                     members,
-                    chares,
+                    chares: BuddyChares::Shared(chares),
                 },
             );
             debug!(
@@ -637,14 +641,26 @@ impl Scheduler {
             .iter()
             .filter_map(|&pe| self.ctx.ft.held.remove(&(ckpt, pe)))
             .collect();
-        let adopted: Vec<&SavedChare> = copies
-            .iter()
-            .flat_map(|copy| copy.iter())
-            .filter(|c| self.ctx.is_migratable(c.coll))
-            .collect();
+        let mut adopted = Vec::new();
+        for copy in &copies {
+            match copy.chares() {
+                Ok(chares) => adopted.extend(chares),
+                Err(e) => {
+                    // Checked when it arrived: only a bug gets here.
+                    self.ctx.node.abort(format!(
+                        "PE {me}: a buddy copy of checkpoint {ckpt} no longer decodes ({e}); ending the job"
+                    ));
+                    return;
+                }
+            }
+        }
+        adopted.retain(|c| self.ctx.is_migratable(c.coll));
         let (mine, theirs) = (own.len(), adopted.len());
-        for c in own.iter().chain(adopted) {
+        for c in own.iter() {
             self.restore_chare(c.coll, c.key, &c.state, c.meta.clone());
+        }
+        for c in adopted {
+            self.restore_chare(c.coll, c.key, c.state, c.meta);
         }
         self.ctx.ft.forget();
         debug!(
@@ -707,10 +723,11 @@ mod tests {
         let mut b = Buddy::default();
         b.own.insert(3, copy(&[100, 200]));
         b.own.insert(4, copy(&[100, 200]));
-        b.held.insert((3, 9), copy(&[300, 400, 500]));
-        b.held.insert((4, 9), copy(&[300]));
+        b.held
+            .insert((3, 9), BuddyChares::Shared(copy(&[300, 400, 500])));
+        b.held.insert((4, 9), BuddyChares::Shared(copy(&[300])));
         let shared = copy(&[50]);
-        b.held.insert((3, 8), shared.clone());
+        b.held.insert((3, 8), BuddyChares::Shared(shared.clone()));
         b.complete(4);
         assert_eq!(b.own.keys().copied().collect::<Vec<_>>(), vec![4]);
         assert_eq!(b.held.keys().copied().collect::<Vec<_>>(), vec![(4, 9)]);

@@ -178,7 +178,7 @@ impl Scheduler {
             // Only this PE's elements were to get it, and they are gone.
             Dest::BroadcastLeaf { .. } => {}
             Dest::System => {
-                let msg = match env.payload.take::<SysMsg>() {
+                let msg = match SysMsg::take(env.payload) {
                     Ok(m) => m,
                     Err(e) => {
                         error!(pe = me, "dropping malformed runtime message: {e}");
@@ -298,7 +298,7 @@ impl Scheduler {
             }
             Dest::System => {
                 let (prio, counted) = (env.prio, env.counted);
-                let msg = match env.payload.take::<SysMsg>() {
+                let msg = match SysMsg::take(env.payload) {
                     Ok(m) => m,
                     Err(e) => {
                         error!(pe = me, "dropping malformed runtime message: {e}");

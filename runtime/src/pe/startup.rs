@@ -87,7 +87,7 @@ impl Scheduler {
             self.ctx.startup.held_in.push(env);
             return None;
         }
-        let msg = match env.payload.take::<SysMsg>() {
+        let msg = match SysMsg::take(env.payload) {
             Ok(m) => m,
             Err(e) => {
                 error!(pe = self.ctx.pe, "dropping malformed runtime message: {e}");
