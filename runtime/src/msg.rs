@@ -375,7 +375,6 @@ pub(crate) fn write_frame(
 
 /// Encodes an envelope leaving for PE `dest_pe` as one frame in one buffer
 /// (what [`write_frame`] writes, gathered).
-#[cfg(test)]
 pub(crate) fn encode_frame(dest_pe: Pe, env: &Envelope) -> Vec<u8> {
     let mut out = Vec::with_capacity(frame_len(dest_pe, env));
     write_frame(dest_pe, env, &mut |parts: &[&[u8]]| {

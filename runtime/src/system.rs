@@ -627,13 +627,7 @@ pub fn buddy_copy_frame(dest_pe: Pe) -> Vec<u8> {
         payload: Payload::local(msg),
         counted: false,
     };
-    let mut out = Vec::new();
-    crate::msg::write_frame(dest_pe, &env, &mut |parts: &[&[u8]]| {
-        parts.iter().for_each(|p| out.extend_from_slice(p));
-        Ok(())
-    })
-    .expect("encoding into a Vec cannot fail");
-    out
+    crate::msg::encode_frame(dest_pe, &env)
 }
 
 #[cfg(test)]
