@@ -62,11 +62,11 @@ pub use node::launch;
 pub use port::PeCtx;
 pub use proxy::{main_chare, ArrayProxy, ElementProxy, GroupProxy, NodeGroupProxy};
 pub use readonly::Readonly;
+pub use reduce::{Reducer, Reducible, Value};
+pub use registry::Registry;
 #[doc(hidden)]
 pub use system::buddy_copy_frame;
 pub use system::decode_frame_rank;
-pub use reduce::{Reducer, Reducible, Value};
-pub use registry::Registry;
 pub use topo::{Pe, Topology};
 
 /// Re-exports for `use ductile::prelude::*`.

@@ -1,8 +1,8 @@
 //! Keeping freed memory for the next buddy checkpoint (`+ft-every`).
 //!
 //! A checkpoint moves every chare's state through buffers of hundreds of
-//! KiB to tens of MiB (the packed copies, the buddy's frame and its
-//! decoded copy). With glibc's defaults each such buffer is fresh memory:
+//! KiB to tens of MiB (the packed copies, the frame a buddy keeps). With
+//! glibc's defaults each such buffer is fresh memory:
 //! one above the mmap threshold is mapped and unmapped again, one below it
 //! lands at the top of a heap that `free` trims back to the kernel, so the
 //! next checkpoint pays a page fault per 4 KiB once more. Measured on

@@ -78,16 +78,15 @@ impl History {
             Some(old) if old.is_finite() && new.is_finite() => alpha * new + (1.0 - alpha) * old,
             _ => new,
         };
+        // The averaged speeds a load is measured and given back at.
+        let mut speed = HashMap::with_capacity(stats.pes.len());
         for p in &mut stats.pes {
             p.speed = blend(self.speeds.get(&p.pe), p.speed);
             self.speeds.insert(p.pe, p.speed);
+            if p.speed.is_finite() && p.speed > 0.0 {
+                speed.insert(p.pe, p.speed);
+            }
         }
-        let speed: HashMap<u32, f64> = stats
-            .pes
-            .iter()
-            .filter(|p| p.speed.is_finite() && p.speed > 0.0)
-            .map(|p| (p.pe, p.speed))
-            .collect();
         let mut work = HashMap::with_capacity(stats.objs.len());
         for o in &mut stats.objs {
             // A PE with no usable speed: its objects' loads as they are.
