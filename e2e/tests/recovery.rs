@@ -212,6 +212,90 @@ fn a_node_lost_with_its_buddy_ends_the_job_saying_so() {
     assert!(alive_none(&[start[0], start[1]]), "nothing is left running");
 }
 
+/// A loss after a rescale, before the next sync point: the checkpoint
+/// taken before the rescale still covers it. Node 1 leaves (its copy is on
+/// node 2), then node 3 is killed (its copy is on node 0): the job rolls
+/// back to that checkpoint on the two nodes left. Sync points are ~3 s
+/// apart here, the shrink and the kill come right after the first
+/// checkpoint. (That a rescale which took the lost node's copy away ends
+/// the job instead is `pe::buddy::tests`.)
+#[test]
+fn a_loss_after_a_rescale_rolls_back_to_the_checkpoint_taken_before_it() {
+    let mut plain = jacobi_args(30_000);
+    plain.extend(["--lb-every".to_owned(), "10000".to_owned()]);
+    let want = reference_checksum(&plain);
+    let mut spec = plain;
+    spec.extend(["+ft-every".to_owned(), "1".to_owned()]);
+    let job = Background::launch(4, "jacobi2d", &spec)
+        .env("DUCTILE_LOG", "warn,ductile::pe::buddy=info")
+        .timeout_s(240)
+        .start();
+    let start = pids(&job);
+    job.wait_for_log("ft checkpoint=0 ", 1);
+    job.ductile(&["shrink", "--remove", "1"]);
+    signal(start[3], "-9");
+    let after = view_without(&job, start[3]);
+    assert_eq!(
+        after,
+        [start[0], start[2]],
+        "survivors keep their processes"
+    );
+    job.wait_for_log("rolled back to buddy checkpoint 0 (the sync point of LB step 1, taken in epoch 1 before a rescale)", 1);
+    assert!(
+        !job.stderr().contains("ft checkpoint=1 "),
+        "the kill came after the next checkpoint: the test missed its window\n{}",
+        job.stderr()
+    );
+    job.finish().completes_with(&want);
+}
+
+/// The same across an expand, with groups and nodegroups
+/// (`elastic_probe`, 2 PEs per node): node 1 is killed after a newcomer
+/// joined. The rollback counts the lost node's members out of the
+/// reductions and the newcomer's (admitted after the checkpoint) in, so
+/// every round after it sees exactly the members of the view.
+#[test]
+fn a_loss_after_an_expand_rolls_back_with_the_newcomer_in_every_reduction() {
+    let args = [
+        "--rounds",
+        "100000",
+        "--sync-every",
+        "50000",
+        "+ft-every",
+        "1",
+    ];
+    let job = Background::launch(3, "elastic_probe", &args)
+        .pes(2)
+        .env("DUCTILE_LOG", "warn,ductile::pe::buddy=info")
+        .timeout_s(240)
+        .start();
+    let start = pids(&job);
+    job.wait_for_log("ft checkpoint=0 ", 1);
+    job.ductile(&["expand", "--nodes", "1"]);
+    signal(start[1], "-9");
+    let after = view_without(&job, start[1]);
+    assert_eq!(after.len(), 3, "{after:?}");
+    assert_eq!(
+        after[..2],
+        [start[0], start[2]],
+        "survivors keep their processes"
+    );
+    job.wait_for_log("taken in epoch 1 before a rescale", 1);
+    assert!(
+        !job.stderr().contains("ft checkpoint=1 "),
+        "the kill came after the next checkpoint: the test missed its window\n{}",
+        job.stderr()
+    );
+    let done = job.finish();
+    assert_eq!(done.code, Some(0), "{}\n{}", done.stdout, done.stderr);
+    assert!(
+        done.stdout.lines().any(|l| l.starts_with("probe ok")),
+        "{}\n{}",
+        done.stdout,
+        done.stderr
+    );
+}
+
 #[test]
 fn a_loss_before_any_checkpoint_ends_the_job_saying_no_checkpoint_covers_it() {
     // No sync point: no checkpoint is ever taken.

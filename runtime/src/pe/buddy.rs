@@ -35,9 +35,12 @@
 //! elements), and the job goes on from the checkpointed iteration in the
 //! same processes.
 //!
-//! A rescale's re-entry drops every copy (the departed nodes took theirs
-//! along and PE numbers changed): the next sync point checkpoints again,
-//! and a loss before it ends the job, saying why.
+//! A rescale's re-entry keeps every copy (numbered in the view they were
+//! taken in; the departed nodes took theirs along) and PE 0 renumbers the
+//! last complete checkpoint ([`Complete::carry`]): a loss before the next
+//! sync point rolls back to it when every chare still has a copy
+//! ([`Complete::cover`]), and ends the job saying which is missing when
+//! not.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -52,6 +55,7 @@ use super::{PeState, Scheduler, misrouted};
 use crate::checkpoint::{JobFile, SavedChare};
 use crate::msg::{CallbackSpec, CollId, MAIN_COLL, Target};
 use crate::rescale::RescaleFailed;
+use crate::rescale::plan::Renumbering;
 use crate::system::{AdoptedColl, Adoption, BuddyChares, Shape, SysMsg};
 use crate::topo::{Pe as PeId, Topology};
 
@@ -105,10 +109,99 @@ struct Complete {
     ckpt: u64,
     /// The view it was taken in: PE numbers in it are that view's.
     epoch: u64,
+    /// The current view: rescales since the checkpoint renumbered its PEs
+    /// and took the departed nodes' copies along, and left the rest where
+    /// they were ([`Complete::carry`]).
+    now_epoch: u64,
+    /// For each PE of `epoch`, its number now (None: its node left).
+    now: Vec<Option<PeId>>,
+    /// For each PE of `epoch`, the PE of `epoch` that holds its copy.
+    holder: Vec<PeId>,
     job: JobFile,
     chares: u64,
     /// Every PE's group and nodegroup members: `(collection, next reduction)`.
     members: BTreeMap<PeId, Vec<(CollId, u32)>>,
+}
+
+/// What rolling back to a complete checkpoint restores in the view a loss
+/// leaves ([`Complete::cover`]). PE numbers are the checkpoint's.
+#[derive(Debug, PartialEq, Eq)]
+struct Cover {
+    /// The checkpoint's PEs no longer there: their chares come back from
+    /// the copies their buddies hold.
+    lost: Vec<PeId>,
+    /// Every PE of the view entered that was in the checkpoint's, by its
+    /// new number: its old one (it restores its own copy).
+    old_of: BTreeMap<PeId, PeId>,
+}
+
+impl Complete {
+    /// A checkpoint of the current view `topo`, every PE's copy held by
+    /// its buddy.
+    fn new(
+        ckpt: u64,
+        topo: &Topology,
+        job: JobFile,
+        chares: u64,
+        members: BTreeMap<PeId, Vec<(CollId, u32)>>,
+    ) -> Complete {
+        let pes = topo.num_pes();
+        Complete {
+            ckpt,
+            epoch: topo.epoch(),
+            now_epoch: topo.epoch(),
+            now: (0..pes).map(Some).collect(),
+            holder: (0..pes).map(|pe| buddy_of(topo, pe)).collect(),
+            job,
+            chares,
+            members,
+        }
+    }
+
+    /// Whether a rescale changed the view since it was taken.
+    fn carried(&self) -> bool {
+        self.now_epoch != self.epoch
+    }
+
+    /// A rescale committed view `epoch` with `plan`: the checkpoint stays
+    /// consistent (taken at a sync point, it does not depend on where the
+    /// elements are now), only its PEs are renumbered.
+    fn carry(&mut self, plan: &Renumbering, epoch: u64) {
+        self.now = self.after(plan);
+        self.now_epoch = epoch;
+    }
+
+    /// For each PE of the checkpoint, its number once `plan` is committed.
+    fn after(&self, plan: &Renumbering) -> Vec<Option<PeId>> {
+        let map = |p: PeId| plan.pe_map.get(p as usize).copied().flatten();
+        self.now.iter().map(|pe| pe.and_then(map)).collect()
+    }
+
+    /// Whether every chare of the checkpoint still has a copy once `plan`
+    /// (a recovery's, from the current view) is committed: each of its PEs
+    /// is either still there, with its own copy, or its buddy is.
+    fn cover(&self, plan: &Renumbering) -> Result<Cover, String> {
+        let after = self.after(plan);
+        let mut lost = Vec::new();
+        for (pe, holder) in (0..).zip(&self.holder) {
+            if after[pe as usize].is_some() {
+                continue;
+            }
+            if after[*holder as usize].is_none() {
+                return Err(format!(
+                    "checkpoint {} (taken in epoch {}) has no copy left of PE {pe}'s chares: \
+                     its node and the node of PE {holder}, which held the copy, are both gone",
+                    self.ckpt, self.epoch
+                ));
+            }
+            lost.push(pe);
+        }
+        let old_of = (0..)
+            .zip(&after)
+            .filter_map(|(old, new)| new.map(|new| (new, old)))
+            .collect();
+        Ok(Cover { lost, old_of })
+    }
 }
 
 /// The buddy of PE `pe`: the PE of the same rank on the next node of
@@ -145,7 +238,7 @@ impl Buddy {
         }
     }
 
-    /// Drops every copy: after a rescale, or once a recovery used them.
+    /// Drops every copy: a recovery used them.
     fn forget(&mut self) {
         self.own.clear();
         self.held.clear();
@@ -171,7 +264,10 @@ impl PeState {
             return true;
         }
         self.ft.syncs += 1;
-        if self.ft.complete.is_some() && self.ft.syncs < every {
+        // The first sync point after a start, a recovery or a rescale
+        // checkpoints whatever K: until then a loss rolls back further, or
+        // finds no copy of some chares (a departed node took them along).
+        if self.ft.complete.as_ref().is_some_and(|c| !c.carried()) && self.ft.syncs < every {
             return false;
         }
         self.ft.syncs = 0;
@@ -220,9 +316,14 @@ impl PeState {
         self.ft.taking.is_some()
     }
 
-    /// A rescale re-entered: the copies are of the view it left.
-    pub(super) fn buddy_forget(&mut self) {
-        self.ft.forget();
+    /// A rescale re-entered with `plan` into view `epoch`. Every PE keeps
+    /// its copies (of the view left, numbered in it), PE 0 renumbers the
+    /// last complete checkpoint: a loss before the next one rolls back to
+    /// it if every chare still has a copy.
+    pub(super) fn buddy_carry(&mut self, plan: &Renumbering, epoch: u64) {
+        if let Some(c) = &mut self.ft.complete {
+            c.carry(plan, epoch);
+        }
     }
 }
 
@@ -394,13 +495,9 @@ impl Scheduler {
                     println!("{line}");
                 }
                 crate::activity::buddy_checkpoint(pause, seconds, t.bytes);
-                self.ctx.ft.complete = Some(Complete {
-                    ckpt,
-                    epoch: self.ctx.topo.epoch(),
-                    job,
-                    chares: t.chares,
-                    members: t.members,
-                });
+                let topo = &self.ctx.topo;
+                let c = Complete::new(ckpt, topo, job, t.chares, t.members);
+                self.ctx.ft.complete = Some(c);
             }
             _ => {
                 let kept = self.ctx.ft.complete.as_ref().map(|c| c.ckpt);
@@ -466,18 +563,19 @@ impl Scheduler {
         let node = self.ctx.node.clone();
         let (lost_node, uid, noticed) =
             node.take_loss().unwrap_or((NodeId::MAX, 0, Instant::now()));
-        let lost: Vec<PeId> = (0..r.old.num_pes())
-            .filter(|&p| r.plan.pe_map[p as usize].is_none())
-            .collect();
         let interrupted = self.ctx.ft.taking.take().map(|t| t.ckpt);
-        let complete = self.ctx.ft.complete.take();
-        let c = match complete {
-            Some(c) if c.epoch == r.old.epoch() => c,
-            other => {
-                let why = match other {
-                    Some(c) => format!("the last one was taken in epoch {}", c.epoch),
-                    None => "none was complete (the job had not reached a checkpoint since its start or its last rescale)".into(),
-                };
+        let covered = match self.ctx.ft.complete.take() {
+            Some(c) if c.now_epoch == r.old.epoch() => c.cover(&r.plan).map(|cover| (c, cover)),
+            Some(c) => Err(format!(
+                "the last one was carried to epoch {}, not {}",
+                c.now_epoch,
+                r.old.epoch()
+            )),
+            None => Err("none was complete (the job had not reached a checkpoint since its start or its last recovery)".into()),
+        };
+        let (c, cover) = match covered {
+            Ok(covered) => covered,
+            Err(why) => {
                 node.abort(format!(
                     "lost node {lost_node} (uid {uid}) without notice and no buddy checkpoint of epoch {} covers it: {why}; ending the job",
                     r.old.epoch()
@@ -485,7 +583,7 @@ impl Scheduler {
                 return;
             }
         };
-        match self.restore_from_buddies(&c, r, &lost) {
+        match self.restore_from_buddies(&c, r, &cover) {
             Ok(()) => {
                 self.ctx.ckpt.restoring = Some(RootRestore {
                     source: RestoreSource::Recovery(Recovery {
@@ -495,6 +593,7 @@ impl Scheduler {
                         noticed,
                         step: c.job.lb_steps.iter().find(|(coll, _)| *coll == c.job.synced).map_or(0, |(_, s)| *s),
                         interrupted,
+                        carried_from: c.carried().then_some(c.epoch),
                         admitted: r.new.num_nodes() - survivors(r),
                     }),
                     synced: c.job.synced,
@@ -515,8 +614,9 @@ impl Scheduler {
         &mut self,
         c: &Complete,
         r: &Reentry,
-        lost: &[PeId],
+        cover: &Cover,
     ) -> Result<(), String> {
+        let Cover { lost, old_of } = cover;
         let job = &c.job;
         let reg = self.ctx.node.registry.clone();
         let main_type = reg.main_type.ok_or("no main chare registered")?;
@@ -565,14 +665,15 @@ impl Scheduler {
                 Some((spec.coll, start))
             })
             .collect();
-        let old_of: BTreeMap<PeId, PeId> = (0..r.old.num_pes())
-            .filter_map(|old| r.plan.pe_map[old as usize].map(|new| (new, old)))
-            .collect();
         let pes = self.ctx.num_pes();
-        // Newcomers admitted by the recovery's commit: their group and
-        // nodegroup members join the reductions PE 0's member is at, as
-        // after a rescale (`Scheduler::adoption`).
-        let (new_pes, new_nodes) = (pes - old_of.len() as u32, r.new.num_nodes() - survivors(r));
+        // Newcomers since the checkpoint (admitted by the recovery's commit
+        // or by rescales it was carried across): their group and nodegroup
+        // members join the reductions PE 0's member is at, as after a
+        // rescale (`Scheduler::adoption`). Nodes come and go whole.
+        let new_pes = pes - old_of.len() as u32;
+        let new_nodes = (0..r.new.num_nodes())
+            .filter(|&n| !old_of.contains_key(&r.new.first_pe(n)))
+            .count() as u32;
         for spec in &job.specs {
             let joining = match spec.shape {
                 Shape::Group => new_pes,
@@ -736,6 +837,99 @@ mod tests {
         assert_eq!(Arc::strong_count(&shared), 1, "a shared copy is let go");
         b.forget();
         assert!(b.spare.is_empty());
+    }
+
+    /// A renumbering by PE (one PE per node in these tests).
+    fn renumber(pe_map: &[Option<PeId>]) -> Renumbering {
+        Renumbering {
+            node_map: pe_map.to_vec(),
+            pe_map: pe_map.to_vec(),
+            leaving_pes: (0..)
+                .zip(pe_map)
+                .filter(|(_, new)| new.is_none())
+                .map(|(pe, _)| pe)
+                .collect(),
+            surviving_pes: pe_map.iter().flatten().count() as u32,
+        }
+    }
+
+    fn checkpoint_of(nodes: usize) -> Complete {
+        let topo = Topology::new(&view(&vec![1; nodes]), 0);
+        let job = JobFile {
+            pes: nodes as u32,
+            nodes: nodes as u32,
+            readonly: Vec::new(),
+            specs: Vec::new(),
+            populations: Vec::new(),
+            broadcasts: Vec::new(),
+            lb_steps: Vec::new(),
+            synced: 1,
+            main: SavedChare {
+                coll: MAIN_COLL,
+                key: 0,
+                state: crate::Bulk(Vec::new()),
+                meta: Default::default(),
+            },
+            rescale_callbacks: Vec::new(),
+        };
+        Complete::new(5, &topo, job, 10, BTreeMap::new())
+    }
+
+    /// A loss in the view the checkpoint was taken in: the lost PE's
+    /// chares come from its buddy, every other PE restores its own; a node
+    /// lost with its buddy leaves no copy.
+    #[test]
+    fn a_loss_is_covered_unless_a_pe_and_its_buddy_are_both_gone() {
+        let c = checkpoint_of(3);
+        assert!(!c.carried());
+        let cover = c.cover(&renumber(&[Some(0), Some(1), None])).unwrap();
+        assert_eq!(cover.lost, vec![2]);
+        assert_eq!(cover.old_of, BTreeMap::from([(0, 0), (1, 1)]));
+        let c = checkpoint_of(4);
+        let both = c.cover(&renumber(&[Some(0), Some(1), None, None]));
+        let why = both.unwrap_err();
+        assert!(
+            why.contains("PE 2's chares") && why.contains("PE 3"),
+            "{why}"
+        );
+    }
+
+    /// Carried across a shrink, the checkpoint still covers a loss when
+    /// every gone PE (departed or lost) has its buddy left; when the
+    /// rescale took a lost PE's buddy away, the loss is not covered.
+    #[test]
+    fn a_checkpoint_carried_across_a_shrink_covers_losses_whose_copies_stayed() {
+        // Node 1 leaves (its copy is on node 2), then node 3 (now PE 2) is
+        // lost (its copy is on node 0).
+        let mut c = checkpoint_of(4);
+        c.carry(&renumber(&[Some(0), None, Some(1), Some(2)]), 2);
+        assert!(c.carried());
+        assert_eq!(c.now, vec![Some(0), None, Some(1), Some(2)]);
+        let cover = c.cover(&renumber(&[Some(0), Some(1), None])).unwrap();
+        assert_eq!(cover.lost, vec![1, 3]);
+        assert_eq!(cover.old_of, BTreeMap::from([(0, 0), (1, 2)]));
+        // Node 3 leaves, then node 2 is lost: its copy left with node 3.
+        let mut c = checkpoint_of(4);
+        c.carry(&renumber(&[Some(0), Some(1), Some(2), None]), 2);
+        let why = c.cover(&renumber(&[Some(0), Some(1), None])).unwrap_err();
+        assert!(
+            why.contains("PE 2's chares") && why.contains("epoch 1"),
+            "{why}"
+        );
+    }
+
+    /// Across an expand nothing of the checkpoint moves: losing a newcomer
+    /// loses no copy, and the other newcomers restore nothing.
+    #[test]
+    fn a_newcomer_lost_after_an_expand_loses_no_copy() {
+        let mut c = checkpoint_of(2);
+        c.carry(&renumber(&[Some(0), Some(1)]), 2);
+        // The view is now 4 PEs (2 and 3 new); PE 2 is lost.
+        let cover = c
+            .cover(&renumber(&[Some(0), Some(1), None, Some(2)]))
+            .unwrap();
+        assert!(cover.lost.is_empty());
+        assert_eq!(cover.old_of, BTreeMap::from([(0, 0), (1, 1)]));
     }
 
     #[test]

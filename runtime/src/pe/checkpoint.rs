@@ -99,6 +99,8 @@ pub(crate) struct Recovery {
     /// A checkpoint that was being taken when the node was lost (the
     /// previous complete one was used).
     pub interrupted: Option<u64>,
+    /// The epoch the checkpoint was taken in, when rescales came since.
+    pub carried_from: Option<u64>,
     /// Newcomer nodes the recovery's commit admitted.
     pub admitted: u32,
 }
@@ -686,12 +688,16 @@ impl PeState {
             total_ms,
             migrations,
             admitted = r.admitted,
-            "recovered from the loss of node {} (uid {}) in {:.1} ms: rolled back to buddy checkpoint {} (the sync point of LB step {}), {} PEs{}",
+            "recovered from the loss of node {} (uid {}) in {:.1} ms: rolled back to buddy checkpoint {} (the sync point of LB step {}{}), {} PEs{}",
             r.node,
             r.uid,
             seconds * 1e3,
             r.ckpt,
             r.step + 1,
+            match r.carried_from {
+                Some(epoch) => format!(", taken in epoch {epoch} before a rescale"),
+                None => String::new(),
+            },
             self.num_pes(),
             match r.admitted {
                 0 => String::new(),

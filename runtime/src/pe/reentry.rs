@@ -257,9 +257,9 @@ impl Scheduler {
             self.ctx.qd.next_wave_at = Some(Instant::now());
         }
         self.ctx.lb.here.clear();
-        // Buddy checkpoints are of the view left: the next sync point
-        // takes a new one.
-        self.ctx.buddy_forget();
+        // Buddy checkpoints stay, numbered in the view they were taken in;
+        // the next sync point takes a new one.
+        self.ctx.buddy_carry(&r.plan, r.new.epoch());
         // The time stopped was neither work nor idleness: the next load
         // statistics start now (else survivors look loaded and newcomers
         // empty to the balancing step that follows).
