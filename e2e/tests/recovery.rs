@@ -240,10 +240,47 @@ fn a_loss_after_a_rescale_rolls_back_to_the_checkpoint_taken_before_it() {
         [start[0], start[2]],
         "survivors keep their processes"
     );
-    job.wait_for_log("rolled back to buddy checkpoint 0 (the sync point of LB step 1, taken in epoch 1 before a rescale)", 1);
+    job.wait_for_log("rolled back to buddy checkpoint 0 (the sync point of LB step 1, taken in epoch 1, before the view changed)", 1);
     assert!(
         !job.stderr().contains("ft checkpoint=1 "),
         "the kill came after the next checkpoint: the test missed its window\n{}",
+        job.stderr()
+    );
+    job.finish().completes_with(&want);
+}
+
+/// A second loss right after a recovery, before the next sync point: the
+/// checkpoint rolled back to stays, and covers it when the copies it needs
+/// are left. Of 5 nodes, node 2 is lost (its copy is on node 3), then node
+/// 4 (its copy is on node 0, and the copy it holds is node 3's, which is
+/// alive): the job rolls back to the same checkpoint twice.
+#[test]
+fn a_second_loss_before_the_next_checkpoint_rolls_back_to_the_same_one() {
+    let mut plain = jacobi_args(30_000);
+    plain.extend(["--lb-every".to_owned(), "10000".to_owned()]);
+    let want = reference_checksum(&plain);
+    let mut spec = plain;
+    spec.extend(["+ft-every".to_owned(), "1".to_owned()]);
+    let job = Background::launch(5, "jacobi2d", &spec)
+        .env("DUCTILE_LOG", "warn,ductile::pe::buddy=info")
+        .timeout_s(240)
+        .start();
+    let start = pids(&job);
+    job.wait_for_log("ft checkpoint=0 ", 1);
+    signal(start[2], "-9");
+    view_without(&job, start[2]);
+    recoveries(&job, 1);
+    signal(start[4], "-9");
+    let after = view_without(&job, start[4]);
+    assert_eq!(
+        after,
+        [start[0], start[1], start[3]],
+        "survivors keep their processes"
+    );
+    job.wait_for_log("rolled back to buddy checkpoint 0 (the sync point of LB step 1, taken in epoch 1, before the view changed)", 1);
+    assert!(
+        !job.stderr().contains("ft checkpoint=1 "),
+        "the second kill came after the next checkpoint: the test missed its window\n{}",
         job.stderr()
     );
     job.finish().completes_with(&want);
@@ -280,7 +317,7 @@ fn a_loss_after_an_expand_rolls_back_with_the_newcomer_in_every_reduction() {
         [start[0], start[2]],
         "survivors keep their processes"
     );
-    job.wait_for_log("taken in epoch 1 before a rescale", 1);
+    job.wait_for_log("taken in epoch 1, before the view changed", 1);
     assert!(
         !job.stderr().contains("ft checkpoint=1 "),
         "the kill came after the next checkpoint: the test missed its window\n{}",

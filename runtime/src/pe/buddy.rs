@@ -40,7 +40,8 @@
 //! last complete checkpoint ([`Complete::carry`]): a loss before the next
 //! sync point rolls back to it when every chare still has a copy
 //! ([`Complete::cover`]), and ends the job saying which is missing when
-//! not.
+//! not. A recovery keeps the checkpoint it rolled back to the same way,
+//! until the next is complete.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -236,16 +237,6 @@ impl Buddy {
             self.spare
                 .extend(chares.into_iter().take(room).map(|c| c.state.0));
         }
-    }
-
-    /// Drops every copy: a recovery used them.
-    fn forget(&mut self) {
-        self.own.clear();
-        self.held.clear();
-        self.spare.clear();
-        self.syncs = 0;
-        self.taking = None;
-        self.complete = None;
     }
 }
 
@@ -602,6 +593,11 @@ impl Scheduler {
                     started: Instant::now(),
                     placed_ms: 0.0,
                 });
+                // Rolled back to, it stays the checkpoint until the next
+                // one: a loss before then rolls back to it again.
+                let mut c = c;
+                c.carry(&r.plan, r.new.epoch());
+                self.ctx.ft.complete = Some(c);
             }
             Err(e) => node.abort(format!(
                 "lost node {lost_node} (uid {uid}) without notice; restoring checkpoint {} failed: {e}; ending the job",
@@ -730,9 +726,11 @@ impl Scheduler {
 
     /// Every PE of a recovery: its own chares of checkpoint `ckpt`, and the
     /// array elements of the lost PEs whose copies it holds, come back here.
+    /// The copies stay: the checkpoint is the one to roll back to until
+    /// the next is complete.
     fn buddy_restore(&mut self, ckpt: u64, lost: &[PeId]) {
         let me = self.ctx.pe;
-        let Some(own) = self.ctx.ft.own.remove(&ckpt) else {
+        let Some(own) = self.ctx.ft.own.get(&ckpt).cloned() else {
             self.ctx.node.abort(format!(
                 "PE {me} holds no copy of buddy checkpoint {ckpt} to roll back to; ending the job"
             ));
@@ -740,10 +738,10 @@ impl Scheduler {
         };
         let copies: Vec<_> = lost
             .iter()
-            .filter_map(|&pe| self.ctx.ft.held.remove(&(ckpt, pe)))
+            .filter_map(|&pe| self.ctx.ft.held.remove_entry(&(ckpt, pe)))
             .collect();
         let mut adopted = Vec::new();
-        for copy in &copies {
+        for (_, copy) in &copies {
             match copy.chares() {
                 Ok(chares) => adopted.extend(chares),
                 Err(e) => {
@@ -763,7 +761,7 @@ impl Scheduler {
         for c in adopted {
             self.restore_chare(c.coll, c.key, c.state, c.meta);
         }
-        self.ctx.ft.forget();
+        self.ctx.ft.held.extend(copies);
         debug!(
             pe = me,
             ckpt, mine, theirs, "chares restored from the buddy checkpoint"
@@ -835,8 +833,6 @@ mod tests {
         assert_eq!(b.spare.len(), 2, "one per chare of the own copy");
         assert!(b.spare.iter().all(|s| s.capacity() >= 100));
         assert_eq!(Arc::strong_count(&shared), 1, "a shared copy is let go");
-        b.forget();
-        assert!(b.spare.is_empty());
     }
 
     /// A renumbering by PE (one PE per node in these tests).
@@ -916,6 +912,28 @@ mod tests {
             why.contains("PE 2's chares") && why.contains("epoch 1"),
             "{why}"
         );
+    }
+
+    /// After a recovery the checkpoint rolled back to stays: a second
+    /// loss is covered unless it takes the last copy of some PE's chares
+    /// (the first lost node's, now only on its buddy; or a node whose
+    /// buddy was the first one lost).
+    #[test]
+    fn a_checkpoint_rolled_back_to_covers_a_second_loss_whose_copies_are_left() {
+        let mut c = checkpoint_of(5);
+        c.carry(&renumber(&[Some(0), Some(1), None, Some(2), Some(3)]), 2);
+        let cover = c
+            .cover(&renumber(&[Some(0), Some(1), Some(2), None]))
+            .unwrap();
+        assert_eq!(cover.lost, vec![2, 4]);
+        assert_eq!(cover.old_of, BTreeMap::from([(0, 0), (1, 1), (2, 3)]));
+        // Node 1 (its copy was on node 2), node 3 (the only copy of node 2's).
+        for plan in [
+            [Some(0), None, Some(1), Some(2)],
+            [Some(0), Some(1), None, Some(2)],
+        ] {
+            assert!(c.cover(&renumber(&plan)).is_err(), "{plan:?}");
+        }
     }
 
     /// Across an expand nothing of the checkpoint moves: losing a newcomer

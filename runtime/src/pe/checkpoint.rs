@@ -99,7 +99,8 @@ pub(crate) struct Recovery {
     /// A checkpoint that was being taken when the node was lost (the
     /// previous complete one was used).
     pub interrupted: Option<u64>,
-    /// The epoch the checkpoint was taken in, when rescales came since.
+    /// The epoch the checkpoint was taken in, when rescales or recoveries
+    /// came since.
     pub carried_from: Option<u64>,
     /// Newcomer nodes the recovery's commit admitted.
     pub admitted: u32,
@@ -695,7 +696,7 @@ impl PeState {
             r.ckpt,
             r.step + 1,
             match r.carried_from {
-                Some(epoch) => format!(", taken in epoch {epoch} before a rescale"),
+                Some(epoch) => format!(", taken in epoch {epoch}, before the view changed"),
                 None => String::new(),
             },
             self.num_pes(),
