@@ -24,6 +24,7 @@ pub mod callback;
 pub mod chare;
 pub mod checkpoint;
 mod collection;
+mod contention;
 mod control;
 pub mod ctx;
 pub mod elastic;

@@ -19,6 +19,7 @@ use tracing::debug;
 
 use super::queue::Woken;
 use super::{Inbox, LoopExit, Scheduler};
+use crate::contention::Contention;
 use crate::reduce::Value;
 use crate::transport::Transport;
 
@@ -38,6 +39,7 @@ impl Scheduler {
     /// Runs the scheduler loop until the job exits, the node aborts, or a
     /// rescale stops this PE (then the loop can be entered again).
     pub(crate) fn run(&mut self, inbox: &Inbox, spin: Duration) -> LoopExit {
+        let contention = Contention::default();
         loop {
             while let Some(env) = inbox.queue.pop() {
                 self.ctx.queue.push(env);
@@ -68,7 +70,7 @@ impl Scheduler {
                 self.ctx.deliver_callback(&cb, &Value::Unit);
                 continue;
             }
-            self.idle(inbox, now, spin);
+            self.idle(inbox, now, spin, &contention);
             self.ctx.lb.idle += now.elapsed();
         }
     }
@@ -79,9 +81,10 @@ impl Scheduler {
     /// while it spun and that has a descriptor to wait on (TCP) is watched
     /// through the sleep: a frame wakes the PE, which reads it here. The
     /// transport gets its own thread back before the PE runs anything.
-    fn idle(&self, inbox: &Inbox, now: Instant, spin: Duration) {
+    fn idle(&self, inbox: &Inbox, now: Instant, spin: Duration, contention: &Contention) {
         let transport = self.ctx.node.transport_if_any();
-        let Spun { came, progressing } = self.spin_for(inbox, now, spin, transport.as_deref());
+        let Spun { came, progressing } =
+            self.spin_for(inbox, now, spin, transport.as_deref(), contention);
         if !came {
             let deadline = [self.ctx.qd.next_wave_at, self.ctx.timers.next()]
                 .into_iter()
@@ -104,7 +107,10 @@ impl Scheduler {
 
     /// Waits up to `spin` from `now` for the inbox to fill: busy for the
     /// first microseconds, then yielding the core, so that a transport's
-    /// thread or another node's PE that shares it is not starved. An idle
+    /// thread or another node's PE that shares it is not starved; beside a
+    /// busy thread, whose yields showed it, the spin ends there (the sleep
+    /// that follows is woken within microseconds, a yield gives the core
+    /// away for a time slice: [`crate::contention`]). An idle
     /// PE progresses a transport that asks for it (TCP by default, UCX with
     /// `DUCTILE_UCX_PROGRESS=pe`) meanwhile, from the transport's
     /// [`progress_after`](crate::transport::Transport::progress_after) on,
@@ -115,6 +121,7 @@ impl Scheduler {
         now: Instant,
         spin: Duration,
         transport: Option<&dyn Transport>,
+        contention: &Contention,
     ) -> Spun {
         if spin.is_zero() {
             return Spun {
@@ -153,8 +160,13 @@ impl Scheduler {
             }
             if t < hot_until {
                 std::hint::spin_loop();
+            } else if contention.contended() {
+                return Spun {
+                    came: false,
+                    progressing,
+                };
             } else {
-                std::thread::yield_now();
+                contention.yield_now();
             }
         }
     }

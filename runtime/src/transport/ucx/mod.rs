@@ -16,9 +16,11 @@
 //!   sender), and a frame waits behind an earlier one still being received,
 //!   so frames between a pair of nodes arrive in the order they were sent.
 //! - Senders (the PE threads) call UCX directly; one communication thread
-//!   progresses the worker, spins briefly (yielding) and then sleeps on the
-//!   worker's event fd: up to 1 ms at a time while work is in flight, up to
-//!   5 ms when idle (a message or a sender's signal wakes it at once).
+//!   progresses the worker, spins briefly (yielding, unless its yields show
+//!   a busy neighbour on its core: [`crate::contention`]) and then sleeps
+//!   on the worker's event fd: up to 1 ms at a time while work is in
+//!   flight, up to 50 ms when idle (a message or a sender's signal wakes it
+//!   at once).
 //! - Endpoints are keyed by node id and carry the peer's uid:
 //!   [`Transport::reconcile`] keeps and re-indexes survivors, sends a `BYE`
 //!   to removed ones and then closes them without waiting (the
@@ -46,6 +48,7 @@ use ductile_coordinator::proto::{NodeId, View};
 use tracing::{debug, error};
 
 use super::{Reconciled, Sink, Tag, Transport, TransportError, KIND_BITS};
+use crate::contention::Contention;
 
 /// Kind bit of the frame a node sends before closing an endpoint on purpose
 /// (its body: the sender's uid). Runtime kinds stay below it.
@@ -55,12 +58,17 @@ const SPIN: Duration = Duration::from_micros(200);
 /// How long the communication thread busy-waits before it starts yielding its core.
 const HOT_SPIN: Duration = Duration::from_micros(5);
 /// Longest sleep on the event fd when nothing is in flight. A message, a
-/// send left in flight (the sender signals) or a close should wake the
-/// thread at once, but a 1 s timeout tried in issue 19 stalled a pingpong
-/// over UCX's tcp beside a busy process (a wake-up that did not come,
-/// not yet found), so the timeout stays short: 200 wake-ups a second cost
-/// an idle node well under 1% of a core.
-const SLEEP_MS: i32 = 5;
+/// send left in flight (the sender signals) or a close wakes the thread at
+/// once; the timeout only bounds a wake-up that would not come. (A 1 s
+/// timeout was withdrawn in issue 19 for a stall beside a busy process
+/// that turned out to be the yields, not a lost wake-up: docs/ucx.md.)
+/// 20 wake-ups a second cost an idle node about 0.1% of a core.
+#[cfg(not(test))]
+const SLEEP_MS: i32 = 50;
+/// In the unit tests the timeout is far longer than what they wait for a
+/// frame, so a wake-up that does not come fails them.
+#[cfg(test)]
+const SLEEP_MS: i32 = 30_000;
 /// How long the communication thread keeps yielding while work is in
 /// flight and nothing moves, before it sleeps on the event fd instead.
 const BUSY_YIELD: Duration = Duration::from_micros(100);
@@ -514,6 +522,7 @@ fn comm_loop(
 ) {
     shared.tid.store(super::current_tid(), Ordering::SeqCst);
     let mut idle_since = Instant::now();
+    let contention = Contention::default();
     loop {
         let stopping = shared.stop.load(Ordering::SeqCst);
         let mut did = worker.progress();
@@ -542,7 +551,11 @@ fn comm_loop(
             Progress::Pe => Duration::ZERO,
         };
         let idle_for = idle_since.elapsed();
-        if busy && idle_for >= BUSY_YIELD.max(spin) {
+        // Beside a busy thread a yield hands it the core for the rest of a
+        // time slice (milliseconds): once one did, go straight to the event
+        // fd, which the next arrival wakes.
+        let contended = idle_for >= HOT_SPIN && contention.contended();
+        if busy && (contended || idle_for >= BUSY_YIELD.max(spin)) {
             // Work in flight but nothing moved for a while: yielding again
             // would hand the core to a busy neighbour for a whole time
             // slice; a sleep on the event fd is woken by UCX's next event
@@ -555,11 +568,11 @@ fn comm_loop(
             shared.sleeping.store(false, Ordering::SeqCst);
             continue;
         }
-        if busy || idle_for < spin {
+        if (busy || idle_for < spin) && !contended {
             if idle_for < HOT_SPIN {
                 std::hint::spin_loop();
             } else {
-                std::thread::yield_now();
+                contention.yield_now();
             }
             continue;
         }

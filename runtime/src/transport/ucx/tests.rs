@@ -319,7 +319,8 @@ fn an_idle_transport_sleeps() {
             used / 1_000_000
         );
     }
-    // And a message still wakes it at once (well within the sleep's timeout).
+    // And a message still wakes it at once (the sleep's timeout is 30 s in
+    // the tests).
     let t0 = Instant::now();
     a.t.send(1, Tag::new(0, 1, 1), &[b"wake"]).unwrap();
     assert_eq!(b.frames.recv_timeout(WAIT).unwrap().1, b"wake");
