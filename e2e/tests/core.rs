@@ -113,8 +113,12 @@ fn readonly_data_reaches_every_pe_before_any_element_runs() {
     }
 }
 
+/// Messages sent to an inserted element before and after its insertion
+/// arrive; a broadcast sent right after the insertions reaches every
+/// element (also one inserted on PE 0 by main on PE 0, which missed it
+/// before 2026-12-07), and one sent before them reaches none.
 #[test]
-fn dynamic_insertion_delivers_messages_sent_before_and_after() {
+fn dynamic_insertion_delivers_messages_and_broadcasts_sent_after_it() {
     for &(n, p) in SHAPES {
         let elems = 5 * n * p + 1;
         let job = megatest(n, p, "insert", &["--elems", &elems.to_string()]);

@@ -70,6 +70,17 @@ pub(crate) trait Store: Send {
         red_start: u32,
         pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError>;
+    /// Constructs an inserted element that runs the broadcasts numbered
+    /// after `bcast_seen` (the root numbered that many when it took the
+    /// insertion): those this PE already delivered are replayed to it.
+    fn insert(
+        &mut self,
+        key: IndexKey,
+        init: &[u8],
+        red_start: u32,
+        bcast_seen: u64,
+        pe: &mut PeCtx<'_>,
+    ) -> Result<(), StoreError>;
     /// Constructs this PE's share of a bulk range of `count` elements, block-mapped.
     fn construct_bulk(
         &mut self,
@@ -199,6 +210,74 @@ impl<C: Chare> ArrayStore<C> {
             }
         }
     }
+    /// Constructs element `key`, which has run the broadcasts up to `bcast_seen`.
+    fn construct_seen(
+        &mut self,
+        key: IndexKey,
+        init: &[u8],
+        red_start: u32,
+        bcast_seen: u64,
+        pe: &mut PeCtx<'_>,
+    ) -> Result<(), StoreError> {
+        let index = Self::index_of(key)?;
+        if self.elems.contains_key(&key) {
+            return Err(StoreError::Duplicate(format!("{index:?}"), C::NAME));
+        }
+        let init: C::Init = Payload::Wire {
+            bytes: std::sync::Arc::new(init.to_vec()),
+            offset: 0,
+        }
+        .take()?;
+        let mut meta = ElemMeta {
+            next_red: red_start,
+            bcast_seen,
+            ..ElemMeta::default()
+        };
+        let chare = {
+            let mut ctx = Ctx::new(pe, self.coll, index, &mut meta);
+            C::new(init, &mut ctx)
+        };
+        self.owe(meta.next_red, 1);
+        self.elems.insert(key, Slot { chare, index, meta });
+        pe.note_local_element(self.coll, key, 0);
+        Ok(())
+    }
+
+    /// Runs on element `key` the broadcasts this PE delivered after number
+    /// `seen` (one that arrived by migration or insertion after them).
+    fn replay_missed(
+        &mut self,
+        key: IndexKey,
+        seen: u64,
+        pe: &mut PeCtx<'_>,
+    ) -> Result<(), StoreError> {
+        let missed: Vec<(u64, Payload)> = self
+            .log
+            .iter()
+            .filter(|(s, _)| *s > seen)
+            .map(|(s, p)| (*s, p.duplicate()))
+            .collect();
+        if let Some((oldest, _)) = self.log.front() {
+            if seen + 1 < *oldest && self.last_bcast > seen {
+                let index = self.elems.get(&key).map(|s| format!("{:?}", s.index));
+                tracing::error!(
+                    "{}[{}] missed broadcasts older than this PE keeps ({} kept)",
+                    C::NAME,
+                    index.unwrap_or_default(),
+                    BROADCAST_LOG
+                );
+            }
+        }
+        for (seq, payload) in missed {
+            let msg = payload.take::<C::Msg>()?;
+            match self.elems.get_mut(&key) {
+                Some(slot) => slot.meta.bcast_seen = seq,
+                None => break,
+            }
+            self.run(key, pe, |c, ctx| c.handle(msg, ctx));
+        }
+        Ok(())
+    }
 }
 
 impl<C: Chare> Store for ArrayStore<C> {
@@ -250,28 +329,20 @@ impl<C: Chare> Store for ArrayStore<C> {
         red_start: u32,
         pe: &mut PeCtx<'_>,
     ) -> Result<(), StoreError> {
-        let index = Self::index_of(key)?;
-        if self.elems.contains_key(&key) {
-            return Err(StoreError::Duplicate(format!("{index:?}"), C::NAME));
-        }
-        let init: C::Init = Payload::Wire {
-            bytes: std::sync::Arc::new(init.to_vec()),
-            offset: 0,
-        }
-        .take()?;
-        let mut meta = ElemMeta {
-            next_red: red_start,
-            bcast_seen: self.last_bcast,
-            ..ElemMeta::default()
-        };
-        let chare = {
-            let mut ctx = Ctx::new(pe, self.coll, index, &mut meta);
-            C::new(init, &mut ctx)
-        };
-        self.owe(meta.next_red, 1);
-        self.elems.insert(key, Slot { chare, index, meta });
-        pe.note_local_element(self.coll, key, 0);
-        Ok(())
+        let seen = self.last_bcast;
+        self.construct_seen(key, init, red_start, seen, pe)
+    }
+
+    fn insert(
+        &mut self,
+        key: IndexKey,
+        init: &[u8],
+        red_start: u32,
+        bcast_seen: u64,
+        pe: &mut PeCtx<'_>,
+    ) -> Result<(), StoreError> {
+        self.construct_seen(key, init, red_start, bcast_seen, pe)?;
+        self.replay_missed(key, bcast_seen, pe)
     }
 
     fn construct_bulk(
@@ -329,30 +400,7 @@ impl<C: Chare> Store for ArrayStore<C> {
         self.elems.insert(key, Slot { chare, index, meta });
         pe.note_local_element(self.coll, key, hops);
         // Broadcasts this PE delivered after the element left its old PE.
-        let missed: Vec<(u64, Payload)> = self
-            .log
-            .iter()
-            .filter(|(s, _)| *s > seen)
-            .map(|(s, p)| (*s, p.duplicate()))
-            .collect();
-        if let Some((oldest, _)) = self.log.front() {
-            if seen + 1 < *oldest && self.last_bcast > seen {
-                tracing::error!(
-                    "{}[{index:?}] missed broadcasts older than this PE keeps ({} kept)",
-                    C::NAME,
-                    BROADCAST_LOG
-                );
-            }
-        }
-        for (seq, payload) in missed {
-            let msg = payload.take::<C::Msg>()?;
-            match self.elems.get_mut(&key) {
-                Some(slot) => slot.meta.bcast_seen = seq,
-                None => break,
-            }
-            self.run(key, pe, |c, ctx| c.handle(msg, ctx));
-        }
-        Ok(())
+        self.replay_missed(key, seen, pe)
     }
 
     fn loads(&mut self, reset: bool) -> Vec<(IndexKey, f64)> {

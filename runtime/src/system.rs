@@ -103,12 +103,15 @@ pub(crate) enum SysMsg {
         init: Vec<u8>,
         on: Option<Pe>,
     },
-    /// To the element's PE: construct it; it joins reductions from `red_start` on.
+    /// To the element's PE: construct it; it joins reductions from
+    /// `red_start` on and runs the broadcasts numbered after `bcast_seen`
+    /// (those the root numbered before it took the insertion are not its).
     Insert {
         coll: CollId,
         key: IndexKey,
         init: Vec<u8>,
         red_start: u32,
+        bcast_seen: u64,
     },
     /// To an element's home PE: the element now lives on `pe`, after `hops` moves.
     HomeUpdate {

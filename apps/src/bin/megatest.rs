@@ -309,8 +309,14 @@ impl Chare for Reader {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 enum InsMsg {
+    /// Point-to-point, sent before the element's insertion.
     Early,
+    /// Point-to-point, sent after it.
     Late,
+    /// A broadcast sent before the insertions: no element runs it.
+    Before,
+    /// A broadcast sent right after them: every element runs it.
+    After,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -335,9 +341,18 @@ impl Chare for Inserted {
         }
         Inserted { got: 0 }
     }
-    fn handle(&mut self, _: InsMsg, ctx: &mut Ctx<'_, Self>) {
+    fn handle(&mut self, msg: InsMsg, ctx: &mut Ctx<'_, Self>) {
+        if let InsMsg::Before = msg {
+            fail(
+                "insert",
+                format!(
+                    "element {} ran a broadcast sent before its insertion",
+                    ctx.index()
+                ),
+            );
+        }
         self.got += 1;
-        if self.got == 2 {
+        if self.got == 3 {
             ctx.contribute(
                 ctx.index(),
                 Reducer::Sum,
@@ -760,6 +775,7 @@ impl Chare for Main {
             }
             "insert" => {
                 let arr = ArrayProxy::<Inserted>::create_empty(ctx);
+                arr.broadcast(ctx, InsMsg::Before);
                 for i in 0..elems as u64 {
                     arr.elem(i).send(ctx, InsMsg::Early);
                 }
@@ -774,6 +790,7 @@ impl Chare for Main {
                 for i in 0..elems as u64 {
                     arr.elem(i).send(ctx, InsMsg::Late);
                 }
+                arr.broadcast(ctx, InsMsg::After);
                 m.wanted = 1;
             }
             "priority" => {
@@ -950,7 +967,7 @@ enum Module {
     Group,
     /// Readonly data seen by every element.
     Readonly,
-    /// Dynamic insertion, with messages sent before and after.
+    /// Dynamic insertion, with messages and broadcasts sent before and after.
     Insert,
     /// Message priorities.
     Priority,

@@ -361,8 +361,12 @@ impl Scheduler {
                 init,
                 on,
             } => {
-                // Root: the element joins the reductions still open.
+                // Root: the element joins the reductions still open, and
+                // the broadcasts numbered from now on (in the order the
+                // root takes them: an insertion and then a broadcast sent
+                // by one chare reach the element in that order).
                 let red_start = self.ctx.red.insertion(coll);
+                let bcast_seen = self.ctx.loc.next_bcast.get(&coll).copied().unwrap_or(0);
                 let target = on
                     .or_else(|| self.ctx.home_of(coll, key))
                     .expect("collection is known on PE 0");
@@ -373,6 +377,7 @@ impl Scheduler {
                         key,
                         init,
                         red_start,
+                        bcast_seen,
                     },
                 );
             }
@@ -381,9 +386,11 @@ impl Scheduler {
                 key,
                 init,
                 red_start,
+                bcast_seen,
             } => {
                 let store = self.stores.get_mut(&coll).expect("held until created");
-                if let Err(e) = store.construct(key, &init, red_start, &mut self.ctx) {
+                let built = store.insert(key, &init, red_start, bcast_seen, &mut self.ctx);
+                if let Err(e) = built {
                     error!(
                         pe = me,
                         "insertion into {} failed: {e}",
