@@ -442,13 +442,16 @@ fn a_node_in_a_cpu_quota_sees_its_share_of_a_core() {
         std::fs::write(group.join("cpu.cfs_period_us"), "10000")?;
         std::fs::write(group.join("cpu.cfs_quota_us"), "5000")
     })();
+    // Its own state directory: the default one may hold another job.
+    let state = tempfile::tempdir().expect("temp dir");
     let job = limit.map(|()| {
         // The shell joins the group, then becomes the launcher: every
         // process of the job starts inside it.
         let launch = format!(
-            "echo $$ > {}/cgroup.procs && exec {} run --nodes 1 --pes-per-node 2 --timeout 120 -- {} --grid 256 --block 32 --iters 40 --lb-every 10 --quiet +lb ContiguousRateAware",
+            "echo $$ > {}/cgroup.procs && exec {} run --nodes 1 --pes-per-node 2 --state-dir {} --timeout 120 -- {} --grid 256 --block 32 --iters 40 --lb-every 10 --quiet +lb ContiguousRateAware",
             group.display(),
             ductile_e2e::bin("ductile").display(),
+            state.path().display(),
             ductile_e2e::bin("jacobi2d").display(),
         );
         std::process::Command::new("sh")
