@@ -316,6 +316,28 @@ fn messages_that_overtake_the_start_broadcast_are_held_not_lost() {
     }
 }
 
+/// The collectives bench program (broadcast + reduction rounds, one element
+/// migrating to and fro) completes with every round's sum right, in one
+/// process and across two.
+#[test]
+fn collectives_rounds_and_migrations_complete_same_node_and_cross_node() {
+    for (n, p) in [(1, 2), (2, 1)] {
+        let job = run(n, p, "collectives", &["--rounds", "200", "--hops", "200"]);
+        job.expect_code(0, "collectives");
+        assert!(
+            job.stdout
+                .contains("collectives round pes=2 rounds=200 round_us="),
+            "{}",
+            job.stdout
+        );
+        assert!(
+            job.stdout.contains("collectives migration hops=200 hop_us="),
+            "{}",
+            job.stdout
+        );
+    }
+}
+
 #[test]
 fn pingpong_runs_same_node_and_cross_node() {
     for (n, p) in [(1, 2), (2, 1)] {
