@@ -212,6 +212,39 @@ fn a_node_lost_with_its_buddy_ends_the_job_saying_so() {
     assert!(alive_none(&[start[0], start[1]]), "nothing is left running");
 }
 
+/// A Jacobi2D job of 30,000 iterations on `nodes` nodes under `+ft-every
+/// 1` with sync points ~3 s apart, once its first checkpoint is complete:
+/// the job, its launch pids and the uninterrupted run's checksum.
+fn first_checkpoint_taken(nodes: u32) -> (Background, Vec<u32>, String) {
+    let mut plain = jacobi_args(30_000);
+    plain.extend(["--lb-every".to_owned(), "10000".to_owned()]);
+    let want = reference_checksum(&plain);
+    let mut spec = plain;
+    spec.extend(["+ft-every".to_owned(), "1".to_owned()]);
+    let job = Background::launch(nodes, "jacobi2d", &spec)
+        .env("DUCTILE_LOG", "warn,ductile::pe::buddy=info")
+        .timeout_s(240)
+        .start();
+    let start = pids(&job);
+    job.wait_for_log("ft checkpoint=0 ", 1);
+    (job, start, want)
+}
+
+/// Waits until the job rolled back to checkpoint 0 after the view changed
+/// (a rescale or a recovery since it was taken), and checks that no later
+/// checkpoint came first: else the test missed the window it is about.
+fn rolled_back_to_the_carried_checkpoint(job: &Background) {
+    job.wait_for_log(
+        "rolled back to buddy checkpoint 0 (the sync point of LB step 1, taken in epoch 1, before the view changed)",
+        1,
+    );
+    assert!(
+        !job.stderr().contains("ft checkpoint=1 "),
+        "the loss came after the next checkpoint: the test missed its window\n{}",
+        job.stderr()
+    );
+}
+
 /// A loss after a rescale, before the next sync point: the checkpoint
 /// taken before the rescale still covers it. Node 1 leaves (its copy is on
 /// node 2), then node 3 is killed (its copy is on node 0): the job rolls
@@ -221,17 +254,7 @@ fn a_node_lost_with_its_buddy_ends_the_job_saying_so() {
 /// the job instead is `pe::buddy::tests`.)
 #[test]
 fn a_loss_after_a_rescale_rolls_back_to_the_checkpoint_taken_before_it() {
-    let mut plain = jacobi_args(30_000);
-    plain.extend(["--lb-every".to_owned(), "10000".to_owned()]);
-    let want = reference_checksum(&plain);
-    let mut spec = plain;
-    spec.extend(["+ft-every".to_owned(), "1".to_owned()]);
-    let job = Background::launch(4, "jacobi2d", &spec)
-        .env("DUCTILE_LOG", "warn,ductile::pe::buddy=info")
-        .timeout_s(240)
-        .start();
-    let start = pids(&job);
-    job.wait_for_log("ft checkpoint=0 ", 1);
+    let (job, start, want) = first_checkpoint_taken(4);
     job.ductile(&["shrink", "--remove", "1"]);
     signal(start[3], "-9");
     let after = view_without(&job, start[3]);
@@ -240,12 +263,7 @@ fn a_loss_after_a_rescale_rolls_back_to_the_checkpoint_taken_before_it() {
         [start[0], start[2]],
         "survivors keep their processes"
     );
-    job.wait_for_log("rolled back to buddy checkpoint 0 (the sync point of LB step 1, taken in epoch 1, before the view changed)", 1);
-    assert!(
-        !job.stderr().contains("ft checkpoint=1 "),
-        "the kill came after the next checkpoint: the test missed its window\n{}",
-        job.stderr()
-    );
+    rolled_back_to_the_carried_checkpoint(&job);
     job.finish().completes_with(&want);
 }
 
@@ -256,17 +274,7 @@ fn a_loss_after_a_rescale_rolls_back_to_the_checkpoint_taken_before_it() {
 /// alive): the job rolls back to the same checkpoint twice.
 #[test]
 fn a_second_loss_before_the_next_checkpoint_rolls_back_to_the_same_one() {
-    let mut plain = jacobi_args(30_000);
-    plain.extend(["--lb-every".to_owned(), "10000".to_owned()]);
-    let want = reference_checksum(&plain);
-    let mut spec = plain;
-    spec.extend(["+ft-every".to_owned(), "1".to_owned()]);
-    let job = Background::launch(5, "jacobi2d", &spec)
-        .env("DUCTILE_LOG", "warn,ductile::pe::buddy=info")
-        .timeout_s(240)
-        .start();
-    let start = pids(&job);
-    job.wait_for_log("ft checkpoint=0 ", 1);
+    let (job, start, want) = first_checkpoint_taken(5);
     signal(start[2], "-9");
     view_without(&job, start[2]);
     recoveries(&job, 1);
@@ -277,12 +285,7 @@ fn a_second_loss_before_the_next_checkpoint_rolls_back_to_the_same_one() {
         [start[0], start[1], start[3]],
         "survivors keep their processes"
     );
-    job.wait_for_log("rolled back to buddy checkpoint 0 (the sync point of LB step 1, taken in epoch 1, before the view changed)", 1);
-    assert!(
-        !job.stderr().contains("ft checkpoint=1 "),
-        "the second kill came after the next checkpoint: the test missed its window\n{}",
-        job.stderr()
-    );
+    rolled_back_to_the_carried_checkpoint(&job);
     job.finish().completes_with(&want);
 }
 
@@ -317,12 +320,7 @@ fn a_loss_after_an_expand_rolls_back_with_the_newcomer_in_every_reduction() {
         [start[0], start[2]],
         "survivors keep their processes"
     );
-    job.wait_for_log("taken in epoch 1, before the view changed", 1);
-    assert!(
-        !job.stderr().contains("ft checkpoint=1 "),
-        "the kill came after the next checkpoint: the test missed its window\n{}",
-        job.stderr()
-    );
+    rolled_back_to_the_carried_checkpoint(&job);
     let done = job.finish();
     assert_eq!(done.code, Some(0), "{}\n{}", done.stdout, done.stderr);
     assert!(

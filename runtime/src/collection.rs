@@ -210,6 +210,7 @@ impl<C: Chare> ArrayStore<C> {
             }
         }
     }
+
     /// Constructs element `key`, which has run the broadcasts up to `bcast_seen`.
     fn construct_seen(
         &mut self,
