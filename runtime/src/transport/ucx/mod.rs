@@ -16,11 +16,9 @@
 //!   sender), and a frame waits behind an earlier one still being received,
 //!   so frames between a pair of nodes arrive in the order they were sent.
 //! - Senders (the PE threads) call UCX directly; one communication thread
-//!   progresses the worker, spins briefly (yielding, unless its yields show
-//!   a busy neighbour on its core: [`crate::contention`]) and then sleeps
-//!   on the worker's event fd: up to 1 ms at a time while work is in
-//!   flight, up to 50 ms when idle (a message or a sender's signal wakes it
-//!   at once).
+//!   progresses the worker, spins briefly (yielding) and then sleeps on the
+//!   worker's event fd: up to 1 ms at a time while work is in flight, up to
+//!   50 ms when idle (a message or a sender's signal wakes it at once).
 //! - Endpoints are keyed by node id and carry the peer's uid:
 //!   [`Transport::reconcile`] keeps and re-indexes survivors, sends a `BYE`
 //!   to removed ones and then closes them without waiting (the
@@ -48,7 +46,6 @@ use ductile_coordinator::proto::{NodeId, View};
 use tracing::{debug, error};
 
 use super::{Reconciled, Sink, Tag, Transport, TransportError, KIND_BITS};
-use crate::contention::Contention;
 
 /// Kind bit of the frame a node sends before closing an endpoint on purpose
 /// (its body: the sender's uid). Runtime kinds stay below it.
@@ -522,7 +519,6 @@ fn comm_loop(
 ) {
     shared.tid.store(super::current_tid(), Ordering::SeqCst);
     let mut idle_since = Instant::now();
-    let contention = Contention::default();
     loop {
         let stopping = shared.stop.load(Ordering::SeqCst);
         let mut did = worker.progress();
@@ -551,11 +547,7 @@ fn comm_loop(
             Progress::Pe => Duration::ZERO,
         };
         let idle_for = idle_since.elapsed();
-        // Beside a busy thread a yield hands it the core for the rest of a
-        // time slice (milliseconds): once one did, go straight to the event
-        // fd, which the next arrival wakes.
-        let contended = idle_for >= HOT_SPIN && contention.contended();
-        if busy && (contended || idle_for >= BUSY_YIELD.max(spin)) {
+        if busy && idle_for >= BUSY_YIELD.max(spin) {
             // Work in flight but nothing moved for a while: yielding again
             // would hand the core to a busy neighbour for a whole time
             // slice; a sleep on the event fd is woken by UCX's next event
@@ -568,11 +560,16 @@ fn comm_loop(
             shared.sleeping.store(false, Ordering::SeqCst);
             continue;
         }
-        if (busy || idle_for < spin) && !contended {
+        // Beside a busy process each yield may give the core away for a
+        // tick; the PE loop stops yielding then (`crate::contention`), but
+        // this thread must not: here the busy thread is most often another
+        // node's PE of the same job, and sleeping through every short wait
+        // made Jacobi2D over UCX twice as slow (docs/message-path.md).
+        if busy || idle_for < spin {
             if idle_for < HOT_SPIN {
                 std::hint::spin_loop();
             } else {
-                contention.yield_now();
+                std::thread::yield_now();
             }
             continue;
         }
