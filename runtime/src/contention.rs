@@ -9,6 +9,11 @@
 //! yield took that long, the waiter should stop yielding and sleep on what
 //! wakes it (an event fd, its inbox): a wake-up gets the core back within
 //! microseconds, since the scheduler favours a thread that slept.
+//!
+//! The PE loop's idle spin uses it. UCX's communication thread does not:
+//! the thread that keeps its core is most often another node's PE of the
+//! same job, and sleeping through every short wait doubled Jacobi2D over
+//! UCX on 2 cores.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
