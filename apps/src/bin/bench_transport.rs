@@ -18,7 +18,8 @@
 //! `--pin` runs node 0 on core 0 and node 1 on core 1 (`taskset`), and
 //! `ucx_perftest` (server core 1, client core 0) in the same repetition.
 //! `--busy` adds a process that spins on node 0's core for the whole run
-//! (an unrelated busy neighbour). It prints a table and writes every sample
+//! (an unrelated busy neighbour). Each size runs a tenth untimed first, and
+//! that warm-up's pace caps the timed round trips to `--budget-ms`. It prints a table and writes every sample
 //! and the medians as JSON to `target/bench/transport.json` (or `--out`).
 
 use std::collections::BTreeMap;
@@ -288,7 +289,12 @@ fn peer_main(role: u32, cli: &Cli) -> Result<()> {
                         }
                         Ok(t0.elapsed())
                     };
-                    run(warmup)?;
+                    // The warm-up's pace caps the timed round trips to the
+                    // budget: beside a busy process one may take milliseconds
+                    // (docs/message-path.md), and the estimate's count
+                    // would then outrun the step's time limit.
+                    let warm = run(warmup)?.as_secs_f64() / warmup as f64;
+                    let iters = iters.min((cli.budget_ms / 1e3 / warm) as u64).max(10);
                     let took = run(iters)?;
                     let oneway_us = took.as_secs_f64() * 1e6 / (2 * iters) as f64;
                     writeln!(
