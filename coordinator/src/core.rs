@@ -182,6 +182,9 @@ pub struct Coordinator {
     admitted_total: u64,
     /// Members declared lost for their silence: they may not reattach.
     silent: BTreeSet<u64>,
+    /// Members of the current view announced lost (`MemberLost`): no
+    /// commit from this view may keep them.
+    lost: BTreeSet<u64>,
     /// The last event of any kind (ticks included).
     last_event: Option<Instant>,
 }
@@ -229,6 +232,7 @@ impl Coordinator {
             admissions: VecDeque::new(),
             admitted_total: 0,
             silent: BTreeSet::new(),
+            lost: BTreeSet::new(),
             last_event: None,
         }
     }
@@ -572,6 +576,7 @@ impl Coordinator {
                 let Some(m) = view.by_uid(uid) else { return };
                 let (epoch, node) = (view.epoch, m.node);
                 warn!(epoch, node, uid, "member lost its coordinator connection");
+                self.lost.insert(uid);
                 for m in &view.members {
                     if let Some(&c) = self.member_conn.get(&m.uid) {
                         Self::send(out, c, ServerMsg::MemberLost { epoch, node, uid });
@@ -935,6 +940,19 @@ impl Coordinator {
                 pid: r.pid,
             });
         }
+        if let Some(m) = view
+            .members
+            .iter()
+            .find(|m| self.lost.contains(&m.uid) && !remove.contains(&m.node))
+        {
+            return Err((
+                ErrorCode::MemberLost,
+                format!(
+                    "node {} (uid {}) was lost in epoch {epoch}; a commit from it must remove that node",
+                    m.node, m.uid
+                ),
+            ));
+        }
         let next = view
             .renumbered(remove, &admitted)
             .map_err(|e| (ErrorCode::InvalidCommit, e.to_string()))?;
@@ -997,6 +1015,8 @@ impl Coordinator {
             }
         }
         self.view = Some(next);
+        // Every member announced lost was removed by this commit.
+        self.lost.clear();
         Ok(())
     }
 

@@ -358,6 +358,10 @@ pub enum ErrorCode {
     LaunchTimeout,
     /// A bug on the coordinator side.
     Internal,
+    /// A commit that keeps a member announced lost in its epoch: the job
+    /// is to recover without it (a commit made now would hand the
+    /// survivors a view with a dead member).
+    MemberLost,
 }
 
 /// Messages from the coordinator.

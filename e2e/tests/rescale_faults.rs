@@ -339,6 +339,96 @@ fn a_newcomer_killed_while_it_integrates_fails_the_job_naming_it() {
     assert!(all_gone(&pids), "processes of the job are left: {pids:?}");
 }
 
+/// With fault tolerance (`+ft-every`), a surviving node killed (SIGKILL)
+/// while a rescale waits on the coordinator does not end the job. The
+/// rescale (admitting a waiting newcomer) is held at node 0's question for
+/// newcomers, every node past its hand-over; node 2 is killed; the
+/// coordinator goes on. It refuses any commit that keeps the dead node, so
+/// node 0 abandons the rescale for a recovery and tells every node: the job
+/// rolls back to its last buddy checkpoint without node 2, the newcomer
+/// joins in the recovery's commit, the survivors keep their processes and
+/// the job ends with the checksum of an uninterrupted run. The request is
+/// answered as abandoned.
+#[test]
+fn a_survivor_killed_in_a_rescale_under_ft_every_is_recovered_from_live() {
+    let mut spec = ductile_e2e::jacobi_args(ITERS);
+    spec.extend(["--lb-every".to_owned(), "10".to_owned()]);
+    let want = reference_checksum(&spec);
+    spec.extend(["+ft-every".to_owned(), "2".to_owned()]);
+    let job = Background::launch(4, "jacobi2d", &spec)
+        .state(tempfile::tempdir().expect("temp dir"))
+        .timeout_s(120)
+        .env("DUCTILE_LOG", &format!("{LOG},ductile::pe::buddy=info"))
+        .env("DUCTILE_RESCALE_STAGE_TIMEOUT_MS", STAGE_BOUND_MS)
+        .start();
+    let pids: Vec<u32> = job.members().iter().map(|m| m.pid).collect();
+    job.wait_for_log("ft checkpoint=0 ", 1);
+    let newcomer = job.spawn_newcomer();
+    assert!(
+        eventually(WAIT, || job
+            .try_status()
+            .is_some_and(|s| s.pending.iter().any(|p| p.pid == newcomer))),
+        "the newcomer never registered\n{}",
+        job.stderr()
+    );
+    // Held: node 1 stopped, the evacuate stage waits for it; the
+    // coordinator stopped once the request is in; node 1 goes on, and
+    // node 0 reaches its question to the stopped coordinator.
+    let (coordinator, _) = job.coordinator();
+    signal(pids[1], "-STOP");
+    let mut control = job.control();
+    let epoch = control.status().expect("status").epoch;
+    let asked = std::thread::spawn(move || {
+        control
+            .rescale(
+                RescaleRequest {
+                    epoch,
+                    remove: vec![],
+                    admit: 1,
+                },
+                WAIT,
+            )
+            .map_err(|e| e.to_string())
+    });
+    job.wait_for_log("rescale requested", 1);
+    signal(coordinator, "-STOP");
+    signal(pids[1], "-CONT");
+    job.wait_for_log("asking the coordinator how many newcomers wait", 1);
+    signal(pids[2], "-KILL");
+    signal(coordinator, "-CONT");
+    let answer = asked.join().expect("the request's thread");
+    let err = answer.expect_err("the rescale was abandoned, not made");
+    assert!(
+        err.contains("rolled back to its last checkpoint"),
+        "{err}\n{}",
+        job.stderr()
+    );
+    job.wait_for_log("recovered from the loss of node 2", 1);
+    let members = [pids[0], pids[1], pids[3], newcomer];
+    assert!(
+        eventually(WAIT, || job.try_status().is_some_and(|s| s
+            .members
+            .iter()
+            .map(|m| m.pid)
+            .eq(members))),
+        "the survivors and the newcomer are not the members\n{}",
+        job.stderr()
+    );
+    let Finished {
+        code,
+        stdout,
+        stderr,
+        ..
+    } = job.finish_within(Duration::from_secs(120));
+    assert_eq!(code, Some(0), "the job failed\n{stdout}\n{stderr}");
+    assert_eq!(
+        ductile_e2e::last_value(&stdout, "checksum").as_deref(),
+        Some(want.as_str()),
+        "checksum changed\n{stderr}"
+    );
+    assert!(all_gone(&members), "processes of the job are left");
+}
+
 /// A departing node loses its network (its veth link taken down, as a
 /// reclaimed instance does) after it handed over, before the commit that
 /// removes it. The commit goes ahead without it; the survivors carry on at

@@ -348,6 +348,10 @@ pub(crate) enum ControlFrame {
     Ready,
     /// Barrier, down the tree: everyone is ready.
     Go,
+    /// From node 0 to every other node of its view: node `lost` was lost
+    /// without notice; recover without it (abandoning the rescale under
+    /// way, if one is and has no new view yet).
+    Recover { lost: NodeId },
 }
 
 /// What the node's main thread hears about.
@@ -454,6 +458,7 @@ mod tests {
                 round: 2,
                 totals: vec![9, 0, 1 << 50],
             },
+            ControlFrame::Recover { lost: 3 },
         ] {
             let bytes = postcard::to_allocvec(&f).unwrap();
             assert_eq!(postcard::from_bytes::<ControlFrame>(&bytes).unwrap(), f);

@@ -746,6 +746,52 @@ fn member_lost_notice() {
     assert_eq!(h.epoch(), 2);
 }
 
+/// A commit that would keep a member announced lost is refused, naming it:
+/// a rescale node 0 committed without knowing of the loss must not hand the
+/// survivors a view with a dead member. The recovery's commit, which
+/// removes it, is made, and a later view starts with no loss.
+#[test]
+fn a_commit_keeping_a_member_announced_lost_is_refused() {
+    let (mut h, m) = Harness::launched(4);
+    let uid = h.core.view().expect("view").members[2].uid;
+    h.core.on_disconnect(m[2], h.now);
+    for remove in [vec![3], vec![]] {
+        let out = h.send(
+            m[0],
+            &ClientMsg::Commit {
+                epoch: 1,
+                remove,
+                admit: 0,
+            },
+        );
+        let (code, message) = error_code(&out, m[0]).expect("refused");
+        assert_eq!(code, ErrorCode::MemberLost);
+        assert!(
+            message.contains(&format!("node 2 (uid {uid}) was lost in epoch 1")),
+            "{message}"
+        );
+        assert_eq!(h.epoch(), 1, "nothing committed");
+    }
+    h.send(
+        m[0],
+        &ClientMsg::Commit {
+            epoch: 1,
+            remove: vec![2, 3],
+            admit: 0,
+        },
+    );
+    assert_eq!(h.epoch(), 2);
+    h.send(
+        m[0],
+        &ClientMsg::Commit {
+            epoch: 2,
+            remove: vec![1],
+            admit: 0,
+        },
+    );
+    assert_eq!(h.epoch(), 3, "the loss was the old view's");
+}
+
 #[test]
 fn shutdown_barrier_returns_node_zero_code() {
     let (mut h, m) = Harness::launched(3);

@@ -134,6 +134,11 @@ enum State {
         tries: u32,
         admit: u32,
     },
+    /// Node 0: the coordinator refused the commit because a member was
+    /// announced lost; waiting for that notice, to recover without it.
+    Refused {
+        r: Box<Rescale>,
+    },
     /// Node 0: the connection ended under commit number `tries`; waiting
     /// for the coordinator's view to learn whether it was made.
     Outcome {
@@ -198,6 +203,9 @@ pub(crate) struct Driver {
     deadline: Option<(Instant, Step, Duration)>,
     /// The step changed: kept events are offered again.
     moved: bool,
+    /// A member of the view left, lost during a rescale that has no new
+    /// view yet: node 0 decides (see [`Driver::lost_in_rescale`]).
+    loss: Option<NodeId>,
 }
 
 impl Driver {
@@ -211,6 +219,7 @@ impl Driver {
             counts: Counts::default(),
             deadline: None,
             moved: false,
+            loss: None,
         }
     }
 
@@ -224,6 +233,7 @@ impl Driver {
             counts: Counts::default(),
             deadline: None,
             moved: false,
+            loss: None,
         };
         d.wait(now, Step::Admission, cfg.admission);
         d
@@ -252,6 +262,7 @@ impl Driver {
             State::Die { r }
             | State::Pending { r, .. }
             | State::Commit { r, .. }
+            | State::Refused { r }
             | State::Outcome { r, .. } => Some((Stage::Commit, old(r))),
             State::NewView { r } => Some((Stage::Commit, old(r))),
             State::Installing { r, epoch } => {
@@ -309,8 +320,8 @@ impl Driver {
                 self.fail_busy(Cause::Aborting, out);
                 return;
             }
-            Event::Coordinator(ServerMsg::MemberLost { node, uid, .. }) => {
-                let (node, uid) = (*node, *uid);
+            Event::Coordinator(ServerMsg::MemberLost { epoch, node, uid }) => {
+                let (epoch, node, uid) = (*epoch, *node, *uid);
                 if self.rescale().is_some_and(|r| r.was_lost(uid)) {
                     debug!(node, uid, "a lost node reported again during its recovery");
                 } else if matches!(&self.state, State::Recovering { lost, .. } if self.topo.as_ref().is_some_and(|t| t.uid_of(*lost) == uid))
@@ -321,12 +332,19 @@ impl Driver {
                     // are leaves of the drain tree): a loss that matters
                     // fails a survivor, and that loss reaches this node.
                     debug!(node, uid, "another leaving node was lost");
+                } else if matches!(&self.state, State::Installing { r: Some(r), .. } | State::Barrier { r: Some(r), .. } if r.leaves(uid))
+                {
+                    // Removed by the commit this node installs: no member.
+                    debug!(node, uid, "a node the commit removed was lost");
                 } else if matches!(self.state, State::Admission) {
                     // A waiting newcomer takes no part in what the members
                     // do about it (a recovery may admit it).
                     debug!(node, uid, "a member was lost while this newcomer waits");
                 } else if self.busy() {
-                    self.fail_busy(Cause::MemberLost { node, uid }, out);
+                    match self.abandonable(epoch, uid) {
+                        Some(lost) => self.lost_in_rescale(lost, now, out),
+                        None => self.fail_busy(Cause::MemberLost { node, uid }, out),
+                    }
                 } else if matches!(self.state, State::Running { .. }) {
                     // Named by its id in this node's view; one that is not
                     // in it (removed by a commit this node has installed
@@ -336,17 +354,24 @@ impl Driver {
                         .as_ref()
                         .and_then(|t| (0..t.num_nodes()).find(|&n| t.uid_of(n) == uid));
                     match here {
-                        Some(node)
-                            if self.cfg.recover
-                                && node != 0
-                                && matches!(self.state, State::Running { stopped: 0 }) =>
-                        {
+                        // Some PEs may have stopped for a rescale already.
+                        Some(node) if self.cfg.recover && node != 0 => {
                             self.recover(node, now, out);
                         }
                         Some(node) => out.push(Action::PeerLost { node, uid }),
                         None => debug!(node, uid, "a node no longer a member was reported lost"),
                     }
                 }
+                return;
+            }
+            // A peer of the view left unreachable: as if reported lost.
+            Event::SendFailed { to, .. }
+                if *to != 0
+                    && self
+                        .before_new_view()
+                        .is_some_and(|r| *to < r.old.num_nodes()) =>
+            {
+                self.lost_in_rescale(*to, now, out);
                 return;
             }
             Event::Frame {
@@ -383,6 +408,69 @@ impl Driver {
             None => Step::Commit,
         };
         self.fail(step, cause, out);
+    }
+
+    /// With recovery on, during a rescale (not a recovery) that has no new
+    /// view yet: the node of the view left (not node 0) with member id
+    /// `uid`, reported lost in that view's `epoch`. Its loss may turn the
+    /// rescale into a recovery ([`Driver::lost_in_rescale`]). None: the
+    /// loss fails the rescale, as without recovery (node 0 lost, a loss
+    /// the coordinator reported in the next epoch: the commit was made).
+    fn abandonable(&self, epoch: u64, uid: u64) -> Option<NodeId> {
+        let r = self.before_new_view()?;
+        if epoch != r.old.epoch() {
+            return None;
+        }
+        (1..r.old.num_nodes()).find(|&n| r.old.uid_of(n) == uid)
+    }
+
+    /// With recovery on, the rescale (not a recovery) under way that has no
+    /// new view yet: every node of its view is still a member.
+    fn before_new_view(&self) -> Option<&Rescale> {
+        if !self.cfg.recover {
+            return None;
+        }
+        let r = match &self.state {
+            State::Drain { r, .. }
+            | State::HandOver { r, .. }
+            | State::Die { r }
+            | State::Pending { r, .. }
+            | State::Commit { r, .. }
+            | State::Refused { r }
+            | State::NewView { r } => r,
+            _ => return None,
+        };
+        (!r.lost.iter().any(|&l| l)).then_some(&**r)
+    }
+
+    /// Node `lost` of the view left was lost during a rescale with no new
+    /// view yet. Node 0 decides what becomes of the rescale, as it alone
+    /// knows whether it asked for the commit: before it did, or once the
+    /// coordinator refused it for the loss, it recovers and tells every
+    /// node so ([`ControlFrame::Recover`]); while the commit is asked, it
+    /// waits for the answer (made: the rescale goes on, and the loss is
+    /// the next view's). The other nodes wait for node 0's word or the
+    /// view, within their step's bound.
+    fn lost_in_rescale(&mut self, lost: NodeId, now: Instant, out: &mut Vec<Action>) {
+        match self.loss {
+            Some(l) if l == lost => return,
+            Some(_) => {
+                let uid = self.topo.as_ref().map_or(0, |t| t.uid_of(lost));
+                self.fail_busy(Cause::MemberLost { node: lost, uid }, out);
+                return;
+            }
+            None => {}
+        }
+        if self.me() == 0 && !matches!(self.state, State::Commit { .. }) {
+            self.recover(lost, now, out);
+        } else {
+            debug!(
+                lost,
+                step = self.state_name(),
+                "a member was lost during the rescale; node 0 decides"
+            );
+            self.loss = Some(lost);
+        }
     }
 
     fn fail(&mut self, step: Step, cause: Cause, out: &mut Vec<Action>) {
@@ -422,6 +510,7 @@ impl Driver {
             | State::HandOver { r, .. }
             | State::Pending { r, .. }
             | State::Commit { r, .. }
+            | State::Refused { r }
             | State::Outcome { r, .. }
             | State::NewView { r }
             | State::Die { r } => Some(r),
@@ -439,6 +528,7 @@ impl Driver {
             State::Die { .. } => "die",
             State::Pending { .. } => "pending",
             State::Commit { .. } => "commit",
+            State::Refused { .. } => "commit refused",
             State::Outcome { .. } => "commit outcome",
             State::NewView { .. } => "new view",
             State::Installing { .. } => "installing",
@@ -643,7 +733,23 @@ impl Driver {
                     self.set(State::Outcome { r, tries, lost });
                     (None, true)
                 }
-                Err(Unanswered::NewcomerGone(why) | Unanswered::Refused(why)) => {
+                Err(Unanswered::MemberLost(why)) if self.cfg.recover => {
+                    match self.loss {
+                        Some(lost) => self.recover(lost, now, out),
+                        None => {
+                            // Its notice comes after the answer: wait for it.
+                            debug!("the coordinator refused the commit ({why}); waiting for the notice of the loss");
+                            self.wait(now, Step::Commit, self.cfg.step);
+                            self.set(State::Refused { r });
+                        }
+                    }
+                    (None, true)
+                }
+                Err(
+                    Unanswered::NewcomerGone(why)
+                    | Unanswered::Refused(why)
+                    | Unanswered::MemberLost(why),
+                ) => {
                     self.fail(Step::Commit, Cause::Refused(why.clone()), out);
                     (None, true)
                 }
@@ -722,6 +828,42 @@ impl Driver {
                 },
             ) if *epoch_bits == topo.epoch() & 0xffff => {
                 self.barrier_done(r, topo, out);
+                (None, true)
+            }
+            (
+                state,
+                Event::Frame {
+                    src: 0,
+                    epoch_bits,
+                    frame: ControlFrame::Recover { lost },
+                },
+            ) if self
+                .topo
+                .as_ref()
+                .is_some_and(|t| *epoch_bits == t.epoch() & 0xffff) =>
+            {
+                self.state = state;
+                let recovering = match &self.state {
+                    State::Recovering { lost: l, .. } => Some(*l == *lost),
+                    _ => self
+                        .rescale()
+                        .filter(|r| r.lost.iter().any(|&l| l))
+                        .map(|r| r.is_lost(*lost)),
+                };
+                match recovering {
+                    Some(true) => {}
+                    Some(false) => {
+                        let uid = self.topo.as_ref().map_or(0, |t| t.uid_of(*lost));
+                        self.fail_busy(Cause::MemberLost { node: *lost, uid }, out);
+                    }
+                    None if matches!(self.state, State::Running { .. })
+                        || self.before_new_view().is_some() =>
+                    {
+                        self.recover(*lost, now, out)
+                    }
+                    // A later step of this node's (the next view's barrier): kept.
+                    None => return (None, false),
+                }
                 (None, true)
             }
             (state, Event::SendFailed { to, error }) if !matches!(state, State::Running { .. }) => {

@@ -306,6 +306,10 @@ impl Shell {
                         code: ErrorCode::InvalidCommit,
                         message,
                     }) => Err(Unanswered::NewcomerGone(message)),
+                    Err(ClientError::Server {
+                        code: ErrorCode::MemberLost,
+                        message,
+                    }) => Err(Unanswered::MemberLost(message)),
                     Err(e) => Err(self.unanswered(&client, e)),
                 };
                 self.answers.push_back(Event::Committed(answer));

@@ -23,17 +23,29 @@ use ductile_coordinator::proto::NodeId;
 use tracing::debug;
 
 use super::{
-    Action, Cause, ControlFrame, DrainMode, DrainWait, Driver, Rescale, Stage, State, Step,
+    Action, Cause, ControlFrame, DrainMode, DrainWait, Driver, Event, Rescale, Stage, State, Step,
 };
 use crate::rescale::plan::{recovery_plan, EVERY_WAITING_NEWCOMER};
 use crate::system::StopOrder;
 use crate::topo::TREE_ARITY;
+
+/// The drain round of a recovery. A rescale drains in rounds 1 and 2; a
+/// recovery that abandons one may begin while a node's counts of those
+/// rounds are still on their way, and they must not count for it.
+pub(super) const RECOVERY_ROUND: u8 = 3;
 
 impl Driver {
     /// Member `lost` (not node 0) was lost without notice and recovery is
     /// on: every survivor plans the same removal itself, has its PEs stop
     /// and roll back ([`Action::Recover`]), and drains among survivors.
     /// The commit admits every newcomer waiting then.
+    ///
+    /// The PEs may have stopped already, for a rescale that has no new
+    /// view yet: the rescale is abandoned (PE 0 answers its request so)
+    /// and the recovery drains at once. Node 0 tells every other node
+    /// ([`ControlFrame::Recover`]): it alone knows whether a commit was
+    /// asked for, so the others wait for its word (or the view) when a
+    /// loss reaches them during a rescale.
     pub(super) fn recover(&mut self, lost: NodeId, now: Instant, out: &mut Vec<Action>) {
         let Some(topo) = self.topo.clone() else {
             return;
@@ -43,25 +55,58 @@ impl Driver {
             Err(e) => {
                 let uid = topo.uid_of(lost);
                 debug!(lost, uid, "no recovery: {e}");
-                out.push(Action::PeerLost { node: lost, uid });
+                if self.busy() {
+                    self.fail_busy(Cause::MemberLost { node: lost, uid }, out);
+                } else {
+                    out.push(Action::PeerLost { node: lost, uid });
+                }
                 return;
             }
         };
-        debug!(lost, "a member was lost; recovering without it");
+        let abandoned = self.busy();
+        debug!(lost, abandoned, "a member was lost; recovering without it");
+        self.loss = None;
         let order = StopOrder {
             epoch: topo.epoch(),
             remove: vec![lost],
             admit: EVERY_WAITING_NEWCOMER,
             plan,
         };
+        if topo.my_node() == 0 {
+            for n in (1..topo.num_nodes()).filter(|&n| n != lost) {
+                out.push(Action::Send {
+                    to: n,
+                    epoch: topo.epoch(),
+                    frame: ControlFrame::Recover { lost },
+                });
+            }
+        }
         out.push(Action::Recover {
             order: order.clone(),
         });
+        if abandoned {
+            // Every local PE stopped for the rescale and waits for its
+            // driver: the recovery's drain begins now. What is kept of
+            // the rescale's drain rounds counts for nothing.
+            self.early.retain(|e| {
+                !matches!(e, Event::Frame { frame: ControlFrame::Drain { round, .. }
+                    | ControlFrame::DrainUp { round, .. }
+                    | ControlFrame::DrainDown { round, .. }, .. } if *round < RECOVERY_ROUND)
+            });
+            let mut gone = vec![false; order.plan.node_map.len()];
+            gone[lost as usize] = true;
+            self.begin(order, gone, now, out);
+            return;
+        }
+        let stopped = match self.state {
+            State::Running { stopped } => stopped,
+            _ => 0,
+        };
         self.wait(now, Step::Recover, self.cfg.step);
         self.set(State::Recovering {
             order,
             lost,
-            stopped: 0,
+            stopped,
         });
     }
 
@@ -136,6 +181,7 @@ impl Driver {
             .map(|(n, m)| m.is_none() && !lost.get(n).copied().unwrap_or(false))
             .collect();
         let tree = DrainTree::among(me, &gone, &lost);
+        let recovering = lost.iter().any(|&l| l);
         let r = Box::new(Rescale {
             order,
             old,
@@ -143,7 +189,8 @@ impl Driver {
             tree,
             lost,
         });
-        self.drain(r, 1, now, out);
+        let round = if recovering { RECOVERY_ROUND } else { 1 };
+        self.drain(r, round, now, out);
     }
 
     /// Starts drain round `round`.

@@ -73,6 +73,9 @@ pub(crate) enum Unanswered {
     NewcomerGone(String),
     /// The coordinator refused it (its code and message).
     Refused(String),
+    /// The coordinator refused the commit because it keeps a member
+    /// announced lost: the job is to recover without it.
+    MemberLost(String),
     /// The connection ended before the answer came (the coordinator was
     /// lost, or restarted). For a commit, whether the coordinator carried
     /// it out is not known: node 0 asks for the coordinator's view to
@@ -89,6 +92,7 @@ impl Unanswered {
         match self {
             Unanswered::NewcomerGone(m)
             | Unanswered::Refused(m)
+            | Unanswered::MemberLost(m)
             | Unanswered::Lost(m)
             | Unanswered::NoAnswer(m) => m,
         }
@@ -209,7 +213,8 @@ pub(crate) enum Action {
     },
     /// A recovery: every local PE stops where it is, drops its work in
     /// progress and answers [`Event::PeStopped`] (it rolls back later, at
-    /// [`Action::Resume`]).
+    /// [`Action::Resume`]). PEs that stopped for a rescale this recovery
+    /// abandons stay stopped and answer nothing.
     Recover {
         /// The recovery's plan (the lost node removed).
         order: StopOrder,
@@ -243,7 +248,7 @@ pub(crate) enum Action {
 pub(crate) enum Step {
     /// Tree drain: the counts of this node's subtree.
     DrainCounts {
-        /// Drain round (1 before the hand-over, 2 after).
+        /// Drain round (1 before the hand-over, 2 after; a recovery's: 3).
         round: u8,
         /// This node.
         node: NodeId,

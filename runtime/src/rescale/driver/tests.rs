@@ -92,6 +92,8 @@ struct SimNode {
     /// Whether `TakeLate` came with every frame of the epoch in.
     late_complete: Vec<bool>,
     stages: Vec<Stage>,
+    /// Its PEs were told to stop (each stops once) and have not resumed.
+    stopping: bool,
 }
 
 /// Faults a scenario injects.
@@ -136,6 +138,9 @@ struct Sim {
     queries: u32,
     commits: u32,
     views_asked: u32,
+    /// Members of the coordinator's view announced lost: a commit that
+    /// keeps one is refused.
+    lost: Vec<u64>,
 }
 
 impl Sim {
@@ -189,6 +194,7 @@ impl Sim {
             queries: 0,
             commits: 0,
             views_asked: 0,
+            lost: Vec::new(),
         }
     }
 
@@ -233,6 +239,7 @@ impl Sim {
             plan,
         };
         for m in self.view.members.clone() {
+            self.nodes.get_mut(&m.uid).expect("member").stopping = true;
             for _ in 0..m.pes {
                 self.push(
                     Src::Local,
@@ -440,6 +447,7 @@ impl Sim {
                         .map(|m| m.uid)
                         .collect();
                     let epoch = new.epoch();
+                    self.nodes.get_mut(&uid).expect("node").stopping = false;
                     let o = if rollback {
                         Outcome::RolledBack { epoch, members }
                     } else {
@@ -448,7 +456,10 @@ impl Sim {
                     self.outcome(uid, o);
                 }
                 Action::Recover { order } => {
-                    let pes = self.nodes[&uid].pes;
+                    let node = self.nodes.get_mut(&uid).expect("node");
+                    // PEs stopped (or stopping) for a rescale stop once.
+                    let pes = if node.stopping { 0 } else { node.pes };
+                    node.stopping = true;
                     for _ in 0..pes {
                         let e = Event::PeStopped(order.clone());
                         self.push(Src::Local, uid, Item::Event(e));
@@ -518,6 +529,7 @@ impl Sim {
         node.alive = false;
         self.pending.retain(|&p| p != uid);
         if let Some(m) = self.view.by_uid(uid) {
+            self.lost.push(uid);
             let lost = ServerMsg::MemberLost {
                 epoch: self.view.epoch,
                 node: m.node,
@@ -547,6 +559,18 @@ impl Sim {
                 self.pending.len()
             )));
         }
+        if let Some(m) = self
+            .view
+            .members
+            .iter()
+            .find(|m| self.lost.contains(&m.uid) && !remove.contains(&m.node))
+        {
+            return Err(Unanswered::MemberLost(format!(
+                "node {} (uid {}) was lost",
+                m.node, m.uid
+            )));
+        }
+        self.lost.clear();
         let admitted: Vec<Member> = self
             .pending
             .drain(..admit as usize)
@@ -668,6 +692,7 @@ impl SimNode {
             outcomes: Vec::new(),
             late_complete: Vec::new(),
             stages: Vec::new(),
+            stopping: false,
         }
     }
 }
@@ -1087,6 +1112,106 @@ fn a_recovery_admits_the_newcomers_waiting_in_its_commit() {
     assert_eq!(sim.members(), vec![100, 102]);
 }
 
+/// How a rescale with recovery on ended everywhere when a member was lost
+/// in it: the rescale made (every survivor resumed) or abandoned for a
+/// recovery (every survivor rolled back), the same on every node, in epoch
+/// 8 with `members`; the newcomers joined. Returns whether it recovered.
+fn recovered_or_rescaled(sim: &Sim, members: &[u64], newcomers: &[u64], what: &str) -> bool {
+    assert_eq!(sim.view.epoch, 8, "{what}");
+    assert_eq!(sim.members(), members, "{what}");
+    let old: Vec<u64> = members
+        .iter()
+        .copied()
+        .filter(|u| !newcomers.contains(u))
+        .collect();
+    let rolled_back = matches!(sim.outcome_of(100), Some(Outcome::RolledBack { .. }));
+    for uid in &old {
+        let members = members.to_vec();
+        let want = if rolled_back {
+            Outcome::RolledBack { epoch: 8, members }
+        } else {
+            Outcome::Resumed { epoch: 8, members }
+        };
+        assert_eq!(sim.nodes[uid].outcomes, vec![want], "{what}: uid {uid}");
+        assert!(!sim.nodes[uid].driver.busy(), "{what}: uid {uid}");
+    }
+    for uid in newcomers {
+        assert!(
+            matches!(sim.outcome_of(*uid), Some(Outcome::Joined { epoch: 8, .. })),
+            "{what}: newcomer {uid}: {:?}",
+            sim.outcome_of(*uid)
+        );
+    }
+    rolled_back
+}
+
+/// With recovery on, a member lost during a rescale that has no new view
+/// yet does not end the job. A survivor lost before the commit is made
+/// (in the drains, at the hand-over, under node 0's query or its commit,
+/// which the coordinator refuses for the loss) turns the rescale into a
+/// recovery everywhere: the departing node stays, the lost one goes, the
+/// newcomer the rescale was to admit joins in the recovery's commit. A
+/// departing node lost before it handed over does the same; lost at the
+/// commit, after its hand-over, the rescale that removes it is made.
+#[test]
+fn a_member_lost_in_a_rescale_before_its_commit_is_recovered_from_everywhere() {
+    let stages: [(&str, fn(&Action) -> bool); 5] = [
+        ("stop", |a| matches!(a, Action::Draining(true))),
+        ("hand-over", |a| matches!(a, Action::HandOver { .. })),
+        ("second drain", |a| matches!(a, Action::TakeLate)),
+        ("query", |a| matches!(a, Action::QueryPending { .. })),
+        ("commit", |a| matches!(a, Action::Commit { .. })),
+    ];
+    for (name, when) in stages {
+        for drain in [DrainMode::Tree, DrainMode::AllToAll] {
+            // A survivor: the rescale cannot be made without it.
+            let mut sim = Sim::new(&[1, 2, 1, 2, 1], 1, drain, 5).recovering();
+            sim.faults.kill = Some((102, when));
+            sim.traffic(2);
+            sim.rescale(vec![4], 1);
+            sim.run();
+            let what = format!("survivor lost at {name}, {drain:?}");
+            let members = [100, 101, 103, 104, 1000];
+            assert!(
+                recovered_or_rescaled(&sim, &members, &[1000], &what),
+                "{what}: it recovered"
+            );
+            // The departing node: either way it is gone, and nothing else.
+            let mut sim = Sim::new(&[1, 2, 1, 2, 1], 1, drain, 6).recovering();
+            sim.faults.kill = Some((104, when));
+            sim.traffic(2);
+            sim.rescale(vec![4], 1);
+            sim.run();
+            let what = format!("departing node lost at {name}, {drain:?}");
+            let members = [100, 101, 102, 103, 1000];
+            let recovered = recovered_or_rescaled(&sim, &members, &[1000], &what);
+            if name == "commit" {
+                assert!(!recovered, "{what}: the commit that removes it was made");
+            }
+            if name == "stop" {
+                assert!(recovered, "{what}: its work was not handed over");
+            }
+        }
+    }
+}
+
+/// The commit's answer comes before the coordinator's notice of the loss
+/// it was refused for (they travel apart in the node): node 0 waits for the
+/// notice, then recovers. Without recovery the refusal ends the rescale.
+#[test]
+fn a_commit_refused_for_a_loss_not_yet_heard_of_waits_for_its_notice() {
+    let mut sim = Sim::new(&[1, 1, 1], 0, DrainMode::Tree, 9).recovering();
+    // The kill is noticed by the coordinator alone: its notices queue.
+    sim.faults.kill = Some((102, |a| matches!(a, Action::Commit { .. })));
+    sim.rescale(vec![1], 0);
+    sim.run();
+    assert!(recovered_or_rescaled(&sim, &[100, 101], &[], "refused"));
+    assert_eq!(
+        sim.commits, 2,
+        "the rescale's commit, refused; the recovery's"
+    );
+}
+
 #[test]
 fn node_0_lost_or_a_second_loss_in_a_recovery_ends_the_job_naming_it() {
     // Node 0's loss is no recovery: every survivor reports the loss.
@@ -1184,7 +1309,10 @@ fn a_commit_lost_before_the_coordinator_read_it_is_made_again() {
     assert_rescaled(&sim, &uids(4), &[102], 8);
     assert_eq!(sim.members(), vec![100, 101, 103, 1000]);
     assert_eq!((sim.commits, sim.views_asked), (2, 1));
-    assert_eq!(sim.queries, 2, "newcomers are asked for again before the second commit");
+    assert_eq!(
+        sim.queries, 2,
+        "newcomers are asked for again before the second commit"
+    );
 }
 
 /// The coordinator made node 0's commit (the departing node got its Die,
@@ -1355,12 +1483,19 @@ fn a_newcomer_that_is_never_admitted_gives_up_at_its_deadline() {
 #[derive(Clone, Copy, Debug)]
 enum Fault {
     None,
-    Kill { victim: usize, at: u8 },
-    Silent { victim: usize },
+    Kill {
+        victim: usize,
+        at: u8,
+    },
+    Silent {
+        victim: usize,
+    },
     Refuse,
     /// Node 0's connection ends under its first commit, before the
     /// coordinator read it (`made` false) or after it made it.
-    LoseCommit { made: bool },
+    LoseCommit {
+        made: bool,
+    },
 }
 
 fn fault() -> impl Strategy<Value = Fault> {
@@ -1528,6 +1663,113 @@ proptest! {
         seed in any::<u64>(),
     ) {
         interleaving_case(pes, picks, newcomers, admit, traffic, tree, fault, seed)?;
+    }
+}
+
+/// One case of the recovery property: a rescale of a job with recovery on,
+/// events interleaved at random, a member other than node 0 killed when a
+/// node first reaches a point before the commit is made. Every node that
+/// stays ends in epoch 8 the same way: the rescale made (the victim was
+/// one it removes) or abandoned for a recovery without the victim, which
+/// admits every newcomer waiting. Nobody is left waiting.
+#[allow(clippy::too_many_arguments)]
+fn recovery_case(
+    pes: Vec<u32>,
+    picks: Vec<bool>,
+    newcomers: usize,
+    admit: u32,
+    traffic: u64,
+    tree: bool,
+    victim: usize,
+    at: usize,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let n = pes.len();
+    let remove: Vec<NodeId> = (1..n as u32).filter(|&i| picks[i as usize]).collect();
+    prop_assume!(!(remove.is_empty() && admit == 0));
+    let drain = if tree {
+        DrainMode::Tree
+    } else {
+        DrainMode::AllToAll
+    };
+    let mut sim = Sim::new(&pes, newcomers, drain, seed).recovering();
+    let before = uids(n);
+    let victim = before[1 + victim % (n - 1)];
+    let whens: [fn(&Action) -> bool; 5] = [
+        |a| matches!(a, Action::Draining(true)),
+        |a| matches!(a, Action::HandOver { .. }),
+        |a| matches!(a, Action::TakeLate),
+        |a| matches!(a, Action::QueryPending { .. }),
+        |a| matches!(a, Action::Commit { .. }),
+    ];
+    sim.faults.kill = Some((victim, whens[at % whens.len()]));
+    sim.traffic(traffic);
+    sim.rescale(remove.clone(), admit);
+    sim.run();
+    let removed: Vec<u64> = remove.iter().map(|&i| 100 + u64::from(i)).collect();
+    let joined: Vec<u64> = (1000..1000 + newcomers as u64).collect();
+    let rolled_back = matches!(sim.outcome_of(100), Some(Outcome::RolledBack { .. }));
+    let want: Vec<u64> = if rolled_back {
+        before
+            .iter()
+            .copied()
+            .filter(|&u| u != victim)
+            .chain(joined.iter().copied())
+            .collect()
+    } else {
+        // Made: only when it removes the victim (and no new one is missing).
+        prop_assert!(
+            !sim.killed || removed.contains(&victim),
+            "made without the victim"
+        );
+        let admitted = (admit as usize).min(newcomers) as u64;
+        before
+            .iter()
+            .copied()
+            .filter(|u| !removed.contains(u))
+            .chain(1000..1000 + admitted)
+            .collect()
+    };
+    prop_assert_eq!(sim.view.epoch, 8);
+    prop_assert_eq!(sim.members(), want.clone());
+    for uid in &want {
+        let node = &sim.nodes[uid];
+        prop_assert!(!node.driver.busy(), "uid {} still waits", uid);
+        let o = node.outcomes.last();
+        let ok = match o {
+            Some(Outcome::RolledBack { epoch: 8, members }) => rolled_back && *members == want,
+            Some(Outcome::Resumed { epoch: 8, members }) => !rolled_back && *members == want,
+            Some(Outcome::Joined { epoch: 8, members }) => *members == want,
+            _ => false,
+        };
+        prop_assert!(
+            ok,
+            "uid {} ended {:?} (rolled back: {})",
+            uid,
+            o,
+            rolled_back
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(interleaving_config())]
+
+    /// See [`recovery_case`].
+    #[test]
+    fn a_loss_before_the_commit_with_recovery_on_ends_the_same_everywhere(
+        pes in proptest::collection::vec(1u32..4, 2..8),
+        picks in proptest::collection::vec(any::<bool>(), 8),
+        newcomers in 0usize..3,
+        admit in 0u32..3,
+        traffic in 0u64..4,
+        tree in any::<bool>(),
+        victim in 0usize..8,
+        at in 0usize..5,
+        seed in any::<u64>(),
+    ) {
+        recovery_case(pes, picks, newcomers, admit, traffic, tree, victim, at, seed)?;
     }
 }
 

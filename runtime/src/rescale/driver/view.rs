@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ductile_coordinator::proto::{NodeId, View};
-use tracing::info;
+use tracing::{debug, info};
 
 use super::{
     Action, BarrierWait, Cause, ControlFrame, Counts, Driver, Rescale, Stage, State, Step,
@@ -31,6 +31,10 @@ impl Driver {
             self.commit(r, tries, 0, now, out);
             return;
         }
+        debug!(
+            epoch = r.order.epoch,
+            "asking the coordinator how many newcomers wait"
+        );
         out.push(Action::QueryPending {
             epoch: r.order.epoch,
         });
@@ -135,6 +139,9 @@ impl Driver {
         out: &mut Vec<Action>,
     ) {
         let epoch = view.epoch;
+        // A loss of the view left, heard while the commit was made anyway:
+        // a node it removed, or one the next view names (that view's loss).
+        self.loss = None;
         let uid = r.as_ref().map(|r| r.old.my_uid());
         let me = uid.and_then(|uid| view.by_uid(uid).map(|m| m.node));
         match (uid, me) {
