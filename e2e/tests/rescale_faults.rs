@@ -156,6 +156,38 @@ fn hold_at_commit(job: &Background, args: &[&str], survivor: u32) -> Held {
     Held { coordinator, tool }
 }
 
+/// Starts a newcomer outside the launcher and waits until it registered;
+/// its pid.
+fn registered_newcomer(job: &Background) -> u32 {
+    let newcomer = job.spawn_newcomer();
+    assert!(
+        eventually(WAIT, || job
+            .try_status()
+            .is_some_and(|s| s.pending.iter().any(|p| p.pid == newcomer))),
+        "the newcomer never registered\n{}",
+        job.stderr()
+    );
+    newcomer
+}
+
+/// Asks the job, from a thread, for a rescale that admits one newcomer;
+/// the thread ends with the answer (an error as its message).
+fn admit_one(job: &Background) -> std::thread::JoinHandle<Result<(), String>> {
+    let mut control = job.control();
+    let epoch = control.status().expect("status").epoch;
+    std::thread::spawn(move || {
+        let request = RescaleRequest {
+            epoch,
+            remove: vec![],
+            admit: 1,
+        };
+        control
+            .rescale(request, WAIT)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+}
+
 /// Every pid in `pids` has ended.
 fn all_gone(pids: &[u32]) -> bool {
     eventually(Duration::from_secs(10), || pids.iter().all(|&p| !alive(p)))
@@ -284,29 +316,9 @@ fn a_newcomer_killed_while_it_integrates_fails_the_job_naming_it() {
     let spec = ductile_e2e::jacobi_args(ITERS);
     let job = start(tempfile::tempdir().expect("temp dir"), 3, &spec, None, &[]);
     let pids: Vec<u32> = job.members().iter().map(|m| m.pid).collect();
-    let newcomer = job.spawn_newcomer();
-    assert!(
-        eventually(WAIT, || job
-            .try_status()
-            .is_some_and(|s| s.pending.iter().any(|p| p.pid == newcomer))),
-        "the newcomer never registered\n{}",
-        job.stderr()
-    );
+    let newcomer = registered_newcomer(&job);
     signal(newcomer, "-STOP");
-    let mut control = job.control();
-    let epoch = control.status().expect("status").epoch;
-    let asked = std::thread::spawn(move || {
-        control
-            .rescale(
-                RescaleRequest {
-                    epoch,
-                    remove: vec![],
-                    admit: 1,
-                },
-                WAIT,
-            )
-            .map_err(|e| e.to_string())
-    });
+    let asked = admit_one(&job);
     // Committed: the coordinator's view lists the held newcomer (node 0's
     // status still shows the view it has installed).
     let (_, addr) = job.coordinator();
@@ -363,33 +375,13 @@ fn a_survivor_killed_in_a_rescale_under_ft_every_is_recovered_from_live() {
         .start();
     let pids: Vec<u32> = job.members().iter().map(|m| m.pid).collect();
     job.wait_for_log("ft checkpoint=0 ", 1);
-    let newcomer = job.spawn_newcomer();
-    assert!(
-        eventually(WAIT, || job
-            .try_status()
-            .is_some_and(|s| s.pending.iter().any(|p| p.pid == newcomer))),
-        "the newcomer never registered\n{}",
-        job.stderr()
-    );
+    let newcomer = registered_newcomer(&job);
     // Held: node 1 stopped, the evacuate stage waits for it; the
     // coordinator stopped once the request is in; node 1 goes on, and
     // node 0 reaches its question to the stopped coordinator.
     let (coordinator, _) = job.coordinator();
     signal(pids[1], "-STOP");
-    let mut control = job.control();
-    let epoch = control.status().expect("status").epoch;
-    let asked = std::thread::spawn(move || {
-        control
-            .rescale(
-                RescaleRequest {
-                    epoch,
-                    remove: vec![],
-                    admit: 1,
-                },
-                WAIT,
-            )
-            .map_err(|e| e.to_string())
-    });
+    let asked = admit_one(&job);
     job.wait_for_log("rescale requested", 1);
     signal(coordinator, "-STOP");
     signal(pids[1], "-CONT");

@@ -1508,6 +1508,31 @@ fn fault() -> impl Strategy<Value = Fault> {
     ]
 }
 
+/// The job of a property case (`pes`, `newcomers` waiting, drain mode
+/// `tree` or all-to-all) and the nodes `picks` marks for removal (never
+/// node 0); rejected when the request would change nothing.
+fn case_job(
+    pes: &[u32],
+    picks: &[bool],
+    newcomers: usize,
+    admit: u32,
+    tree: bool,
+    seed: u64,
+) -> Result<(Sim, Vec<NodeId>), TestCaseError> {
+    let remove: Vec<NodeId> = (1..pes.len() as u32)
+        .filter(|&i| picks[i as usize])
+        .collect();
+    if remove.is_empty() && admit == 0 {
+        return Err(TestCaseError::reject("a request that changes nothing"));
+    }
+    let drain = if tree {
+        DrainMode::Tree
+    } else {
+        DrainMode::AllToAll
+    };
+    Ok((Sim::new(pes, newcomers, drain, seed), remove))
+}
+
 /// One case of the interleaving property: events interleaved at random
 /// (any link's frame may come next), with or without a fault: every node
 /// ends in the same epoch with the same members and every frame of the old
@@ -1525,14 +1550,7 @@ fn interleaving_case(
     seed: u64,
 ) -> Result<(), TestCaseError> {
     let n = pes.len();
-    let remove: Vec<NodeId> = (1..n as u32).filter(|&i| picks[i as usize]).collect();
-    prop_assume!(!(remove.is_empty() && admit == 0));
-    let drain = if tree {
-        DrainMode::Tree
-    } else {
-        DrainMode::AllToAll
-    };
-    let mut sim = Sim::new(&pes, newcomers, drain, seed);
+    let (mut sim, remove) = case_job(&pes, &picks, newcomers, admit, tree, seed)?;
     let before = uids(n);
     match fault {
         Fault::None => {}
@@ -1685,14 +1703,8 @@ fn recovery_case(
     seed: u64,
 ) -> Result<(), TestCaseError> {
     let n = pes.len();
-    let remove: Vec<NodeId> = (1..n as u32).filter(|&i| picks[i as usize]).collect();
-    prop_assume!(!(remove.is_empty() && admit == 0));
-    let drain = if tree {
-        DrainMode::Tree
-    } else {
-        DrainMode::AllToAll
-    };
-    let mut sim = Sim::new(&pes, newcomers, drain, seed).recovering();
+    let (sim, remove) = case_job(&pes, &picks, newcomers, admit, tree, seed)?;
+    let mut sim = sim.recovering();
     let before = uids(n);
     let victim = before[1 + victim % (n - 1)];
     let whens: [fn(&Action) -> bool; 5] = [
