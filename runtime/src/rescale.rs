@@ -181,10 +181,20 @@ impl Stage {
 /// Why a rescale node 0 accepted did not complete (what the tool is told).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum RescaleFailed {
-    /// Dropped in the evacuate stage: nothing was committed.
-    #[error("the rescale was abandoned in stage evacuate: {why}; nothing was committed and the job goes on at its size")]
+    /// Dropped before its commit (in the evacuate stage, or for a node
+    /// lost without notice): nothing was committed.
+    #[error("the rescale was abandoned {when}: {why}; nothing was committed and the job goes on at its size")]
     Abandoned {
+        /// "in stage evacuate", "before its commit".
+        when: &'static str,
         /// Why, with the nodes that did not answer when known.
+        why: String,
+    },
+    /// Committed, then a node was lost without notice before the rescale
+    /// completed, and the job rolled back in a recovery of its own.
+    #[error("the rescale was committed, then {why}; the job goes on in the view its recovery committed")]
+    RolledBack {
+        /// What happened after the commit.
         why: String,
     },
     /// A node driver failed a step (`stage` says where node 0 was); the

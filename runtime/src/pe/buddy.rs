@@ -521,12 +521,21 @@ impl Scheduler {
             tracing::debug_span!(parent: &r.span, "rollback", epoch = r.old.epoch(), pe = old_me)
                 .entered();
         let node = self.ctx.node.clone();
-        if self.ctx.rescaling.root.take().is_some() {
-            node.finish_rescale(Err(RescaleFailed::Abandoned {
-                why:
-                    "a node was lost without notice and the job rolled back to its last checkpoint"
-                        .into(),
-            }));
+        if let Some(rescale) = self.ctx.rescaling.root.take() {
+            let why =
+                "a node was lost without notice and the job rolled back to its last checkpoint"
+                    .to_owned();
+            // The view rolled back in is the one the rescale committed:
+            // the loss came after its commit.
+            let failed = if r.old.epoch() > rescale.epoch() {
+                RescaleFailed::RolledBack { why }
+            } else {
+                RescaleFailed::Abandoned {
+                    when: "before its commit",
+                    why,
+                }
+            };
+            node.finish_rescale(Err(failed));
         }
         if self.ctx.ckpt.taking.take().is_some() {
             self.ctx

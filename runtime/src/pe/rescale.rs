@@ -71,6 +71,11 @@ pub(crate) struct RootRescale {
 }
 
 impl RootRescale {
+    /// The epoch the request was made in (the view it leaves).
+    pub(super) fn epoch(&self) -> u64 {
+        self.order.epoch
+    }
+
     pub(crate) fn defer_sync(&mut self, coll: CollId) {
         self.deferred.push(coll);
     }
@@ -254,6 +259,7 @@ impl Scheduler {
         self.ctx
             .node
             .finish_rescale(Err(crate::rescale::RescaleFailed::Abandoned {
+                when: "in stage evacuate",
                 why: format!("{why}{stuck}"),
             }));
         // `at_sync` steps that waited for the rescale run now.

@@ -81,7 +81,8 @@ impl Scheduler {
     }
 
     /// Before readonly data arrives only the readonly broadcast itself (and
-    /// exit) may run: everything else could read a readonly that is not there.
+    /// exit, a newcomer's adoption and a stop) may run: everything else
+    /// could read a readonly that is not there.
     pub(super) fn hold_until_ready(&mut self, env: Envelope) -> Option<Envelope> {
         if !matches!(env.dest, Dest::System) {
             self.ctx.startup.held_in.push(env);
@@ -94,9 +95,14 @@ impl Scheduler {
                 return None;
             }
         };
+        // A stop (a recovery's, which may come before a newcomer adopted
+        // anything) always takes effect.
         let pass = matches!(
             msg,
-            SysMsg::Readonly { .. } | SysMsg::Exit { .. } | SysMsg::Adopt(_)
+            SysMsg::Readonly { .. }
+                | SysMsg::Exit { .. }
+                | SysMsg::Adopt(_)
+                | SysMsg::RescaleStop(_)
         );
         let env = Envelope {
             payload: Payload::local(msg),

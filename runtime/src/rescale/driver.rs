@@ -206,6 +206,10 @@ pub(crate) struct Driver {
     /// A member of the view left, lost during a rescale that has no new
     /// view yet: node 0 decides (see [`Driver::lost_in_rescale`]).
     loss: Option<NodeId>,
+    /// A member of the view being entered (by uid), lost before this node
+    /// resumed in it: recovered from once it did (`view.rs`,
+    /// [`Driver::resume_then_recover`]).
+    lost_after: Option<u64>,
 }
 
 impl Driver {
@@ -220,6 +224,7 @@ impl Driver {
             deadline: None,
             moved: false,
             loss: None,
+            lost_after: None,
         }
     }
 
@@ -234,6 +239,7 @@ impl Driver {
             deadline: None,
             moved: false,
             loss: None,
+            lost_after: None,
         };
         d.wait(now, Step::Admission, cfg.admission);
         d
@@ -341,9 +347,12 @@ impl Driver {
                     // do about it (a recovery may admit it).
                     debug!(node, uid, "a member was lost while this newcomer waits");
                 } else if self.busy() {
-                    match self.abandonable(epoch, uid) {
-                        Some(lost) => self.lost_in_rescale(lost, now, out),
-                        None => self.fail_busy(Cause::MemberLost { node, uid }, out),
+                    if let Some(lost) = self.abandonable(epoch, uid) {
+                        self.lost_in_rescale(lost, now, out);
+                    } else if self.entering(epoch) {
+                        self.lost_after_commit(uid, now, out);
+                    } else {
+                        self.fail_busy(Cause::MemberLost { node, uid }, out);
                     }
                 } else if matches!(self.state, State::Running { .. }) {
                     // Named by its id in this node's view; one that is not
@@ -362,6 +371,16 @@ impl Driver {
                         None => debug!(node, uid, "a node no longer a member was reported lost"),
                     }
                 }
+                return;
+            }
+            // A peer of the view entered unreachable (the barrier's Ready
+            // to it): as if reported lost.
+            Event::SendFailed { to, .. }
+                if matches!(self.state, State::Barrier { .. })
+                    && self.entering(self.topo.as_ref().map_or(0, |t| t.epoch())) =>
+            {
+                let uid = self.topo.as_ref().map_or(0, |t| t.uid_of(*to));
+                self.lost_after_commit(uid, now, out);
                 return;
             }
             // A peer of the view left unreachable: as if reported lost.
@@ -441,6 +460,81 @@ impl Driver {
             _ => return None,
         };
         (!r.lost.iter().any(|&l| l)).then_some(&**r)
+    }
+
+    /// With recovery on, whether this node is entering the view of epoch
+    /// `epoch`, committed by a rescale (or admitting this newcomer), and
+    /// has not resumed in it: a loss of one of its members is then
+    /// recovered from in it ([`Driver::lost_after_commit`]).
+    fn entering(&self, epoch: u64) -> bool {
+        if !self.cfg.recover {
+            return false;
+        }
+        let recovery = |r: &Rescale| r.lost.iter().any(|&l| l);
+        match &self.state {
+            // Not installed yet (still draining, even: the lost node's
+            // frames were all sent before node 0 could commit): a notice
+            // of the next epoch says the commit was made.
+            State::Drain { r, .. }
+            | State::HandOver { r, .. }
+            | State::Die { r }
+            | State::Pending { r, .. }
+            | State::Commit { r, .. }
+            | State::Refused { r }
+            | State::NewView { r } => !recovery(r) && epoch == r.old.epoch() + 1,
+            // A loss noticed here before the install is numbered in the
+            // view left.
+            State::Installing { r, epoch: next } => {
+                !r.as_deref().is_some_and(recovery) && (epoch == *next || epoch + 1 == *next)
+            }
+            State::Barrier { r, topo, .. } => {
+                let next = topo.epoch();
+                !r.as_deref().is_some_and(recovery) && (epoch == next || epoch + 1 == next)
+            }
+            _ => false,
+        }
+    }
+
+    /// Member `uid` of the view this node enters was lost before the node
+    /// resumed in it: the commit was made before the coordinator knew.
+    /// Node 0 resumes without the barrier (which cannot complete) and
+    /// recovers in the new view, telling every node to do the same
+    /// ([`ControlFrame::Recover`], tagged with the new epoch); it waits for
+    /// its install first. The others note the loss and go on when node 0
+    /// says so or the barrier completes (the lost node passed it first),
+    /// recovering at once.
+    fn lost_after_commit(&mut self, uid: u64, now: Instant, out: &mut Vec<Action>) {
+        match self.lost_after {
+            Some(u) if u == uid => return,
+            Some(_) => {
+                let node = self
+                    .topo
+                    .as_ref()
+                    .and_then(|t| (0..t.num_nodes()).find(|&n| t.uid_of(n) == uid))
+                    .unwrap_or(NodeId::MAX);
+                self.fail_busy(Cause::MemberLost { node, uid }, out);
+                return;
+            }
+            None => {}
+        }
+        debug!(
+            uid,
+            step = self.state_name(),
+            "a member of the view entered was lost before this node resumed in it"
+        );
+        self.lost_after = Some(uid);
+        if self.me() != 0 || !matches!(self.state, State::Barrier { .. }) {
+            return;
+        }
+        // None: a node the commit removed, no member.
+        let Some(lost) = self.lost_in_view() else {
+            return;
+        };
+        let State::Barrier { r, topo, .. } = std::mem::replace(&mut self.state, State::Moving)
+        else {
+            unreachable!("matched above");
+        };
+        self.resume_then_recover(r, topo, lost, now, out);
     }
 
     /// Node `lost` of the view left was lost during a rescale with no new
@@ -827,7 +921,7 @@ impl Driver {
                     ..
                 },
             ) if *epoch_bits == topo.epoch() & 0xffff => {
-                self.barrier_done(r, topo, out);
+                self.barrier_done(r, topo, now, out);
                 (None, true)
             }
             (
@@ -860,6 +954,17 @@ impl Driver {
                         || self.before_new_view().is_some() =>
                     {
                         self.recover(*lost, now, out)
+                    }
+                    // The view entered lost a member before its barrier.
+                    None if matches!(self.state, State::Barrier { .. })
+                        && self.entering(self.topo.as_ref().map_or(0, |t| t.epoch())) =>
+                    {
+                        let State::Barrier { r, topo, .. } =
+                            std::mem::replace(&mut self.state, State::Moving)
+                        else {
+                            unreachable!("matched above");
+                        };
+                        self.resume_then_recover(r, topo, *lost, now, out);
                     }
                     // A later step of this node's (the next view's barrier): kept.
                     None => return (None, false),

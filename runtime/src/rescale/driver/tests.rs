@@ -1195,6 +1195,67 @@ fn a_member_lost_in_a_rescale_before_its_commit_is_recovered_from_everywhere() {
     }
 }
 
+/// With recovery on, a survivor lost after the commit was made (the
+/// coordinator had not heard of it yet), as node 0 installs the new view
+/// or as the first node passes its barrier: the barrier cannot complete
+/// without it, so node 0 resumes without it and recovers in the new view,
+/// telling every node to do the same. The departing node is gone, the
+/// newcomer the rescale admitted stays, the one still waiting joins.
+#[test]
+fn a_member_lost_after_the_commit_is_recovered_from_in_the_new_view() {
+    let points: [(&str, fn(&Action) -> bool); 2] = [
+        ("install", |a| matches!(a, Action::Install { .. })),
+        ("barrier", |a| {
+            matches!(
+                a,
+                Action::Send {
+                    frame: ControlFrame::Ready,
+                    ..
+                }
+            )
+        }),
+    ];
+    let made = vec![100, 101, 102, 103, 1000];
+    let members = vec![100, 101, 103, 1000, 1001];
+    for (name, when) in points {
+        for drain in [DrainMode::Tree, DrainMode::AllToAll] {
+            let what = format!("lost at the {name}, {drain:?}");
+            let mut sim = Sim::new(&[1, 2, 1, 2, 1], 2, drain, 21).recovering();
+            sim.faults.kill = Some((102, when));
+            sim.rescale(vec![4], 1);
+            sim.run();
+            assert_eq!(sim.view.epoch, 9, "{what}");
+            assert_eq!(sim.members(), members, "{what}");
+            let rolled_back = Outcome::RolledBack {
+                epoch: 9,
+                members: members.clone(),
+            };
+            for uid in [100, 101, 103] {
+                let resumed = Outcome::Resumed {
+                    epoch: 8,
+                    members: made.clone(),
+                };
+                let want = vec![resumed, rolled_back.clone()];
+                assert_eq!(sim.nodes[&uid].outcomes, want, "{what}: uid {uid}");
+            }
+            let joined = Outcome::Joined {
+                epoch: 8,
+                members: made.clone(),
+            };
+            let want = vec![joined, rolled_back.clone()];
+            assert_eq!(sim.nodes[&1000].outcomes, want, "{what}");
+            assert!(
+                matches!(sim.outcome_of(1001), Some(Outcome::Joined { epoch: 9, .. })),
+                "{what}"
+            );
+            assert_eq!(sim.nodes[&104].outcomes, vec![Outcome::Departed], "{what}");
+            for uid in &members {
+                assert!(!sim.nodes[uid].driver.busy(), "{what}: uid {uid}");
+            }
+        }
+    }
+}
+
 /// The commit's answer comes before the coordinator's notice of the loss
 /// it was refused for (they travel apart in the node): node 0 waits for the
 /// notice, then recovers. Without recovery the refusal ends the rescale.
@@ -1719,46 +1780,61 @@ fn recovery_case(
     sim.rescale(remove.clone(), admit);
     sim.run();
     let removed: Vec<u64> = remove.iter().map(|&i| 100 + u64::from(i)).collect();
-    let joined: Vec<u64> = (1000..1000 + newcomers as u64).collect();
+    let admitted = (admit as usize).min(newcomers) as u64;
+    let rescaled: Vec<u64> = before
+        .iter()
+        .copied()
+        .filter(|u| !removed.contains(u))
+        .chain(1000..1000 + admitted)
+        .collect();
     let rolled_back = matches!(sim.outcome_of(100), Some(Outcome::RolledBack { .. }));
-    let want: Vec<u64> = if rolled_back {
-        before
+    let epoch = sim.view.epoch;
+    let want: Vec<u64> = match (epoch, rolled_back) {
+        // Abandoned before its commit: recovered in the view left, every
+        // newcomer admitted.
+        (8, true) => before
             .iter()
             .copied()
             .filter(|&u| u != victim)
-            .chain(joined.iter().copied())
-            .collect()
-    } else {
-        // Made: only when it removes the victim (and no new one is missing).
-        prop_assert!(
-            !sim.killed || removed.contains(&victim),
-            "made without the victim"
-        );
-        let admitted = (admit as usize).min(newcomers) as u64;
-        before
-            .iter()
-            .copied()
-            .filter(|u| !removed.contains(u))
-            .chain(1000..1000 + admitted)
-            .collect()
+            .chain(1000..1000 + newcomers as u64)
+            .collect(),
+        // Made: only when it removes the victim (or nobody was killed).
+        (8, false) => {
+            prop_assert!(
+                !sim.killed || removed.contains(&victim),
+                "made without the victim: {:?}",
+                sim.nodes
+                    .values()
+                    .map(|n| (n.uid, n.outcomes.clone(), n.driver.state_name()))
+                    .collect::<Vec<_>>()
+            );
+            rescaled.clone()
+        }
+        _ => {
+            prop_assert!(false, "epoch {} (rolled back: {})", epoch, rolled_back);
+            unreachable!()
+        }
     };
-    prop_assert_eq!(sim.view.epoch, 8);
     prop_assert_eq!(sim.members(), want.clone());
     for uid in &want {
         let node = &sim.nodes[uid];
         prop_assert!(!node.driver.busy(), "uid {} still waits", uid);
         let o = node.outcomes.last();
         let ok = match o {
-            Some(Outcome::RolledBack { epoch: 8, members }) => rolled_back && *members == want,
-            Some(Outcome::Resumed { epoch: 8, members }) => !rolled_back && *members == want,
-            Some(Outcome::Joined { epoch: 8, members }) => *members == want,
+            Some(Outcome::RolledBack { epoch: e, members }) => {
+                rolled_back && *e == epoch && *members == want
+            }
+            Some(Outcome::Resumed { epoch: e, members }) => {
+                !rolled_back && *e == epoch && *members == want
+            }
+            Some(Outcome::Joined { epoch: e, members }) => *e == epoch && *members == want,
             _ => false,
         };
         prop_assert!(
             ok,
             "uid {} ended {:?} (rolled back: {})",
             uid,
-            o,
+            node.outcomes,
             rolled_back
         );
     }

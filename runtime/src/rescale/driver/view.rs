@@ -50,6 +50,10 @@ impl Driver {
         now: Instant,
         out: &mut Vec<Action>,
     ) {
+        debug!(
+            epoch = r.order.epoch,
+            admit, "asking the coordinator to commit"
+        );
         out.push(Action::Commit {
             epoch: r.order.epoch,
             remove: r.order.remove.clone(),
@@ -140,8 +144,14 @@ impl Driver {
     ) {
         let epoch = view.epoch;
         // A loss of the view left, heard while the commit was made anyway:
-        // a node it removed, or one the next view names (that view's loss).
-        self.loss = None;
+        // a node it removed (nothing lost), or one the view names, which
+        // the node recovers from once it resumed in it.
+        if let (Some(lost), Some(r)) = (self.loss.take(), &r) {
+            let uid = r.old.uid_of(lost);
+            if view.by_uid(uid).is_some() {
+                self.lost_after = Some(uid);
+            }
+        }
         let uid = r.as_ref().map(|r| r.old.my_uid());
         let me = uid.and_then(|uid| view.by_uid(uid).map(|m| m.node));
         match (uid, me) {
@@ -168,6 +178,12 @@ impl Driver {
         out: &mut Vec<Action>,
     ) {
         self.topo = Some(topo.clone());
+        if topo.my_node() == 0 {
+            if let Some(lost) = self.lost_in_view() {
+                self.resume_then_recover(r, topo, lost, now, out);
+                return;
+            }
+        }
         if topo.node_children(topo.my_node()).is_empty() {
             self.barrier_up(r, topo, now, out);
         } else {
@@ -195,7 +211,7 @@ impl Driver {
                 let wait = BarrierWait::Go;
                 self.set(State::Barrier { r, topo, wait });
             }
-            None => self.barrier_done(r, topo, out),
+            None => self.barrier_done(r, topo, now, out),
         }
     }
 
@@ -203,6 +219,7 @@ impl Driver {
         &mut self,
         r: Option<Box<Rescale>>,
         topo: Arc<Topology>,
+        now: Instant,
         out: &mut Vec<Action>,
     ) {
         for c in topo.node_children(topo.my_node()) {
@@ -212,6 +229,15 @@ impl Driver {
                 frame: ControlFrame::Go,
             });
         }
+        self.resume(r, topo, out);
+        // A member lost before this node resumed: recovered from now.
+        if let Some(lost) = self.lost_in_view() {
+            self.recover(lost, now, out);
+        }
+    }
+
+    /// The PEs go on in the installed view `topo` (a newcomer's start).
+    fn resume(&mut self, r: Option<Box<Rescale>>, topo: Arc<Topology>, out: &mut Vec<Action>) {
         match r {
             Some(r) => {
                 if r.old.my_node() == 0 {
@@ -230,6 +256,40 @@ impl Driver {
         self.deadline = None;
         self.counts = Counts::default();
         self.set(State::Running { stopped: 0 });
+    }
+
+    /// Node `lost` of the view entered (installed: `topo`) was lost before
+    /// this node passed its barrier: the commit was made before the
+    /// coordinator knew, and the barrier cannot complete without it. The
+    /// node resumes without the barrier, and recovers from the loss in
+    /// that view at once (node 0 tells every node to do the same). The
+    /// PEs re-enter in place, so the checkpoint is carried into the view,
+    /// then stop and roll back to it.
+    pub(super) fn resume_then_recover(
+        &mut self,
+        r: Option<Box<Rescale>>,
+        topo: Arc<Topology>,
+        lost: NodeId,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        debug!(
+            lost,
+            epoch = topo.epoch(),
+            "a member of the view entered was lost before its barrier; resuming to recover without it"
+        );
+        self.resume(r, topo, out);
+        self.lost_after = None;
+        self.recover(lost, now, out);
+    }
+
+    /// The member noted lost after the commit ([`Driver::lost_after`]),
+    /// by its id in the installed view; None when none is (a node the
+    /// commit removed is no member).
+    pub(super) fn lost_in_view(&mut self) -> Option<NodeId> {
+        let uid = self.lost_after.take()?;
+        let topo = self.topo.as_ref()?;
+        (0..topo.num_nodes()).find(|&n| topo.uid_of(n) == uid)
     }
 }
 
