@@ -924,6 +924,37 @@ impl Driver {
                 self.barrier_done(r, topo, now, out);
                 (None, true)
             }
+            // Node 0 committed and recovers in the view it committed while
+            // this node still drains (for totals the lost node was to
+            // relay, say): it all rolls back, so the drain is not needed.
+            // The frame is kept for the barrier of that view.
+            (
+                State::Drain { r, round: 2, .. },
+                Event::Frame {
+                    src: 0,
+                    epoch_bits,
+                    frame: ControlFrame::Recover { lost },
+                },
+            ) if self.cfg.recover
+                && !r.lost.iter().any(|&l| l)
+                && *epoch_bits == (r.old.epoch() + 1) & 0xffff =>
+            {
+                debug!(
+                    lost,
+                    "node 0 recovers in the view committed; leaving the drain"
+                );
+                out.push(Action::Draining(false));
+                out.push(Action::TakeLate);
+                self.early.push_back(e.clone());
+                if r.leaving {
+                    self.wait(now, Step::Die, self.cfg.step);
+                    self.set(State::Die { r });
+                } else {
+                    self.wait(now, Step::NewView, self.cfg.step);
+                    self.set(State::NewView { r });
+                }
+                (None, true)
+            }
             (
                 state,
                 Event::Frame {

@@ -94,6 +94,9 @@ struct SimNode {
     stages: Vec<Stage>,
     /// Its PEs were told to stop (each stops once) and have not resumed.
     stopping: bool,
+    /// A recovery's stop waits in its PEs' inboxes: they take it as they
+    /// resume.
+    stop_queued: Option<StopOrder>,
 }
 
 /// Faults a scenario injects.
@@ -447,7 +450,7 @@ impl Sim {
                         .map(|m| m.uid)
                         .collect();
                     let epoch = new.epoch();
-                    self.nodes.get_mut(&uid).expect("node").stopping = false;
+                    self.resumed(uid);
                     let o = if rollback {
                         Outcome::RolledBack { epoch, members }
                     } else {
@@ -457,15 +460,17 @@ impl Sim {
                 }
                 Action::Recover { order } => {
                     let node = self.nodes.get_mut(&uid).expect("node");
-                    // PEs stopped (or stopping) for a rescale stop once.
-                    let pes = if node.stopping { 0 } else { node.pes };
-                    node.stopping = true;
-                    for _ in 0..pes {
-                        let e = Event::PeStopped(order.clone());
-                        self.push(Src::Local, uid, Item::Event(e));
+                    // PEs stopped (or stopping) for a rescale stop once;
+                    // stopped ones take the recovery's as they resume.
+                    if node.stopping {
+                        node.stop_queued = Some(order);
+                    } else {
+                        self.stop(uid, &order);
                     }
                 }
                 Action::Discard => {
+                    // A stop queued for stopped PEs goes with the inboxes.
+                    self.nodes.get_mut(&uid).expect("node").stop_queued = None;
                     // Every frame of the old epoch between live nodes is in.
                     let me = &self.nodes[&uid];
                     let e = me.epoch();
@@ -480,6 +485,7 @@ impl Sim {
                         .push(complete);
                 }
                 Action::Joined { me } => {
+                    self.resumed(uid);
                     let view = self.nodes[&uid].view.clone().expect("installed");
                     assert_eq!(view.members[me as usize].uid, uid);
                     let members = view.members.iter().map(|m| m.uid).collect();
@@ -512,6 +518,26 @@ impl Sim {
                     self.kill(uid);
                 }
             }
+        }
+    }
+
+    /// Node `uid`'s PEs stop for `order`, once each.
+    fn stop(&mut self, uid: u64, order: &StopOrder) {
+        let node = self.nodes.get_mut(&uid).expect("node");
+        node.stopping = true;
+        for _ in 0..node.pes {
+            let e = Event::PeStopped(order.clone());
+            self.push(Src::Local, uid, Item::Event(e));
+        }
+    }
+
+    /// Node `uid`'s PEs run again; a recovery's stop queued meanwhile
+    /// stops them at once.
+    fn resumed(&mut self, uid: u64) {
+        let node = self.nodes.get_mut(&uid).expect("node");
+        node.stopping = false;
+        if let Some(order) = node.stop_queued.take() {
+            self.stop(uid, &order);
         }
     }
 
@@ -693,6 +719,7 @@ impl SimNode {
             late_complete: Vec::new(),
             stages: Vec::new(),
             stopping: false,
+            stop_queued: None,
         }
     }
 }
@@ -1747,10 +1774,13 @@ proptest! {
 
 /// One case of the recovery property: a rescale of a job with recovery on,
 /// events interleaved at random, a member other than node 0 killed when a
-/// node first reaches a point before the commit is made. Every node that
-/// stays ends in epoch 8 the same way: the rescale made (the victim was
-/// one it removes) or abandoned for a recovery without the victim, which
-/// admits every newcomer waiting. Nobody is left waiting.
+/// node first reaches a point of the rescale (before the commit, or after
+/// it: node 0's install, the first Ready of the barrier). Every node that
+/// stays ends the same way: in epoch 8, the rescale made (the victim was
+/// one it removes, or it lost nothing) or abandoned for a recovery
+/// without the victim, which admits every newcomer waiting; or in epoch
+/// 9, the rescale made and then recovered from in the view it made.
+/// Nobody is left waiting.
 #[allow(clippy::too_many_arguments)]
 fn recovery_case(
     pes: Vec<u32>,
@@ -1768,12 +1798,22 @@ fn recovery_case(
     let mut sim = sim.recovering();
     let before = uids(n);
     let victim = before[1 + victim % (n - 1)];
-    let whens: [fn(&Action) -> bool; 5] = [
+    let whens: [fn(&Action) -> bool; 7] = [
         |a| matches!(a, Action::Draining(true)),
         |a| matches!(a, Action::HandOver { .. }),
         |a| matches!(a, Action::TakeLate),
         |a| matches!(a, Action::QueryPending { .. }),
         |a| matches!(a, Action::Commit { .. }),
+        |a| matches!(a, Action::Install { .. }),
+        |a| {
+            matches!(
+                a,
+                Action::Send {
+                    frame: ControlFrame::Ready,
+                    ..
+                }
+            )
+        },
     ];
     sim.faults.kill = Some((victim, whens[at % whens.len()]));
     sim.traffic(traffic);
@@ -1810,6 +1850,14 @@ fn recovery_case(
             );
             rescaled.clone()
         }
+        // Made, then recovered in the view it made (the loss came after
+        // the commit), the newcomers still waiting admitted.
+        (9, true) => rescaled
+            .iter()
+            .copied()
+            .filter(|&u| u != victim)
+            .chain(1000 + admitted..1000 + newcomers as u64)
+            .collect(),
         _ => {
             prop_assert!(false, "epoch {} (rolled back: {})", epoch, rolled_back);
             unreachable!()
@@ -1846,7 +1894,7 @@ proptest! {
 
     /// See [`recovery_case`].
     #[test]
-    fn a_loss_before_the_commit_with_recovery_on_ends_the_same_everywhere(
+    fn a_loss_in_a_rescale_with_recovery_on_ends_the_same_everywhere(
         pes in proptest::collection::vec(1u32..4, 2..8),
         picks in proptest::collection::vec(any::<bool>(), 8),
         newcomers in 0usize..3,
@@ -1854,7 +1902,7 @@ proptest! {
         traffic in 0u64..4,
         tree in any::<bool>(),
         victim in 0usize..8,
-        at in 0usize..5,
+        at in 0usize..7,
         seed in any::<u64>(),
     ) {
         recovery_case(pes, picks, newcomers, admit, traffic, tree, victim, at, seed)?;

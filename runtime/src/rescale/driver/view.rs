@@ -229,33 +229,45 @@ impl Driver {
                 frame: ControlFrame::Go,
             });
         }
-        self.resume(r, topo, out);
         // A member lost before this node resumed: recovered from now.
-        if let Some(lost) = self.lost_in_view() {
-            self.recover(lost, now, out);
+        match self.lost_in_view() {
+            Some(lost) => self.resume_then_recover(r, topo, lost, now, out),
+            None => self.resume(r, topo, out),
         }
     }
 
     /// The PEs go on in the installed view `topo` (a newcomer's start).
     fn resume(&mut self, r: Option<Box<Rescale>>, topo: Arc<Topology>, out: &mut Vec<Action>) {
-        match r {
+        let go = self.resumption(r, topo, out);
+        out.push(go);
+    }
+
+    /// What resumes the PEs in `topo`; the driver runs from then on.
+    fn resumption(
+        &mut self,
+        r: Option<Box<Rescale>>,
+        topo: Arc<Topology>,
+        out: &mut Vec<Action>,
+    ) -> Action {
+        let go = match r {
             Some(r) => {
                 if r.old.my_node() == 0 {
                     out.push(Action::StageEnded(Stage::Reconcile));
                 }
                 let rollback = r.lost.iter().any(|&l| l);
-                out.push(Action::Resume {
+                Action::Resume {
                     old: r.old,
                     new: topo,
                     plan: r.order.plan,
                     rollback,
-                });
+                }
             }
-            None => out.push(Action::Joined { me: topo.my_node() }),
-        }
+            None => Action::Joined { me: topo.my_node() },
+        };
         self.deadline = None;
         self.counts = Counts::default();
         self.set(State::Running { stopped: 0 });
+        go
     }
 
     /// Node `lost` of the view entered (installed: `topo`) was lost before
@@ -264,7 +276,9 @@ impl Driver {
     /// node resumes without the barrier, and recovers from the loss in
     /// that view at once (node 0 tells every node to do the same). The
     /// PEs re-enter in place, so the checkpoint is carried into the view,
-    /// then stop and roll back to it.
+    /// then stop and roll back to it. The recovery's stop is in their
+    /// inboxes before they resume: they take it before anything of the
+    /// view left that reached them late.
     pub(super) fn resume_then_recover(
         &mut self,
         r: Option<Box<Rescale>>,
@@ -278,9 +292,10 @@ impl Driver {
             epoch = topo.epoch(),
             "a member of the view entered was lost before its barrier; resuming to recover without it"
         );
-        self.resume(r, topo, out);
         self.lost_after = None;
+        let go = self.resumption(r, topo, out);
         self.recover(lost, now, out);
+        out.push(go);
     }
 
     /// The member noted lost after the commit ([`Driver::lost_after`]),
