@@ -40,6 +40,16 @@
 //! Every wait has a deadline ([`Driver::next_deadline`]); past it, or when a
 //! member is lost, the node is aborting or an answer is an error, the
 //! machine fails with a [`Failure`] that names the step it was in.
+//!
+//! With recovery on (`+ft-every`), a member other than node 0 lost without
+//! notice starts a recovery instead (`drain.rs`, [`Driver::recover`]): a
+//! rescale of the node's own, without the lost node, that rolls the PEs
+//! back. A loss during a rescale does too. Before the rescale's commit is
+//! made it abandons the rescale ([`Driver::lost_in_rescale`]); after it,
+//! before this node resumed in the new view, the recovery runs in that view
+//! ([`Driver::lost_after_commit`]). Node 0 decides which, as it alone knows
+//! whether it asked for the commit, and says so to every node
+//! ([`ControlFrame::Recover`]).
 //! Frames of an epoch that is neither this node's nor the next are late
 //! frames of an old epoch and are dropped; frames and coordinator notices
 //! that come before the step that wants them are kept until it comes.
