@@ -466,6 +466,7 @@ impl Driver {
             | State::Pending { r, .. }
             | State::Commit { r, .. }
             | State::Refused { r }
+            | State::Outcome { r, .. }
             | State::NewView { r } => r,
             _ => return None,
         };
@@ -491,6 +492,7 @@ impl Driver {
             | State::Pending { r, .. }
             | State::Commit { r, .. }
             | State::Refused { r }
+            | State::Outcome { r, .. }
             | State::NewView { r } => !recovery(r) && epoch == r.old.epoch() + 1,
             // A loss noticed here before the install is numbered in the
             // view left.
@@ -550,10 +552,11 @@ impl Driver {
     /// Node `lost` of the view left was lost during a rescale with no new
     /// view yet. Node 0 decides what becomes of the rescale, as it alone
     /// knows whether it asked for the commit: before it did, or once the
-    /// coordinator refused it for the loss, it recovers and tells every
-    /// node so ([`ControlFrame::Recover`]); while the commit is asked, it
-    /// waits for the answer (made: the rescale goes on, and the loss is
-    /// the next view's). The other nodes wait for node 0's word or the
+    /// coordinator refused it for the loss, or it learned that nothing was
+    /// committed, it recovers and tells every node so
+    /// ([`ControlFrame::Recover`]); while the commit is asked, or its
+    /// outcome learned, it waits for the answer (made: the rescale goes
+    /// on, and the loss is the next view's). The other nodes wait for node 0's word or the
     /// view, within their step's bound.
     fn lost_in_rescale(&mut self, lost: NodeId, now: Instant, out: &mut Vec<Action>) {
         match self.loss {
@@ -565,7 +568,9 @@ impl Driver {
             }
             None => {}
         }
-        if self.me() == 0 && !matches!(self.state, State::Commit { .. }) {
+        // While the commit is asked, or its outcome learned (the
+        // connection ended under it), node 0 waits for the answer.
+        if self.me() == 0 && !matches!(self.state, State::Commit { .. } | State::Outcome { .. }) {
             self.recover(lost, now, out);
         } else {
             debug!(

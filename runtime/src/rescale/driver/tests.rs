@@ -121,6 +121,9 @@ struct Faults {
     lose_after_made: bool,
     /// Node 0 cannot learn the coordinator's view.
     view_unreachable: bool,
+    /// The coordinator's view comes after the notices the coordinator
+    /// sent before it (on its link), not at once.
+    view_after_notices: bool,
 }
 
 struct Sim {
@@ -422,7 +425,12 @@ impl Sim {
                     } else {
                         Ok(self.view.clone())
                     };
-                    answers.push_back(Event::ViewNow(answer));
+                    if self.faults.view_after_notices {
+                        let e = Item::Event(Event::ViewNow(answer));
+                        self.push(Src::Coordinator, uid, e);
+                    } else {
+                        answers.push_back(Event::ViewNow(answer));
+                    }
                 }
                 Action::Install { view, me } => {
                     let node = self.nodes.get_mut(&uid).expect("node");
@@ -1281,6 +1289,23 @@ fn a_member_lost_after_the_commit_is_recovered_from_in_the_new_view() {
             }
         }
     }
+}
+
+/// A member lost while node 0 learns the outcome of a commit whose
+/// connection ended before the coordinator read it: the coordinator's view
+/// says nothing was committed, and node 0 recovers without the lost node
+/// instead of committing again.
+#[test]
+fn a_loss_while_node_0_learns_a_lost_commit_s_outcome_is_recovered_from() {
+    let mut sim = Sim::new(&[1, 1, 1], 0, DrainMode::Tree, 13).recovering();
+    sim.faults.lose_commits = 1;
+    sim.faults.view_after_notices = true;
+    sim.faults.kill = Some((102, |a| matches!(a, Action::AskView { .. })));
+    sim.rescale(vec![1], 0);
+    sim.run();
+    assert!(recovered_or_rescaled(&sim, &[100, 101], &[], "outcome"));
+    assert_eq!(sim.views_asked, 1);
+    assert_eq!(sim.commits, 2, "the rescale's, lost; the recovery's");
 }
 
 /// The commit's answer comes before the coordinator's notice of the loss

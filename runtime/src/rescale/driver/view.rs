@@ -113,6 +113,21 @@ impl Driver {
                 );
                 self.committed(r, view.clone(), now, out);
             }
+            // A member lost meanwhile: nothing is made without it.
+            Ok(view) if view.epoch == left && self.loss.is_some() => {
+                let lost = self.loss.take().expect("checked");
+                info!(
+                    epoch = left,
+                    lost,
+                    "nothing was committed before the coordinator connection ended, and a member was lost since; recovering without it"
+                );
+                self.state = State::Outcome {
+                    r,
+                    tries,
+                    lost: String::new(),
+                };
+                self.recover(lost, now, out);
+            }
             Ok(view) if view.epoch == left && tries < self.cfg.commit_tries => {
                 info!(
                     epoch = left,
