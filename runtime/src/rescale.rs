@@ -360,7 +360,9 @@ pub(crate) enum ControlFrame {
     Go,
     /// From node 0 to every other node of its view: node `lost` was lost
     /// without notice; recover without it (abandoning the rescale under
-    /// way, if one is and has no new view yet).
+    /// way, if one is and has no new view yet). Tagged with the epoch a
+    /// rescale committed, before the nodes passed its barrier: recover in
+    /// that view.
     Recover { lost: NodeId },
 }
 

@@ -951,6 +951,7 @@ impl Driver {
                     frame: ControlFrame::Recover { lost },
                 },
             ) if self.cfg.recover
+                && *lost != 0
                 && !r.lost.iter().any(|&l| l)
                 && *epoch_bits == (r.old.epoch() + 1) & 0xffff =>
             {
@@ -983,6 +984,17 @@ impl Driver {
                 .is_some_and(|t| *epoch_bits == t.epoch() & 0xffff) =>
             {
                 self.state = state;
+                if !self
+                    .topo
+                    .as_ref()
+                    .is_some_and(|t| (1..t.num_nodes()).contains(lost))
+                {
+                    warn!(
+                        lost,
+                        "dropping a Recover frame that names no node of the view but node 0"
+                    );
+                    return (None, true);
+                }
                 let recovering = match &self.state {
                     State::Recovering { lost: l, .. } => Some(*l == *lost),
                     _ => self

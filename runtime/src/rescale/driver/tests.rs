@@ -1308,6 +1308,27 @@ fn a_loss_while_node_0_learns_a_lost_commit_s_outcome_is_recovered_from() {
     assert_eq!(sim.commits, 2, "the rescale's, lost; the recovery's");
 }
 
+/// A `Recover` frame that names node 0 or no node of the view is dropped,
+/// saying so: the node neither panics nor starts a recovery.
+#[test]
+fn a_recover_frame_naming_no_node_but_node_0_is_dropped() {
+    let sim = Sim::new(&[1, 1, 1], 0, DrainMode::Tree, 14).recovering();
+    let mut driver = Driver::member(
+        sim.nodes[&101].driver.cfg,
+        Arc::new(Topology::new(&sim.view, 1)),
+    );
+    for lost in [0, 3, NodeId::MAX] {
+        let frame = Event::Frame {
+            src: 0,
+            epoch_bits: sim.view.epoch & 0xffff,
+            frame: ControlFrame::Recover { lost },
+        };
+        let actions = driver.on_event(frame, sim.now);
+        assert!(actions.is_empty(), "{lost}: {actions:?}");
+        assert!(!driver.busy(), "{lost}");
+    }
+}
+
 /// The commit's answer comes before the coordinator's notice of the loss
 /// it was refused for (they travel apart in the node): node 0 waits for the
 /// notice, then recovers. Without recovery the refusal ends the rescale.
