@@ -6,9 +6,9 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 
-use ductile_coordinator::metrics::prometheus::IntCounterVec;
 use ductile_coordinator::metrics::prometheus::core::{Collector, Desc};
 use ductile_coordinator::metrics::prometheus::proto::MetricFamily;
+use ductile_coordinator::metrics::prometheus::IntCounterVec;
 use ductile_coordinator::metrics::{self as exposition};
 use ductile_coordinator::proto::{NodeId, View};
 
@@ -211,6 +211,9 @@ impl Transport for CountedTransport {
     fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.inner.wait_fd()
     }
+    fn wait_limit(&self) -> Option<std::time::Duration> {
+        self.inner.wait_limit()
+    }
 }
 
 /// A sink whose received frames are counted.
@@ -325,6 +328,10 @@ mod tests {
                 self.note("wait_fd");
                 None
             }
+            fn wait_limit(&self) -> Option<std::time::Duration> {
+                self.note("wait_limit");
+                Some(std::time::Duration::from_millis(2))
+            }
         }
         let inner = Arc::new(Calls::default());
         let t = counted("tcp", inner.clone());
@@ -343,6 +350,7 @@ mod tests {
         assert_eq!(t.progress_after(), std::time::Duration::from_micros(3));
         t.pe_spinning(true);
         assert!(t.wait_fd().is_none());
+        assert_eq!(t.wait_limit(), Some(std::time::Duration::from_millis(2)));
         t.pe_spinning(false);
         t.shutdown();
         assert_eq!(
@@ -358,6 +366,7 @@ mod tests {
                 "progress_after",
                 "pe_spinning true",
                 "wait_fd",
+                "wait_limit",
                 "pe_spinning false",
                 "shutdown"
             ]

@@ -7,11 +7,13 @@
 //! it only if it sleeps; its own timers (quiescence waves, `PeCtx::after`)
 //! are the sleep's deadline; the node's abort (a lost peer, the launcher's
 //! timeout) interrupts every PE (`NodeShared::abort`). A transport that the
-//! PEs progress (TCP by default, UCX with `DUCTILE_UCX_PROGRESS=pe`) is
-//! progressed while they spin; one with a descriptor to wait on (TCP) stays
-//! the PE's through its sleep too, so a frame from another node wakes the
-//! PE, which reads it on its own thread. While PEs run, the transport's own
-//! thread receives and delivers through the inbox like any other.
+//! PEs progress (TCP and UCX by default; `DUCTILE_TCP_PROGRESS` and
+//! `DUCTILE_UCX_PROGRESS` say `thread` to keep it off the PEs) is
+//! progressed while they spin and stays the PE's through its sleep, on
+//! the descriptor the transport gives (TCP's connections, UCX's worker),
+//! so a frame from another node wakes the PE, which receives it on its
+//! own thread. While PEs run, the transport's own thread receives and
+//! delivers through the inbox like any other.
 
 use std::time::{Duration, Instant};
 
@@ -86,14 +88,20 @@ impl Scheduler {
         let Spun { came, progressing } =
             self.spin_for(inbox, now, spin, transport.as_deref(), contention);
         if !came {
-            let deadline = [self.ctx.qd.next_wave_at, self.ctx.timers.next()]
-                .into_iter()
-                .flatten()
-                .min();
             let fd = transport
                 .as_deref()
                 .filter(|_| progressing)
                 .and_then(|t| t.wait_fd());
+            // Work in flight that no event announces bounds the sleep on
+            // the transport's descriptor.
+            let limit = fd
+                .and(transport.as_deref())
+                .and_then(|t| t.wait_limit())
+                .map(|d| Instant::now() + d);
+            let deadline = [self.ctx.qd.next_wave_at, self.ctx.timers.next(), limit]
+                .into_iter()
+                .flatten()
+                .min();
             if inbox.sleep(deadline, fd, || self.ctx.node.aborting()) == Woken::Transport {
                 if let Some(t) = &transport {
                     t.poll();
@@ -111,8 +119,8 @@ impl Scheduler {
     /// busy thread, whose yields showed it, the spin ends there (the sleep
     /// that follows is woken within microseconds, a yield gives the core
     /// away for a time slice: [`crate::contention`]). An idle
-    /// PE progresses a transport that asks for it (TCP by default, UCX with
-    /// `DUCTILE_UCX_PROGRESS=pe`) meanwhile, from the transport's
+    /// PE progresses a transport that asks for it (TCP and UCX by default)
+    /// meanwhile, from the transport's
     /// [`progress_after`](crate::transport::Transport::progress_after) on,
     /// telling it when it starts; the caller tells it when the PE stops.
     fn spin_for(
@@ -301,12 +309,26 @@ mod tests {
 
     /// A transport with a descriptor the test rings, as TCP's connections
     /// turn readable: its `poll` then delivers one message to PE 0, noting
-    /// the thread that called it.
+    /// the thread that called it. `limit` is its `wait_limit`.
     struct Ringable {
         node: std::sync::OnceLock<std::sync::Weak<NodeShared>>,
         bell: nix::sys::eventfd::EventFd,
         polled_by: std::sync::Mutex<Vec<u64>>,
         spinning: std::sync::Mutex<Vec<bool>>,
+        limit: Option<Duration>,
+    }
+
+    impl Ringable {
+        fn new(limit: Option<Duration>) -> Arc<Ringable> {
+            use nix::sys::eventfd::{EfdFlags, EventFd};
+            Arc::new(Ringable {
+                node: std::sync::OnceLock::new(),
+                bell: EventFd::from_flags(EfdFlags::EFD_NONBLOCK).unwrap(),
+                polled_by: Default::default(),
+                spinning: Default::default(),
+                limit,
+            })
+        }
     }
 
     impl Transport for Ringable {
@@ -351,6 +373,9 @@ mod tests {
             use std::os::fd::AsFd;
             Some(self.bell.as_fd())
         }
+        fn wait_limit(&self) -> Option<Duration> {
+            self.limit
+        }
     }
 
     /// A PE that spun out keeps the transport through its sleep: what makes
@@ -359,13 +384,7 @@ mod tests {
     /// transport back before it runs what came.
     #[test]
     fn a_frame_for_a_sleeping_pe_wakes_it_through_the_transport_s_descriptor() {
-        use nix::sys::eventfd::{EfdFlags, EventFd};
-        let ring = Arc::new(Ringable {
-            node: std::sync::OnceLock::new(),
-            bell: EventFd::from_flags(EfdFlags::EFD_NONBLOCK).unwrap(),
-            polled_by: Default::default(),
-            spinning: Default::default(),
-        });
+        let ring = Ringable::new(None);
         let t = ring.clone();
         let (node, tid, rx) = start_pe(move |pe| {
             let _ = t.node.set(Arc::downgrade(&pe.ctx.node));
@@ -407,6 +426,35 @@ mod tests {
             spinning.len(),
             "every start has its stop: {spinning:?}"
         );
+    }
+
+    /// Work in flight that no event announces (UCX: a send waiting for
+    /// room in a peer's queue) bounds a sleep on the transport's
+    /// descriptor: the PE wakes after the transport's `wait_limit` and
+    /// progresses again, where without a limit it sleeps on.
+    #[test]
+    fn a_pe_sleeping_on_the_transport_wakes_after_its_wait_limit() {
+        for limit in [None, Some(Duration::from_millis(10))] {
+            let ring = Ringable::new(limit);
+            let t = ring.clone();
+            let (node, _, rx) = start_pe(move |pe| {
+                let _ = t.node.set(Arc::downgrade(&pe.ctx.node));
+                pe.ctx.node.set_transport_for_tests(t);
+            });
+            let inbox = &node.inboxes[0];
+            wait_for("the PE slept", || inbox.sleeps() >= 1);
+            let sleeps = inbox.sleeps();
+            std::thread::sleep(Duration::from_millis(300));
+            let more = inbox.sleeps() - sleeps;
+            match limit {
+                None => assert_eq!(more, 0, "the PE woke with nothing to wake it"),
+                Some(_) => assert!(
+                    more >= 5,
+                    "with a 10 ms limit the PE slept again only {more} times in 300 ms"
+                ),
+            }
+            stop(&node, &rx);
+        }
     }
 
     /// A sleeping PE wakes for its earliest timer, runs it, and sleeps again.

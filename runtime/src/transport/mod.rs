@@ -202,7 +202,7 @@ pub trait Transport: Send + Sync + 'static {
     /// Orderly shutdown: peers will not report this node as lost.
     fn shutdown(&self);
     /// Called by an idle PE while it spins: a transport progressed from the
-    /// PE loop (TCP by default, UCX with `DUCTILE_UCX_PROGRESS=pe`) moves
+    /// PE loop (TCP and UCX by default) moves
     /// communication along here, delivering on the calling thread. True
     /// when something happened. Default: nothing to do.
     fn poll(&self) -> bool {
@@ -215,6 +215,7 @@ pub trait Transport: Send + Sync + 'static {
     fn progress_after(&self) -> std::time::Duration {
         std::time::Duration::ZERO
     }
+
     /// An idle PE starts (`true`) or stops spinning, around its calls to
     /// [`Transport::poll`]: a transport may leave its own thread out of
     /// receiving meanwhile (TCP), and must take it back before the PE runs
@@ -223,12 +224,19 @@ pub trait Transport: Send + Sync + 'static {
     /// A descriptor that turns readable when frames wait to be read by
     /// [`Transport::poll`], for an idle PE that has spun out to sleep on
     /// together with its inbox: the frame then wakes the PE, which reads it
-    /// itself. Valid only between the PE's `pe_spinning(true)` and
+    /// itself. Asked right before each sleep (UCX arms its worker here),
+    /// and valid only between the PE's `pe_spinning(true)` and
     /// `pe_spinning(false)` (while the transport's own thread is out of
-    /// receiving; TCP). Default: none,
-    /// the PE sleeps on its inbox alone and frames reach it through the
-    /// transport's thread.
+    /// receiving). Default: none, the PE sleeps on its inbox alone and
+    /// frames reach it through the transport's thread.
     fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+    /// The longest an idle PE may sleep on [`Transport::wait_fd`] now:
+    /// work in flight whose next step no event announces (UCX: a send
+    /// waiting for room in a peer's queue) needs the PE to progress again
+    /// after that long. Asked right after `wait_fd`. Default: no limit.
+    fn wait_limit(&self) -> Option<std::time::Duration> {
         None
     }
 }

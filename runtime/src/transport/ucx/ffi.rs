@@ -251,24 +251,23 @@ impl Worker {
         unsafe { sys::ucp_worker_progress(self.h) != 0 }
     }
 
-    /// Arms the event fd and waits on it up to `timeout_ms`. Returns at once
-    /// when events are already pending.
-    pub(super) fn sleep(&self, timeout_ms: i32) {
+    /// Arms the event fd ([`Worker::efd`]): the next event makes it
+    /// readable. False when events are pending already (`UCS_ERR_BUSY`):
+    /// the caller progresses instead of sleeping.
+    pub(super) fn arm(&self) -> bool {
         // SAFETY: the worker is live and was created with UCP_FEATURE_WAKEUP.
-        let st = unsafe { sys::ucp_worker_arm(self.h) };
-        if st != sys::ucs_status_t::UCS_OK {
-            return; // UCS_ERR_BUSY: progress first.
-        }
-        let mut fd = libc::pollfd {
-            fd: self.efd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; the fd belongs to the live worker.
-        unsafe { libc::poll(&mut fd, 1, timeout_ms) };
+        unsafe { sys::ucp_worker_arm(self.h) == sys::ucs_status_t::UCS_OK }
     }
 
-    /// Wakes a thread sleeping in [`Worker::sleep`].
+    /// The worker's event fd: readable once an event comes after
+    /// [`Worker::arm`], or after [`Worker::signal`].
+    pub(super) fn efd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: UCX owns the descriptor and keeps it open for the
+        // worker's life, which the borrow does not outlive.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.efd) }
+    }
+
+    /// Makes the event fd readable, waking whoever sleeps on it.
     pub(super) fn signal(&self) {
         // SAFETY: the worker is live; ucp_worker_signal is thread-safe.
         unsafe { sys::ucp_worker_signal(self.h) };

@@ -2,8 +2,8 @@
 //! multi-threaded UCP worker per node.
 //!
 //! - Tags are the transport's [`Tag`]: `[source node | epoch | kind]`. The
-//!   receiving side posts no receive in advance: the communication thread
-//!   probes for whatever arrived (`ucp_tag_probe_nb` with an empty mask:
+//!   receiving side posts no receive in advance: whoever progresses the
+//!   worker probes for whatever arrived (`ucp_tag_probe_nb` with an empty mask:
 //!   any source, epoch and kind) and receives it into a buffer of its exact
 //!   size (`ucp_tag_msg_recv_nbx`). The receiver reads the source from the
 //!   matched tag, so nothing depends on node numbering and a reconciliation
@@ -15,10 +15,15 @@
 //! - Delivery follows probe order (arrival order, which UCX keeps per
 //!   sender), and a frame waits behind an earlier one still being received,
 //!   so frames between a pair of nodes arrive in the order they were sent.
-//! - Senders (the PE threads) call UCX directly; one communication thread
-//!   progresses the worker, spins briefly (yielding) and then sleeps on the
-//!   worker's event fd: up to 1 ms at a time while work is in flight, up to
-//!   50 ms when idle (a message or a sender's signal wakes it at once).
+//! - Senders (the PE threads) call UCX directly. Who receives is the
+//!   progress mode's choice (`DUCTILE_UCX_PROGRESS`, [`Progress`]): by
+//!   default an idle PE progresses the worker on its own thread while it
+//!   spins, and then sleeps on the worker's event fd beside its inbox, so
+//!   a message wakes its PE directly; the communication thread stays out
+//!   meanwhile and carries what arrives or is in flight while every PE
+//!   computes ([`thread`](self::thread)). With `thread`, only the
+//!   communication thread receives, and hands each frame to its PE's
+//!   inbox.
 //! - Endpoints are keyed by node id and carry the peer's uid:
 //!   [`Transport::reconcile`] keeps and re-indexes survivors, sends a `BYE`
 //!   to removed ones and then closes them without waiting (the
@@ -35,6 +40,7 @@
 //! it. Addresses only travel in the coordinator's authenticated view.
 
 mod ffi;
+mod thread;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,61 +52,46 @@ use ductile_coordinator::proto::{NodeId, View};
 use tracing::{debug, error};
 
 use super::{Reconciled, Sink, Tag, Transport, TransportError, KIND_BITS};
+use thread::{comm_loop, Leaving, WakeSet};
 
 /// Kind bit of the frame a node sends before closing an endpoint on purpose
 /// (its body: the sender's uid). Runtime kinds stay below it.
 const BYE: u64 = 1 << (KIND_BITS - 1);
-/// How long the communication thread spins before sleeping on the event fd.
-const SPIN: Duration = Duration::from_micros(200);
-/// How long the communication thread busy-waits before it starts yielding its core.
-const HOT_SPIN: Duration = Duration::from_micros(5);
-/// Longest sleep on the event fd when nothing is in flight. A message, a
-/// send left in flight (the sender signals) or a close wakes the thread at
-/// once; the timeout only bounds a wake-up that would not come. (A 1 s
-/// timeout was withdrawn in issue 19 for a stall beside a busy process
-/// that turned out to be the yields, not a lost wake-up: docs/ucx.md.)
-/// 20 wake-ups a second cost an idle node about 0.1% of a core.
-#[cfg(not(test))]
-const SLEEP_MS: i32 = 50;
-/// In the unit tests the timeout is far longer than what they wait for a
-/// frame, so a wake-up that does not come fails them.
-#[cfg(test)]
-const SLEEP_MS: i32 = 30_000;
-/// How long the communication thread keeps yielding while work is in
-/// flight and nothing moves, before it sleeps on the event fd instead.
-const BUSY_YIELD: Duration = Duration::from_micros(100);
-/// Longest sleep on the event fd while work is in flight.
-const BUSY_SLEEP_MS: i32 = 1;
+/// How often a PE about to sleep tries to arm the worker, progressing
+/// what is pending between two tries.
+const ARM_TRIES: usize = 3;
+/// Longest sleep of an idle PE on the worker's event fd while work is in
+/// flight (see [`UcxTransport::wait_limit`]).
+const IN_FLIGHT_NAP: Duration = Duration::from_millis(1);
 /// How long a departed peer's `BYE` may take before its endpoint is closed anyway.
 const BYE_GRACE: Duration = Duration::from_secs(1);
-/// How long a closing endpoint may take before it is abandoned.
-const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// How long `shutdown` waits for its `BYE`s to leave.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
-/// Who progresses the worker when nothing is in flight
-/// (`DUCTILE_UCX_PROGRESS`, measured in docs/ucx.md).
+/// Who progresses the worker (`DUCTILE_UCX_PROGRESS`, measured in
+/// docs/message-path.md, "UCX progressed by the PEs").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Progress {
-    /// `thread` (default): the communication thread polls, spins briefly
-    /// when idle, then sleeps on the event fd.
+    /// `thread`: only the communication thread polls; it spins briefly
+    /// when idle, then sleeps on the event fd, and hands every frame to
+    /// its PE through the PE's inbox.
     Thread,
-    /// `pe`: idle PEs poll while they spin ([`Transport::poll`]); the
-    /// communication thread only finishes what is in flight and otherwise
-    /// sleeps on the event fd at once (it wakes for what arrives while
-    /// every PE is parked).
+    /// `pe` (default): an idle PE polls while it spins
+    /// ([`Transport::poll`]) and then sleeps on the worker's event fd
+    /// ([`Transport::wait_fd`]); the communication thread stays out while
+    /// any PE does, and works as in `thread` mode while every PE computes.
     Pe,
 }
 
 impl Progress {
     fn from_env() -> Result<Progress, TransportError> {
         match std::env::var("DUCTILE_UCX_PROGRESS").ok().as_deref() {
-            None | Some("") | Some("thread") => Ok(Progress::Thread),
-            Some("pe") => Ok(Progress::Pe),
+            None | Some("") | Some("pe") => Ok(Progress::Pe),
+            Some("thread") => Ok(Progress::Thread),
             Some(other) => Err(TransportError::Io {
                 context: "DUCTILE_UCX_PROGRESS".into(),
                 source: std::io::Error::other(format!(
-                    "`{other}` is not a progress mode (thread or pe)"
+                    "`{other}` is not a progress mode (pe or thread)"
                 )),
             }),
         }
@@ -140,28 +131,16 @@ struct Peer {
     ep: ffi::Ep,
 }
 
-/// An endpoint on its way out.
-enum Leaving {
-    /// Its `BYE` is in flight; close once it left (or at the deadline).
-    AfterBye {
-        ep: ffi::Ep,
-        bye: Arc<AtomicBool>,
-        deadline: Instant,
-    },
-    /// A close in progress.
-    Closing {
-        close: ffi::Closing,
-        deadline: Instant,
-    },
-}
-
 struct Shared {
     stop: AtomicBool,
     /// The communication thread's kernel thread id (0 before it started).
     tid: AtomicU64,
+    /// The communication thread sleeps on `set` with the worker armed.
     sleeping: AtomicBool,
     receives: AtomicU64,
     leaving: Mutex<Vec<Leaving>>,
+    /// What the communication thread sleeps on.
+    set: WakeSet,
 }
 
 /// The UCX transport of one node.
@@ -201,14 +180,27 @@ impl UcxTransport {
         settings: &[(&str, &str)],
         peer_errors: bool,
     ) -> Result<Arc<Self>, TransportError> {
-        let progress = Progress::from_env()?;
+        Self::build(sink, settings, peer_errors, Progress::from_env()?)
+    }
+
+    fn build(
+        sink: Arc<dyn Sink>,
+        settings: &[(&str, &str)],
+        peer_errors: bool,
+        progress: Progress,
+    ) -> Result<Arc<Self>, TransportError> {
         let worker = ffi::Worker::new(settings, peer_errors).map_err(ucx_err("starting UCX"))?;
+        let set = WakeSet::new().map_err(|source| TransportError::Io {
+            context: "setting up the UCX communication thread's wake-ups".into(),
+            source,
+        })?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             tid: AtomicU64::new(0),
             sleeping: AtomicBool::new(false),
             receives: AtomicU64::new(0),
             leaving: Mutex::new(Vec::new()),
+            set,
         });
         let rx = Arc::new(Mutex::new(Rx {
             worker: worker.clone(),
@@ -222,7 +214,7 @@ impl UcxTransport {
                 (worker.clone(), shared.clone(), rx.clone(), sink.clone());
             std::thread::Builder::new()
                 .name("ductile-ucx".into())
-                .spawn(move || comm_loop(worker, shared, rx, sink, progress))
+                .spawn(move || comm_loop(worker, shared, rx, sink))
                 .map_err(|e| TransportError::Io {
                     context: "starting the UCX progress thread".into(),
                     source: e,
@@ -252,8 +244,10 @@ impl UcxTransport {
         self.shared.tid.load(Ordering::SeqCst)
     }
 
+    /// Wakes whoever sleeps on the worker's event fd (the communication
+    /// thread, or an idle PE in `pe` mode): a send is left in flight.
     fn wake(&self) {
-        if self.shared.sleeping.load(Ordering::SeqCst) {
+        if self.shared.sleeping.load(Ordering::SeqCst) || self.shared.set.pes_progress() {
             self.worker.signal();
         }
     }
@@ -270,7 +264,7 @@ impl UcxTransport {
 
     fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.worker.signal();
+        self.shared.set.wake();
         if let Some(t) = self.thread.lock().expect("thread lock poisoned").take() {
             let _ = t.join();
         }
@@ -369,6 +363,7 @@ impl Transport for UcxTransport {
             .expect("leaving list poisoned")
             .extend(leaving);
         self.wake();
+        self.shared.set.wake();
         match failure {
             Some(e) => Err(e),
             None => Ok(stats),
@@ -410,6 +405,43 @@ impl Transport for UcxTransport {
             did |= rx.poll(&*self.sink);
         }
         did
+    }
+
+    fn pe_spinning(&self, spinning: bool) {
+        if self.progress == Progress::Pe {
+            self.shared.set.pe_spinning(spinning);
+        }
+    }
+
+    /// The worker's event fd, armed: what arrives after this call makes it
+    /// readable. An arm refused for events already pending (UCX counts a
+    /// past `ucp_worker_signal` among them) progresses them and tries
+    /// again; still refused, the fd is made readable at once, so the PE
+    /// wakes and progresses instead of sleeping past them.
+    fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        if self.progress != Progress::Pe {
+            return None;
+        }
+        let armed = (0..ARM_TRIES).any(|_| {
+            if self.worker.arm() {
+                return true;
+            }
+            self.poll();
+            false
+        });
+        if !armed {
+            self.worker.signal();
+        }
+        Some(self.worker.efd())
+    }
+
+    /// While a send or a receive is under way, 1 ms: UCX announces a
+    /// peer's reply and an arrival, but not room freed in a peer's queue
+    /// for the rest of a send (a 64 KiB message over shared memory hung
+    /// without this limit).
+    fn wait_limit(&self) -> Option<Duration> {
+        let receiving = self.rx.try_lock().map_or(true, |rx| !rx.pending.is_empty());
+        (self.worker.sends_in_flight() > 0 || receiving).then_some(IN_FLIGHT_NAP)
     }
 }
 
@@ -475,112 +507,6 @@ impl Rx {
         }
         did
     }
-}
-
-/// Moves leaving endpoints along; returns how many are left.
-fn move_leaving(shared: &Shared) -> usize {
-    let mut leaving = shared.leaving.lock().expect("leaving list poisoned");
-    let now = Instant::now();
-    let mut next = Vec::with_capacity(leaving.len());
-    for l in leaving.drain(..) {
-        match l {
-            Leaving::AfterBye { ep, bye, deadline } => {
-                if bye.load(Ordering::SeqCst) || now >= deadline {
-                    if let Some(close) = ep.close() {
-                        next.push(Leaving::Closing {
-                            close,
-                            deadline: now + CLOSE_GRACE,
-                        });
-                    }
-                } else {
-                    next.push(Leaving::AfterBye { ep, bye, deadline });
-                }
-            }
-            Leaving::Closing {
-                mut close,
-                deadline,
-            } => {
-                if !close.done() && now < deadline {
-                    next.push(Leaving::Closing { close, deadline });
-                }
-            }
-        }
-    }
-    *leaving = next;
-    leaving.len()
-}
-
-fn comm_loop(
-    worker: Arc<ffi::Worker>,
-    shared: Arc<Shared>,
-    rx: Arc<Mutex<Rx>>,
-    sink: Arc<dyn Sink>,
-    progress: Progress,
-) {
-    shared.tid.store(super::current_tid(), Ordering::SeqCst);
-    let mut idle_since = Instant::now();
-    loop {
-        let stopping = shared.stop.load(Ordering::SeqCst);
-        let mut did = worker.progress();
-        let receiving = {
-            let mut rx = rx.lock().expect("receive state poisoned");
-            did |= rx.poll(&*sink);
-            !rx.pending.is_empty()
-        };
-        let leaving = move_leaving(&shared);
-        worker.reap_abandoned();
-        if stopping && leaving == 0 {
-            break;
-        }
-        if did {
-            idle_since = Instant::now();
-            continue;
-        }
-        // Nothing happened. Busy-wait for the first microseconds, then keep
-        // polling but yield the core: on a small machine the thread that
-        // must act next (a PE, the peer's communication thread doing a
-        // rendezvous get) may be waiting for it. Sleep only when nothing is
-        // in flight (at once when idle PEs do the polling).
-        let busy = worker.sends_in_flight() > 0 || leaving > 0 || receiving;
-        let spin = match progress {
-            Progress::Thread => SPIN,
-            Progress::Pe => Duration::ZERO,
-        };
-        let idle_for = idle_since.elapsed();
-        if busy && idle_for >= BUSY_YIELD.max(spin) {
-            // Work in flight but nothing moved for a while: yielding again
-            // would hand the core to a busy neighbour for a whole time
-            // slice; a sleep on the event fd is woken by UCX's next event
-            // (the peer's reply, an arrival) and the scheduler favours a
-            // thread that slept.
-            shared.sleeping.store(true, Ordering::SeqCst);
-            if !shared.stop.load(Ordering::SeqCst) {
-                worker.sleep(BUSY_SLEEP_MS);
-            }
-            shared.sleeping.store(false, Ordering::SeqCst);
-            continue;
-        }
-        // Beside a busy process each yield may give the core away for a
-        // tick; the PE loop stops yielding then (`crate::contention`), but
-        // this thread must not: here the busy thread is most often another
-        // node's PE of the same job, and sleeping through every short wait
-        // made Jacobi2D over UCX twice as slow (docs/message-path.md).
-        if busy || idle_for < spin {
-            if idle_for < HOT_SPIN {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-            continue;
-        }
-        shared.sleeping.store(true, Ordering::SeqCst);
-        if worker.sends_in_flight() == 0 && !shared.stop.load(Ordering::SeqCst) {
-            worker.sleep(SLEEP_MS);
-        }
-        shared.sleeping.store(false, Ordering::SeqCst);
-    }
-    // Finishes or abandons receives while the worker is alive.
-    rx.lock().expect("receive state poisoned").pending.clear();
 }
 
 #[cfg(test)]

@@ -408,3 +408,209 @@ fn a_transport_dropped_with_sends_in_flight_ends_without_aborting() {
         }
     }
 }
+
+/// Records each frame with the kernel id of the thread that delivered it.
+struct ByThread(Sender<(u64, Vec<u8>)>);
+impl Sink for ByThread {
+    fn deliver(&self, _tag: Tag, frame: Vec<u8>) {
+        let _ = self.0.send((crate::transport::current_tid(), frame));
+    }
+    fn lost(&self, _uid: u64, _reason: String) {}
+}
+
+type Delivered = Receiver<(u64, Vec<u8>)>;
+
+/// A sender (uid 1) and a receiver (uid 2) in `pe` progress mode whose
+/// frames are recorded with the thread that delivered them; the first
+/// frame, sent while no PE spins, came through the communication thread.
+fn pe_mode_pair() -> (Node, Arc<UcxTransport>, Delivered) {
+    let a = node(1);
+    let (tx, rx) = unbounded();
+    let b = UcxTransport::build(
+        Arc::new(ByThread(tx)),
+        &[],
+        peer_errors_from_env().unwrap(),
+        Progress::Pe,
+    )
+    .unwrap();
+    let b = Node {
+        t: b,
+        frames: unbounded().1,
+        lost: unbounded().1,
+        uid: 2,
+    };
+    let v = view(1, &[&a, &b]);
+    a.t.reconcile(&v, 0).unwrap();
+    b.t.reconcile(&v, 1).unwrap();
+    a.t.send(1, Tag::new(0, 1, 1), &[b"first"]).unwrap();
+    let (by, f) = rx.recv_timeout(WAIT).unwrap();
+    assert_eq!((by, &f[..]), (b.t.comm_tid(), &b"first"[..]));
+    (a, b.t, rx)
+}
+
+/// Polls `t` on this thread, as a spinning PE does, until `n` frames came.
+fn poll_for(t: &UcxTransport, rx: &Delivered, n: usize) -> Vec<(u64, Vec<u8>)> {
+    let until = Instant::now() + WAIT;
+    let mut got = Vec::new();
+    while got.len() < n {
+        assert!(Instant::now() < until, "{} of {n} frames came", got.len());
+        t.poll();
+        got.extend(rx.try_iter());
+    }
+    got
+}
+
+/// Whether `fd` turns readable within `within` (poll(2), as a sleeping PE
+/// waits on it beside its inbox).
+fn readable_within(fd: std::os::fd::BorrowedFd<'_>, within: Duration) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let ms = PollTimeout::try_from(within).unwrap();
+    nix::poll::poll(&mut fds, ms).unwrap() == 1
+}
+
+#[test]
+fn a_spinning_pe_receives_on_its_own_thread_and_the_communication_thread_after_it_stops() {
+    let (a, b, rx) = pe_mode_pair();
+    let me = crate::transport::current_tid();
+    b.pe_spinning(true);
+    let busy_before = crate::transport::thread_cpu_ns(b.comm_tid()).unwrap();
+    for i in 0..200u32 {
+        a.t.send(1, Tag::new(0, 1, 1), &[&i.to_le_bytes()]).unwrap();
+    }
+    let got = poll_for(&b, &rx, 200);
+    for (i, (by, f)) in got.iter().enumerate() {
+        assert_eq!(
+            *by, me,
+            "frame {i} was delivered by another thread than the spinning one"
+        );
+        assert_eq!(&f[..], &(i as u32).to_le_bytes());
+    }
+    // The communication thread stayed asleep meanwhile: a spinning PE has
+    // the worker to itself.
+    let used = crate::transport::thread_cpu_ns(b.comm_tid()).unwrap() - busy_before;
+    assert!(
+        used < 20_000_000,
+        "the communication thread ran {} ms while a PE progressed the worker",
+        used / 1_000_000
+    );
+    b.pe_spinning(false);
+    // No PE spins: the communication thread receives again, without a poll.
+    a.t.send(1, Tag::new(0, 1, 1), &[b"after"]).unwrap();
+    let (by, f) = rx.recv_timeout(WAIT).unwrap();
+    assert_eq!((by, &f[..]), (b.comm_tid(), &b"after"[..]));
+}
+
+#[test]
+fn a_pe_sleeping_on_the_wait_fd_is_woken_by_a_frame_and_receives_it_itself() {
+    let (a, b, rx) = pe_mode_pair();
+    let me = crate::transport::current_tid();
+    b.pe_spinning(true);
+    assert!(
+        !readable_within(
+            b.wait_fd().expect("pe mode gives a descriptor"),
+            Duration::from_millis(50)
+        ),
+        "readable with nothing sent"
+    );
+    for round in 0..20u32 {
+        // Armed again before each sleep, as the PE loop does.
+        let fd = b.wait_fd().unwrap();
+        a.t.send(1, Tag::new(0, 1, 1), &[&round.to_le_bytes()])
+            .unwrap();
+        assert!(
+            readable_within(fd, WAIT),
+            "round {round}: a frame did not make the descriptor readable"
+        );
+        let got = poll_for(&b, &rx, 1);
+        assert_eq!(got, [(me, round.to_le_bytes().to_vec())], "round {round}");
+    }
+    // Everything was received: armed again, the descriptor stays quiet.
+    assert!(
+        !readable_within(b.wait_fd().unwrap(), Duration::from_millis(50)),
+        "readable after every frame was received"
+    );
+    b.pe_spinning(false);
+    a.t.send(1, Tag::new(0, 1, 1), &[b"after"]).unwrap();
+    let (by, f) = rx.recv_timeout(WAIT).unwrap();
+    assert_eq!((by, &f[..]), (b.comm_tid(), &b"after"[..]));
+}
+
+#[test]
+fn frames_that_came_while_pes_spun_without_progress_are_received_once_the_last_stops() {
+    let (a, b, rx) = pe_mode_pair();
+    b.pe_spinning(true);
+    b.pe_spinning(true);
+    for i in 0..5u32 {
+        a.t.send(1, Tag::new(0, 1, 1), &[&i.to_le_bytes()]).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        rx.try_recv().is_err(),
+        "received by the communication thread while PEs spin"
+    );
+    b.pe_spinning(false);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        rx.try_recv().is_err(),
+        "received by the communication thread while a PE spins"
+    );
+    // The last one stops with frames waiting: the thread is woken for them
+    // (the sleep's timeout is 30 s in the tests).
+    let t0 = Instant::now();
+    b.pe_spinning(false);
+    for i in 0..5u32 {
+        let (by, f) = rx.recv_timeout(WAIT).unwrap();
+        assert_eq!((by, &f[..]), (b.comm_tid(), &i.to_le_bytes()[..]));
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "the frames waited for the thread's sleep to time out"
+    );
+}
+
+#[test]
+fn frames_received_by_spinning_pes_and_the_thread_in_turn_keep_per_pair_order() {
+    let (a, b, rx) = pe_mode_pair();
+    const N: usize = 40;
+    /// Frame `i`: small and rendezvous-sized ones interleaved, numbered.
+    fn fill(i: usize) -> Vec<u8> {
+        let size = [8usize, 3 << 20, 16, 8193, 1 << 16][i % 5];
+        let mut f: Vec<u8> = (0..size).map(|k| (k + i) as u8).collect();
+        f[..4].copy_from_slice(&(i as u32).to_le_bytes());
+        f
+    }
+    let sender = std::thread::spawn(move || {
+        for i in 0..N {
+            a.t.send_frame(1, Tag::new(0, 1, 1), fill(i)).unwrap();
+        }
+        a
+    });
+    // Two "PEs" that spin and stop in turn, while the communication thread
+    // progresses whenever neither spins.
+    let stop = Arc::new(AtomicBool::new(false));
+    let pes: Vec<_> = (0..2)
+        .map(|k| {
+            let (b, stop) = (b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    b.pe_spinning(true);
+                    for _ in 0..50 + k * 30 {
+                        b.poll();
+                    }
+                    b.pe_spinning(false);
+                    std::thread::yield_now();
+                }
+            })
+        })
+        .collect();
+    for i in 0..N {
+        let (_, f) = rx.recv_timeout(WAIT).unwrap();
+        assert!(f == fill(i), "frame {i} arrived out of order or damaged");
+    }
+    stop.store(true, Ordering::SeqCst);
+    for pe in pes {
+        pe.join().unwrap();
+    }
+    drop(sender.join().unwrap());
+}
