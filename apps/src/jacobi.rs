@@ -33,6 +33,9 @@ pub struct Spec {
     pub residual_every: u64,
     /// Load-balance (AtSync) every this many iterations (0: never).
     pub lb_every: u64,
+    /// Load-balance once before the first iteration too, by count and PE
+    /// speed ([`ductile::Ctx::discount_load`]).
+    pub lb_at_start: bool,
 }
 
 /// `jacobi2d`'s command line (the program's own flags; the runtime's
@@ -59,6 +62,13 @@ pub struct JacobiArgs {
     /// Load-balance (AtSync) every L iterations; 0: never.
     #[arg(long, value_name = "L", default_value_t = 0)]
     pub lb_every: u64,
+    /// Load-balance once before the first iteration as well, counting every
+    /// block alike: with a rate-aware strategy (`+lb ContiguousRateAware`)
+    /// the blocks start spread by the PEs' speeds (a fleet of unequal
+    /// instances), where the first measured step comes only after --lb-every
+    /// iterations.
+    #[arg(long)]
+    pub lb_at_start: bool,
     /// Keep the blocks on the nodes' GPUs (docs/gpu.md); same checksum.
     #[arg(long)]
     pub gpu: bool,
@@ -87,6 +97,7 @@ impl Spec {
             iters,
             residual_every,
             lb_every,
+            lb_at_start: parsed.lb_at_start,
         };
         if nx == 0 || ny == 0 || bx == 0 || by == 0 {
             return Err(format!("grid and block sizes must be positive: {s:?}"));
@@ -468,6 +479,14 @@ impl Chare for Block {
         match msg {
             BlockMsg::Start => {
                 self.started = true;
+                if SPEC.get(ctx).lb_at_start {
+                    // Nothing measured yet predicts the work: every block
+                    // counts alike, and the step spreads them by speed.
+                    self.synced = true;
+                    ctx.discount_load();
+                    ctx.at_sync();
+                    return;
+                }
                 self.start_iteration(ctx);
                 self.advance(ctx);
             }
@@ -694,6 +713,7 @@ mod tests {
             iters: 5,
             residual_every: 0,
             lb_every: 0,
+            lb_at_start: false,
         };
         assert_eq!(reference(&s), reference(&s));
         assert_ne!(reference(&s), reference(&Spec { iters: 6, ..s }));
@@ -709,6 +729,7 @@ mod tests {
             iters: 1,
             residual_every: 0,
             lb_every: 0,
+            lb_at_start: false,
         };
         assert_eq!(s.blocks(), (3, 3));
     }

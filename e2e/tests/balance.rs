@@ -107,6 +107,7 @@ fn jacobi_checksum_is_unchanged_by_load_balancing() {
         iters: 24,
         residual_every: 4,
         lb_every: 0,
+        lb_at_start: false,
     };
     let want = format!("{:016x}", reference(&spec));
     for &(n, p) in &[(1, 2), (2, 2), (3, 1)] {
@@ -191,6 +192,7 @@ fn periodic_balancing_skips_steps_but_not_results() {
         iters: 200,
         residual_every: 0,
         lb_every: 0,
+        lb_at_start: false,
     };
     let want = format!("{:016x}", reference(&spec));
     // Jacobi2D calling at_sync every iteration, balanced with Rotate at most once per `period` seconds.
@@ -367,6 +369,7 @@ fn rate_aware_balancing_puts_more_blocks_on_faster_pes() {
         iters: 60,
         residual_every: 10,
         lb_every: 0,
+        lb_at_start: false,
     };
     let want = format!("{:016x}", reference(&spec));
     let dump = tempfile::tempdir().expect("temp dir");
@@ -416,6 +419,87 @@ fn rate_aware_balancing_puts_more_blocks_on_faster_pes() {
     assert!(
         blocks[1] < blocks[0] && blocks[1] < 64 / 2,
         "blocks per PE {blocks:?}: the tenth-speed PE 1 must hold fewer than the fast PE 0 and than an even share (1 : 1/10 is 58 : 6)"
+    );
+}
+
+/// `jacobi2d --lb-at-start` balances before the first iteration, with
+/// every block counted alike (`Ctx::discount_load`): the first step's
+/// statistics hold no load at all, and `ContiguousRateAware` cuts the 64
+/// blocks by the PEs' speeds alone (1 : 1/10, emulated with `+pe-speed`),
+/// so the next step finds most of them on the fast PE. Alone on the
+/// machine for the reason of the test above.
+#[test]
+fn a_step_before_the_first_iteration_spreads_the_blocks_by_speed() {
+    let _machine = alone();
+    let spec = Spec {
+        nx: 512,
+        ny: 512,
+        bx: 64,
+        by: 64,
+        iters: 40,
+        residual_every: 10,
+        lb_every: 30,
+        lb_at_start: true,
+    };
+    let want = format!("{:016x}", reference(&spec));
+    let dump = tempfile::tempdir().expect("temp dir");
+    let dir = dump.path().to_str().expect("utf-8 path");
+    let job = run(
+        2,
+        1,
+        "jacobi2d",
+        &[
+            "--grid",
+            "512",
+            "--block",
+            "64",
+            "--iters",
+            "40",
+            "--residual-every",
+            "10",
+            "--lb-every",
+            "30",
+            "--lb-at-start",
+            "--quiet",
+            "+lb",
+            "ContiguousRateAware",
+            "+lb-dump",
+            dir,
+            "+pe-speed",
+            "1:0.1",
+        ],
+    );
+    job.expect_code(0, "jacobi2d --lb-at-start on PEs of speeds 1, 1/10");
+    assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
+    let step = |n: u32| {
+        let name = std::fs::read_dir(dump.path())
+            .expect("dump dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .find(|f| f.ends_with(&format!("-{n}.json")))
+            .unwrap_or_else(|| panic!("statistics of step {n} dumped"));
+        ductile::lb::stats::LbStats::load(&dump.path().join(name)).expect("statistics load")
+    };
+    // Step 1, before the first iteration: nothing measured, the blocks
+    // where the block map created them (32 and 32).
+    let first = step(1);
+    assert!(
+        first.objs.iter().all(|o| o.load == 0.0),
+        "the blocks discounted their load, yet step 1 saw loads"
+    );
+    let mut blocks = [0usize; 2];
+    for o in &first.objs {
+        blocks[o.pe as usize] += 1;
+    }
+    assert_eq!(blocks, [32, 32], "created by the block map");
+    // Step 2 (iteration 30) shows where step 1 put them.
+    let mut blocks = [0usize; 2];
+    for o in &step(2).objs {
+        blocks[o.pe as usize] += 1;
+    }
+    assert_eq!(blocks.iter().sum::<usize>(), 64);
+    assert!(
+        blocks[1] < 64 / 4,
+        "blocks per PE {blocks:?} after the start step: the tenth-speed PE 1 must hold far fewer than an even share (1 : 1/10 is 58 : 6)"
     );
 }
 
@@ -482,6 +566,7 @@ fn a_node_in_a_cpu_quota_sees_its_share_of_a_core() {
         iters: 40,
         residual_every: 10,
         lb_every: 0,
+        lb_at_start: false,
     };
     let want = format!("{:016x}", reference(&spec));
     assert_eq!(

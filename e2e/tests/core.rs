@@ -213,6 +213,7 @@ fn jacobi_checksum_is_identical_across_shapes_and_decompositions() {
         iters: 25,
         residual_every: 5,
         lb_every: 0,
+        lb_at_start: false,
     };
     let want = format!("{:016x}", reference(&spec));
     for &(n, p) in SHAPES {
@@ -267,6 +268,7 @@ fn messages_that_overtake_the_start_broadcast_are_held_not_lost() {
         iters: 2,
         residual_every: 0,
         lb_every: 0,
+        lb_at_start: false,
     };
     let want = format!("{:016x}", reference(&spec));
     for run_no in 0..6 {

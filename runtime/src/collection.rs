@@ -408,9 +408,10 @@ impl<C: Chare> Store for ArrayStore<C> {
         self.elems
             .iter_mut()
             .map(|(k, s)| {
-                let l = s.meta.load;
+                let l = if s.meta.unmeasured { 0.0 } else { s.meta.load };
                 if reset {
                     s.meta.load = 0.0;
+                    s.meta.unmeasured = false;
                 }
                 (*k, l)
             })

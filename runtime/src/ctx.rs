@@ -81,6 +81,19 @@ impl<'a, C: Chare> Ctx<'a, C> {
         self.contribute((), Reducer::Sum, callback);
     }
 
+    /// Says that what this element ran since the last load-balancing step
+    /// (its setup, before the first one) does not predict its work: the
+    /// next step counts it as unmeasured. When every element of the array
+    /// discounts its load, that step places them by count, and with a
+    /// rate-aware strategy by the PEs' speeds (`Contiguous*`: even runs of
+    /// elements, sized to each PE's speed): a placement for a fleet of
+    /// unequal PEs before anything was measured. Call it before
+    /// [`Ctx::at_sync`]. (Charm++ turns the measurement off instead,
+    /// `LBTurnInstrumentOff`, for the whole PE.)
+    pub fn discount_load(&mut self) {
+        self.meta.unmeasured = true;
+    }
+
     /// Joins a load-balancing step (Charm++'s AtSync): once every element of
     /// this array has called it, the runtime measures, runs the strategy,
     /// migrates elements, and calls [`Chare::resume_from_sync`] on each.

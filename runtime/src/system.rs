@@ -23,6 +23,10 @@ pub(crate) struct ElemMeta {
     pub bcast_seen: u64,
     /// Seconds spent in this element's entry methods since the last LB step.
     pub load: f64,
+    /// The element discounted that load ([`Ctx::discount_load`](crate::Ctx::discount_load)):
+    /// the next step counts it as unmeasured.
+    #[serde(default)]
+    pub unmeasured: bool,
     /// The element called `at_sync` and waits for `resume_from_sync`.
     pub at_sync: bool,
     /// How many times the element has moved: orders location information.

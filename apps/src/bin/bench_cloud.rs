@@ -25,7 +25,10 @@
 //!   balancing rate-aware against none, against the ideal: an equal-speed
 //!   fleet of as many instances with the same total quota, run interleaved
 //!   in the same sitting (`--repeat` runs of each, medians), for each CFS
-//!   period of `--cpu-period-ms` (the scenario's `cpuPeriodMs`).
+//!   period of `--cpu-period-ms` (the scenario's `cpuPeriodMs`); the mixed
+//!   fleet rate-aware twice: from the block map, and with a step before
+//!   the first iteration that spreads the blocks by speed
+//!   (`jacobi2d --lb-at-start`).
 //!
 //! This machine has few cores: every instance is one PE, the quotas share
 //! 90% of the cores, and the oversubscription is printed with each table.
@@ -47,6 +50,8 @@ struct Run {
     iters: u32,
     /// Iterations between load-balancing steps (`--lb-every`).
     lb_every: u32,
+    /// One more step before the first iteration (`--lb-at-start`).
+    lb_at_start: bool,
     lb: &'static str,
     /// More runtime options for the job (e.g. `+lb-dump DIR`).
     extra: Vec<String>,
@@ -82,7 +87,7 @@ spec:
       containers:
         - name: node
           image: apps
-          command: [jacobi2d, --grid, '{g}', --block, '{b}', --iters, '{i}', --residual-every, '100', --lb-every, '{le}', +lb, {lb}{extra}]
+          command: [jacobi2d, --grid, '{g}', --block, '{b}', --iters, '{i}', --residual-every, '100', --lb-every, '{le}'{start}, +lb, {lb}{extra}]
           env: [{{ name: DUCTILE_LOG, value: warn }}]
   onDemand: {{ replicas: 1 }}
   rescalePolicy:
@@ -95,6 +100,7 @@ spec:
             b = self.block,
             i = self.iters,
             le = self.lb_every,
+            start = if self.lb_at_start { ", --lb-at-start" } else { "" },
             lb = self.lb,
             extra = self.extra.iter().map(|a| format!(", '{a}'")).collect::<String>(),
             mode = self.mode,
@@ -222,6 +228,7 @@ impl Bench {
             block: 64,
             iters: if self.quick { iters / 4 } else { iters },
             lb_every: 20,
+            lb_at_start: false,
             extra: Vec::new(),
             // Jacobi2D's load is uniform: no steady-state balancing, so the
             // runs differ only by what the cloud did (a rescale still
@@ -468,11 +475,15 @@ fn hetero(b: &Bench, repeat: usize, periods: &[f64]) -> Result<Value> {
     // Mixed: 0.6 + 0.3 + 0.6 + 0.3 cores; equal: 4 x 0.45, the same 1.8.
     let mixed = format!("{types}fleet: {{ onDemand: fast, spot: [slow, fast, slow] }}\n");
     let equal = format!("{types}fleet: {{ onDemand: even, spot: [even, even, even] }}\n");
-    let configs: [(&str, &String, &'static str); 4] = [
-        ("equal 4 x 0.45 core (ideal)", &equal, "Null"),
-        ("equal 4 x 0.45 core", &equal, "ContiguousRateAware"),
-        ("mixed 2 x 0.6 + 2 x 0.3 core", &mixed, "Null"),
-        ("mixed 2 x 0.6 + 2 x 0.3 core", &mixed, "ContiguousRateAware"),
+    // The last: the blocks spread by the PEs' speeds before the first
+    // iteration (`jacobi2d --lb-at-start`), where the others start even
+    // and meet their first step at iteration 50.
+    let configs: [(&str, &String, &'static str, bool); 5] = [
+        ("equal 4 x 0.45 core (ideal)", &equal, "Null", false),
+        ("equal 4 x 0.45 core", &equal, "ContiguousRateAware", false),
+        ("mixed 2 x 0.6 + 2 x 0.3 core", &mixed, "Null", false),
+        ("mixed 2 x 0.6 + 2 x 0.3 core", &mixed, "ContiguousRateAware", false),
+        ("mixed 2 x 0.6 + 2 x 0.3 core, a step at start", &mixed, "ContiguousRateAware", true),
     ];
     // Compute-bound and short: 2048² in 128² blocks (256 blocks, 4x the
     // work per message of 1024² in 64² blocks), a step every 50 iterations.
@@ -484,7 +495,7 @@ fn hetero(b: &Bench, repeat: usize, periods: &[f64]) -> Result<Value> {
     let mut same = true;
     for rep in 0..repeat {
         for (p, &period) in periods.iter().enumerate() {
-            for (c, (fleet_label, fleet, lb)) in configs.iter().enumerate() {
+            for (c, (fleet_label, fleet, lb, at_start)) in configs.iter().enumerate() {
                 let label = format!("{fleet_label}, +lb {lb}, period {period} ms, run {}", rep + 1);
                 // A short name: the run's directory holds the launcher's socket.
                 let mut r = b.base(&format!("het{c}p{p}r{rep}"), 4, iters);
@@ -492,6 +503,7 @@ fn hetero(b: &Bench, repeat: usize, periods: &[f64]) -> Result<Value> {
                 r.block = block;
                 r.iters = iters;
                 r.lb_every = 50;
+                r.lb_at_start = *at_start;
                 r.lb = lb;
                 r.fleet = (*fleet).clone();
                 r.cpu_per_speed = Some(cpu);
@@ -532,7 +544,7 @@ fn hetero(b: &Bench, repeat: usize, periods: &[f64]) -> Result<Value> {
     for (p, &period) in periods.iter().enumerate() {
         // Each period against its own ideal: the equal fleet at that period.
         let ideal = median(&seconds[p][0]);
-        for (c, (fleet_label, _, lb)) in configs.iter().enumerate() {
+        for (c, (fleet_label, _, lb, _)) in configs.iter().enumerate() {
             let v = &seconds[p][c];
             let m = median(v);
             // Each sitting's ratio to the ideal run next to it.

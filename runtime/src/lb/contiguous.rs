@@ -303,6 +303,23 @@ mod tests {
     }
 
     #[test]
+    fn unmeasured_elements_are_cut_by_count_and_speed_when_rate_aware() {
+        let mut pes: Vec<PeStat> = (0..2).map(|q| pe(q, false)).collect();
+        pes[0].speed = 2.0 * pes[1].speed;
+        let mut s = stats(30, &[0, 1], pes);
+        for o in &mut s.objs {
+            o.load = 0.0;
+        }
+        let plan = Contiguous {
+            model: CostModel::RateAware,
+        }
+        .solve(&s)
+        .unwrap();
+        let place: Vec<u32> = s.objs.iter().map(|o| plan.pe_of(o.id).unwrap()).collect();
+        assert_eq!(runs(&place), vec![(0, 20), (1, 10)]);
+    }
+
+    #[test]
     fn unmeasured_elements_are_cut_by_count_and_all_leaving_is_an_error() {
         let pes: Vec<PeStat> = (0..2).map(|q| pe(q, false)).collect();
         let mut s = stats(10, &[0, 1], pes);

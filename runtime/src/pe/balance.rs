@@ -365,8 +365,17 @@ impl Scheduler {
         };
         let before = ratio(&Assignment::current(&stats));
         let after = ratio(&plan);
+        // With no element's load measured (every one discounted it:
+        // `Ctx::discount_load`), the ratios weigh only the PEs' background,
+        // and the strategy's placement by count is all there is to go by.
+        let unmeasured = stats
+            .objs
+            .iter()
+            .filter(|o| o.migratable)
+            .all(|o| o.load == 0.0);
         let worth = forced
             || restore
+            || unmeasured
             || !strategy.balances()
             || crate::lb::steady::worth_moving(before, after, options.lb_min_gain);
         let moves = if worth { moves } else { Vec::new() };
