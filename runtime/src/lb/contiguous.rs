@@ -68,7 +68,10 @@ struct Cut<'a> {
     /// Work of each movable element; every element counts 1 when nothing has
     /// been measured yet (a first step), so the runs are even by count.
     work: Vec<f64>,
-    /// Per PE: background plus non-migratable load, in seconds.
+    /// Per PE: background plus non-migratable load, in seconds; none when
+    /// the elements are counted, not measured (a count and seconds do not
+    /// add up: a step at start once put 1 block of 64 on the PE whose
+    /// startup had left it 22 ms of background).
     base: Vec<f64>,
 }
 
@@ -76,16 +79,16 @@ impl<'a> Cut<'a> {
     fn new(p: &'a Problem) -> Self {
         let movable: Vec<usize> = (0..p.objs.len()).filter(|&o| p.objs[o].movable).collect();
         let measured: Vec<f64> = movable.iter().map(|&o| p.objs[o].work.max(0.0)).collect();
-        let work = if measured.iter().sum::<f64>() > 0.0 {
-            measured
+        let (work, base) = if measured.iter().sum::<f64>() > 0.0 {
+            (measured, p.base_loads())
         } else {
-            vec![1.0; movable.len()]
+            (vec![1.0; movable.len()], vec![0.0; p.pes.len()])
         };
         Cut {
             p,
             movable,
             work,
-            base: p.base_loads(),
+            base,
         }
     }
 
@@ -306,6 +309,8 @@ mod tests {
     fn unmeasured_elements_are_cut_by_count_and_speed_when_rate_aware() {
         let mut pes: Vec<PeStat> = (0..2).map(|q| pe(q, false)).collect();
         pes[0].speed = 2.0 * pes[1].speed;
+        // Background seconds (a startup) do not weigh against a count.
+        pes[1].background = 5.0;
         let mut s = stats(30, &[0, 1], pes);
         for o in &mut s.objs {
             o.load = 0.0;
