@@ -503,6 +503,86 @@ fn a_step_before_the_first_iteration_spreads_the_blocks_by_speed() {
     );
 }
 
+/// `ductile run --node-cgroups` puts each launch node into its own group
+/// as it spawns it (what `ductile cloud` does for its instances), before
+/// its PEs start: a node of 0.5 core and one of 0.25 core report those
+/// shares at their first load-balancing step (the step before the first
+/// iteration, `--lb-at-start`), never a whole core, and the checksum is the
+/// reference's. Needs root and the cgroup v1 `cpu` controller; elsewhere
+/// it says why and checks nothing.
+#[test]
+fn launch_nodes_are_in_their_cgroups_before_their_first_step() {
+    let _machine = shared();
+    let controller = std::path::Path::new("/sys/fs/cgroup/cpu");
+    let groups: Vec<std::path::PathBuf> = (0..2)
+        .map(|k| controller.join(format!("ductile-e2e-node-{k}-{}", std::process::id())))
+        .collect();
+    for g in &groups {
+        if let Err(e) = std::fs::create_dir(g) {
+            eprintln!("skipped: cannot create a cgroup under {} ({e})", controller.display());
+            for g in &groups {
+                let _ = std::fs::remove_dir(g);
+            }
+            return;
+        }
+    }
+    let limits = groups.iter().zip(["5000", "2500"]).try_for_each(|(g, quota)| {
+        std::fs::write(g.join("cpu.cfs_period_us"), "10000")?;
+        std::fs::write(g.join("cpu.cfs_quota_us"), quota)
+    });
+    let state = tempfile::tempdir().expect("temp dir");
+    let listed = format!("{},{}", groups[0].display(), groups[1].display());
+    let job = limits.map(|()| {
+        std::process::Command::new(ductile_e2e::bin("ductile"))
+            .args(["run", "--nodes", "2", "--timeout", "120", "--node-cgroups", &listed])
+            .arg("--state-dir")
+            .arg(state.path())
+            .arg("--")
+            .arg(ductile_e2e::bin("jacobi2d"))
+            .args(["--grid", "256", "--block", "32", "--iters", "40", "--lb-every", "20", "--lb-at-start"])
+            .args(["--quiet", "+lb", "ContiguousRateAware"])
+            .env("DUCTILE_LOG", "ductile::pe::balance=info")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("spawning the job")
+    });
+    let removed: Vec<_> = groups.iter().map(std::fs::remove_dir).collect();
+    let out = job.expect("setting the groups' quotas");
+    for r in removed {
+        r.expect("removing the test's cgroup");
+    }
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "the job failed:\n{stdout}\n{stderr}");
+    let spec = Spec {
+        nx: 256,
+        ny: 256,
+        bx: 32,
+        by: 32,
+        iters: 40,
+        residual_every: 10,
+        lb_every: 20,
+        lb_at_start: true,
+    };
+    let want = format!("{:016x}", reference(&spec));
+    assert_eq!(
+        ductile_e2e::last_value(&stdout, "checksum").as_deref(),
+        Some(want.as_str())
+    );
+    for (pe, share) in [(0, "0.500"), (1, "0.250")] {
+        let said: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains(&format!("pe={pe} share=")))
+            .collect();
+        assert!(
+            !said.is_empty() && said.iter().all(|l| l.contains(&format!("{share} of a core"))),
+            "PE {pe} must report {share} of a core from its first step on:\n{stderr}"
+        );
+    }
+}
+
 /// A node in a cgroup with a CFS quota tells the balancer the share of a
 /// core each PE gets, read from its own cgroup, not from a timing: the job
 /// runs in a fresh group of 0.5 core (two PEs: a quarter each), the

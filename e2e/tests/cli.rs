@@ -604,6 +604,13 @@ fn nodes_of_different_pe_counts_run_one_job_with_the_one_node_result() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--node-pes names 2 PE counts for 3 nodes"), "{stderr}");
     assert!(!bad.path().join("job.json").exists(), "nothing was started: {stderr}");
+
+    let mut args = vec!["run", "-n", "3", "--node-cgroups", "/nonexistent/a,/nonexistent/b", "--state-dir", &bad_dir, "--"];
+    args.extend(program);
+    let (code, _, stderr) = ductile(&args);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--node-cgroups names 2 cgroups for 3 nodes"), "{stderr}");
+    assert!(!bad.path().join("job.json").exists(), "nothing was started: {stderr}");
 }
 
 /// A relaunch from a checkpoint starts every node with `--pes-per-node`

@@ -310,6 +310,12 @@ pub struct RunArgs {
     /// by `ductile expand` and `ductile rescale --add` still run.
     #[arg(long, value_name = "P0,P1,...", value_delimiter = ',', value_parser = parse_count)]
     pub node_pes: Vec<u32>,
+    /// A cgroup directory for each launch node, node 0 first: each node is
+    /// moved into its group as soon as it is spawned, so the group's CPU
+    /// quota holds before its PEs start (what `ductile cloud` gives its
+    /// instances).
+    #[arg(long, value_name = "DIR0,DIR1,...", value_delimiter = ',')]
+    pub node_cgroups: Vec<PathBuf>,
     /// Job name; names the default state directory.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_JOB)]
     pub job: String,

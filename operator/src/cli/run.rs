@@ -28,6 +28,7 @@ pub fn run(args: RunArgs) -> i32 {
         state_dir,
     );
     spec.node_pes = args.node_pes;
+    spec.node_cgroups = args.node_cgroups;
     spec.job = args.job;
     spec.transport = args.transport;
     spec.bind = args.bind;

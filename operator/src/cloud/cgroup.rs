@@ -73,9 +73,10 @@ impl Quotas {
         &self.root
     }
 
-    /// Gives `instance` `cores` of CPU (e.g. 0.5: half a core) and moves
-    /// `pid` (the whole process, every thread) into it.
-    pub fn place(&mut self, instance: &str, cores: f64, pid: u32) -> io::Result<()> {
+    /// Gives `instance` `cores` of CPU (e.g. 0.5: half a core): its
+    /// group, made once, for a process to join (`ductile run
+    /// --node-cgroups`, or [`Quotas::place`]).
+    pub fn prepare(&mut self, instance: &str, cores: f64) -> io::Result<PathBuf> {
         let dir = self.root.join(instance);
         if !dir.exists() {
             fs::create_dir(&dir)?;
@@ -84,6 +85,13 @@ impl Quotas {
             fs::write(dir.join("cpu.cfs_period_us"), period.to_string())?;
             fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string())?;
         }
+        Ok(dir)
+    }
+
+    /// Gives `instance` `cores` of CPU and moves `pid` (the whole process,
+    /// every thread) into it.
+    pub fn place(&mut self, instance: &str, cores: f64, pid: u32) -> io::Result<()> {
+        let dir = self.prepare(instance, cores)?;
         // cgroup.procs moves every thread of the process; threads it starts
         // later inherit the group.
         fs::write(dir.join("cgroup.procs"), pid.to_string())

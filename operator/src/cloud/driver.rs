@@ -29,6 +29,7 @@ use nix::sys::signal::Signal;
 use super::cgroup::{Quotas, CPU_CONTROLLER};
 use super::netns::{self, Network};
 use super::scenario::Network as NetworkMode;
+use super::Scenario;
 use super::record::{CheckpointRecord, Mark, NoticeToCommit, RecoveryRecord, Record, RescaleRecord, Sample};
 use super::sim::{Cloud, CloudEvent, InstanceState};
 use super::{CloudError, Loaded};
@@ -325,7 +326,7 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let cpu_per_speed = scenario.cpu_per_speed.unwrap_or(0.9 * cores / launch_speed.max(1e-9));
     let period_us = (scenario.cpu_period_ms * 1000.0).round() as u64;
-    let quotas = match Quotas::create(&opts.cpu_controller, &loaded.name, period_us) {
+    let mut quotas = match Quotas::create(&opts.cpu_controller, &loaded.name, period_us) {
         Ok(q) => Some(q),
         Err(e) => {
             say(&format!(
@@ -358,11 +359,29 @@ pub fn run(loaded: &Loaded, opts: &RunOptions, stop: &Arc<AtomicBool>, say: &mut
         program = n.wrapper().to_owned();
     }
 
+    // Each launch node is in its instance's quota from its start, as a pod
+    // is inside its limits (the launcher moves it there as it spawns it).
+    // Placed once every launch node was in the view, a launch node ran
+    // its first load-balancing step unthrottled, at full speed.
+    let mut node_cgroups = Vec::new();
+    if let Some(q) = quotas.as_mut() {
+        let groups: std::io::Result<Vec<PathBuf>> = launch
+            .iter()
+            .map(|(name, _, itype)| q.prepare(name, instance_cores(scenario, itype, cpu_per_speed).unwrap_or(1.0)))
+            .collect();
+        match groups {
+            Ok(g) => node_cgroups = g,
+            Err(e) => say(&format!(
+                "warning: the launch instances' CPU quotas cannot be made before their nodes start ({e}); they are placed once the nodes registered"
+            )),
+        }
+    }
     let bind = net.is_some().then(|| netns::BRIDGE_ADDR.to_string());
     let launch_pes = loaded.launch_pes();
     let first = Launch {
         nodes: loaded.replicas,
         node_pes: &launch_pes,
+        node_cgroups: &node_cgroups,
         program: &program,
         args: &args,
         restore: None,
@@ -464,11 +483,21 @@ pub fn check_mode(loaded: &Loaded, mode: Mode) -> Result<(), CloudError> {
     Ok(())
 }
 
+/// The cores of an instance of type `itype`: its speed times its PEs times
+/// the scenario's CPU per unit of speed.
+fn instance_cores(scenario: &Scenario, itype: &str, cpu_per_speed: f64) -> Option<f64> {
+    let t = scenario.instance_type(itype)?;
+    Some(t.speed * f64::from(t.pes) * cpu_per_speed)
+}
+
 /// One start of the job by `ductile run`.
 struct Launch<'a> {
     nodes: u32,
     /// PEs of each node (`--node-pes`); empty: `pesPerPod` each.
     node_pes: &'a [u32],
+    /// The cgroup each node joins before it runs (`--node-cgroups`); empty:
+    /// none (the driver places the nodes once they registered).
+    node_cgroups: &'a [PathBuf],
     program: &'a Path,
     args: &'a [String],
     /// The checkpoint directory it restores, if any.
@@ -491,6 +520,10 @@ fn launcher_command(loaded: &Loaded, opts: &RunOptions, launch: &Launch<'_>, log
     if !launch.node_pes.is_empty() {
         let pes: Vec<String> = launch.node_pes.iter().map(u32::to_string).collect();
         cmd.arg("--node-pes").arg(pes.join(","));
+    }
+    if !launch.node_cgroups.is_empty() {
+        let dirs: Vec<String> = launch.node_cgroups.iter().map(|d| d.display().to_string()).collect();
+        cmd.arg("--node-cgroups").arg(dirs.join(","));
     }
     if let Some(t) = opts.timeout {
         cmd.arg("--timeout").arg(format!("{}", t.as_secs_f64()));
@@ -891,8 +924,7 @@ impl Driver<'_> {
     }
 
     fn place(&mut self, name: &str, itype: &str, pid: u32, say: &mut dyn FnMut(&str)) {
-        let Some(t) = self.loaded.scenario.instance_type(itype) else { return };
-        let cores = t.speed * f64::from(t.pes) * self.cpu_per_speed;
+        let Some(cores) = instance_cores(&self.loaded.scenario, itype, self.cpu_per_speed) else { return };
         if let Some(q) = self.quotas.as_mut() {
             if let Err(e) = q.place(name, cores, pid) {
                 let msg = format!("cannot put its node into a CPU quota: {e}");
@@ -1283,6 +1315,7 @@ impl Driver<'_> {
         let launch = Launch {
             nodes,
             node_pes: &[],
+            node_cgroups: &[],
             program: &self.program,
             args: &self.args,
             restore: restore.as_deref(),

@@ -62,6 +62,12 @@ pub struct JobSpec {
     /// empty: every node runs [`Self::pes_per_node`]. Otherwise exactly
     /// [`Self::nodes`] counts of at least 1.
     pub node_pes: Vec<u32>,
+    /// A cgroup directory for each launch node, node 0 first (`ductile run
+    /// --node-cgroups`): the launcher moves each node into its group as
+    /// soon as it spawned it, so the group's CPU quota holds before the
+    /// node's PEs start, as a pod's limits do (the local cloud's
+    /// instances). Empty: none.
+    pub node_cgroups: Vec<PathBuf>,
     /// Transport name handed to the nodes (`DUCTILE_TRANSPORT`).
     pub transport: String,
     /// Address the nodes' transports and the coordinator bind.
@@ -122,6 +128,7 @@ impl JobSpec {
             nodes,
             pes_per_node,
             node_pes: Vec::new(),
+            node_cgroups: Vec::new(),
             transport: "tcp".to_owned(),
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             launch_timeout: Duration::from_secs(60),
@@ -247,6 +254,17 @@ pub enum LaunchError {
         index: u32,
         /// The program.
         program: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A node could not join its cgroup (`--node-cgroups`): it would run
+    /// outside its CPU quota.
+    #[error("cannot put node {index} into the cgroup {}: {source}", dir.display())]
+    NodeCgroup {
+        /// The node.
+        index: u32,
+        /// Its cgroup.
+        dir: PathBuf,
         /// The cause.
         source: io::Error,
     },
@@ -484,6 +502,13 @@ pub fn launch(
             spec.nodes
         )));
     }
+    if !spec.node_cgroups.is_empty() && spec.node_cgroups.len() != spec.nodes as usize {
+        return Err(LaunchError::InvalidSpec(format!(
+            "--node-cgroups names {} cgroups for {} nodes: give one per node",
+            spec.node_cgroups.len(),
+            spec.nodes
+        )));
+    }
     if spec.node_pes.contains(&0) {
         return Err(LaunchError::InvalidSpec(
             "--node-pes: every node runs at least 1 PE".to_owned(),
@@ -572,6 +597,7 @@ pub fn launch(
                 next.nodes = nodes;
                 // Refused for mixed shapes (watch.rs): one shape again.
                 next.node_pes.clear();
+                next.node_cgroups.clear();
                 next.restore = Some(ckpt);
                 state.nodes.clear();
                 state.newcomers.clear();
@@ -777,6 +803,18 @@ fn start_processes(
         fleet
             .nodes
             .push(Supervised::new(format!("node {index}"), child));
+        // At once, while the node is still loading: its quota holds before
+        // its PEs start, as a pod's limits hold before its container runs.
+        // (Joining between fork and exec would need `unsafe`.)
+        if let Some(dir) = spec.node_cgroups.get(index as usize) {
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(|source| {
+                LaunchError::NodeCgroup {
+                    index,
+                    dir: dir.clone(),
+                    source,
+                }
+            })?;
+        }
     }
     dir.write_job(state)?;
     tracing::debug!(elapsed = ?t0.elapsed(), "all processes started");
