@@ -349,6 +349,25 @@ fn steady_state_steps_move_only_when_the_gain_is_worth_it() {
     );
 }
 
+/// The statistics of step `n` that a job dumped into `dir` (`+lb-dump`).
+fn dumped_step(dir: &std::path::Path, n: u32) -> ductile::lb::stats::LbStats {
+    let name = std::fs::read_dir(dir)
+        .expect("dump dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find(|f| f.ends_with(&format!("-{n}.json")))
+        .unwrap_or_else(|| panic!("statistics of step {n} dumped"));
+    ductile::lb::stats::LbStats::load(&dir.join(name)).expect("statistics load")
+}
+
+/// Elements on PEs 0 and 1 when `stats` were taken.
+fn blocks_per_pe(stats: &ductile::lb::stats::LbStats) -> [usize; 2] {
+    let mut blocks = [0usize; 2];
+    for o in &stats.objs {
+        blocks[o.pe as usize] += 1;
+    }
+    blocks
+}
+
 /// Rate-aware balancing on a mixed-speed shape (PE 0 at full speed, PE 1
 /// at a tenth, emulated with `+pe-speed`) gives the fast PE more blocks
 /// than the slow one, and the result does not change. Where the blocks are
@@ -402,19 +421,7 @@ fn rate_aware_balancing_puts_more_blocks_on_faster_pes() {
     assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
     // Five steps (iterations 10 to 50); the last one's statistics show
     // where steps 1 to 4 put the 64 blocks.
-    let last = dump.path().join(
-        std::fs::read_dir(dump.path())
-            .expect("dump dir")
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.ends_with("-5.json"))
-            .next()
-            .expect("statistics of step 5 dumped"),
-    );
-    let stats = ductile::lb::stats::LbStats::load(&last).expect("statistics load");
-    let mut blocks = [0usize; 2];
-    for o in &stats.objs {
-        blocks[o.pe as usize] += 1;
-    }
+    let blocks = blocks_per_pe(&dumped_step(dump.path(), 5));
     assert_eq!(blocks.iter().sum::<usize>(), 64);
     assert!(
         blocks[1] < blocks[0] && blocks[1] < 64 / 2,
@@ -471,31 +478,16 @@ fn a_step_before_the_first_iteration_spreads_the_blocks_by_speed() {
     );
     job.expect_code(0, "jacobi2d --lb-at-start on PEs of speeds 1, 1/10");
     assert_eq!(job.value("checksum").as_deref(), Some(want.as_str()));
-    let step = |n: u32| {
-        let name = std::fs::read_dir(dump.path())
-            .expect("dump dir")
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .find(|f| f.ends_with(&format!("-{n}.json")))
-            .unwrap_or_else(|| panic!("statistics of step {n} dumped"));
-        ductile::lb::stats::LbStats::load(&dump.path().join(name)).expect("statistics load")
-    };
     // Step 1, before the first iteration: nothing measured, the blocks
     // where the block map created them (32 and 32).
-    let first = step(1);
+    let first = dumped_step(dump.path(), 1);
     assert!(
         first.objs.iter().all(|o| o.load == 0.0),
         "the blocks discounted their load, yet step 1 saw loads"
     );
-    let mut blocks = [0usize; 2];
-    for o in &first.objs {
-        blocks[o.pe as usize] += 1;
-    }
-    assert_eq!(blocks, [32, 32], "created by the block map");
+    assert_eq!(blocks_per_pe(&first), [32, 32], "created by the block map");
     // Step 2 (iteration 30) shows where step 1 put them.
-    let mut blocks = [0usize; 2];
-    for o in &step(2).objs {
-        blocks[o.pe as usize] += 1;
-    }
+    let blocks = blocks_per_pe(&dumped_step(dump.path(), 2));
     assert_eq!(blocks.iter().sum::<usize>(), 64);
     assert!(
         blocks[1] < 64 / 4,
@@ -519,27 +511,51 @@ fn launch_nodes_are_in_their_cgroups_before_their_first_step() {
         .collect();
     for g in &groups {
         if let Err(e) = std::fs::create_dir(g) {
-            eprintln!("skipped: cannot create a cgroup under {} ({e})", controller.display());
+            eprintln!(
+                "skipped: cannot create a cgroup under {} ({e})",
+                controller.display()
+            );
             for g in &groups {
                 let _ = std::fs::remove_dir(g);
             }
             return;
         }
     }
-    let limits = groups.iter().zip(["5000", "2500"]).try_for_each(|(g, quota)| {
-        std::fs::write(g.join("cpu.cfs_period_us"), "10000")?;
-        std::fs::write(g.join("cpu.cfs_quota_us"), quota)
-    });
+    let limits = groups
+        .iter()
+        .zip(["5000", "2500"])
+        .try_for_each(|(g, quota)| {
+            std::fs::write(g.join("cpu.cfs_period_us"), "10000")?;
+            std::fs::write(g.join("cpu.cfs_quota_us"), quota)
+        });
     let state = tempfile::tempdir().expect("temp dir");
     let listed = format!("{},{}", groups[0].display(), groups[1].display());
     let job = limits.map(|()| {
         std::process::Command::new(ductile_e2e::bin("ductile"))
-            .args(["run", "--nodes", "2", "--timeout", "120", "--node-cgroups", &listed])
+            .args([
+                "run",
+                "--nodes",
+                "2",
+                "--timeout",
+                "120",
+                "--node-cgroups",
+                &listed,
+            ])
             .arg("--state-dir")
             .arg(state.path())
             .arg("--")
             .arg(ductile_e2e::bin("jacobi2d"))
-            .args(["--grid", "256", "--block", "32", "--iters", "40", "--lb-every", "20", "--lb-at-start"])
+            .args([
+                "--grid",
+                "256",
+                "--block",
+                "32",
+                "--iters",
+                "40",
+                "--lb-every",
+                "20",
+                "--lb-at-start",
+            ])
             .args(["--quiet", "+lb", "ContiguousRateAware"])
             .env("DUCTILE_LOG", "ductile::pe::balance=info")
             .stdin(std::process::Stdio::null())
@@ -555,7 +571,11 @@ fn launch_nodes_are_in_their_cgroups_before_their_first_step() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert_eq!(out.status.code(), Some(0), "the job failed:\n{stdout}\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the job failed:\n{stdout}\n{stderr}"
+    );
     let spec = Spec {
         nx: 256,
         ny: 256,
@@ -577,7 +597,10 @@ fn launch_nodes_are_in_their_cgroups_before_their_first_step() {
             .filter(|l| l.contains(&format!("pe={pe} share=")))
             .collect();
         assert!(
-            !said.is_empty() && said.iter().all(|l| l.contains(&format!("{share} of a core"))),
+            !said.is_empty()
+                && said
+                    .iter()
+                    .all(|l| l.contains(&format!("{share} of a core"))),
             "PE {pe} must report {share} of a core from its first step on:\n{stderr}"
         );
     }

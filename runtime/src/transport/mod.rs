@@ -261,6 +261,47 @@ pub(crate) fn thread_cpu_ns(tid: u64) -> Option<u64> {
         .ok()
 }
 
+/// Two threads that act as the idle PEs of one node, for the transports'
+/// tests: each in turn starts spinning, polls the transport (50 and 80
+/// times), and stops, until [`SpinningPes::stop`].
+#[cfg(test)]
+pub(crate) struct SpinningPes {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+#[cfg(test)]
+impl SpinningPes {
+    pub(crate) fn start(t: Arc<dyn Transport>) -> SpinningPes {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..2)
+            .map(|k| {
+                let (t, stop) = (t.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        t.pe_spinning(true);
+                        for _ in 0..50 + k * 30 {
+                            t.poll();
+                        }
+                        t.pe_spinning(false);
+                        std::thread::yield_now();
+                    }
+                })
+            })
+            .collect();
+        SpinningPes { stop, threads }
+    }
+
+    /// Ends both, each after it stopped spinning.
+    pub(crate) fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for t in self.threads {
+            t.join().expect("a spinning PE panicked");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

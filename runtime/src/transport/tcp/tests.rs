@@ -615,31 +615,13 @@ fn frames_read_by_spinning_pes_and_the_receive_thread_in_turn_keep_per_pair_orde
     });
     // Two "PEs" that spin and stop in turn, while the receive thread reads
     // whenever neither spins.
-    let stop = Arc::new(AtomicBool::new(false));
-    let pes: Vec<_> = (0..2)
-        .map(|k| {
-            let (b, stop) = (b.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    b.pe_spinning(true);
-                    for _ in 0..50 + k * 30 {
-                        b.poll();
-                    }
-                    b.pe_spinning(false);
-                    std::thread::yield_now();
-                }
-            })
-        })
-        .collect();
+    let pes = crate::transport::SpinningPes::start(b.clone());
     for i in 0..N {
         let (_, f) = rx.recv_timeout(WAIT).unwrap();
         let want = mixed_frame(i);
         assert_eq!(&f[..4], &i.to_le_bytes(), "frame {i} arrived out of order");
         assert!(f == want, "frame {i}: content");
     }
-    stop.store(true, Ordering::SeqCst);
-    for pe in pes {
-        pe.join().unwrap();
-    }
+    pes.stop();
     sender.join().unwrap();
 }

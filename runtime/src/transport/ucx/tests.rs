@@ -606,29 +606,11 @@ fn frames_received_by_spinning_pes_and_the_thread_in_turn_keep_per_pair_order() 
     });
     // Two "PEs" that spin and stop in turn, while the communication thread
     // progresses whenever neither spins.
-    let stop = Arc::new(AtomicBool::new(false));
-    let pes: Vec<_> = (0..2)
-        .map(|k| {
-            let (b, stop) = (b.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    b.pe_spinning(true);
-                    for _ in 0..50 + k * 30 {
-                        b.poll();
-                    }
-                    b.pe_spinning(false);
-                    std::thread::yield_now();
-                }
-            })
-        })
-        .collect();
+    let pes = crate::transport::SpinningPes::start(b.clone());
     for i in 0..N {
         let (_, f) = rx.recv_timeout(WAIT).unwrap();
         assert!(f == fill(i), "frame {i} arrived out of order or damaged");
     }
-    stop.store(true, Ordering::SeqCst);
-    for pe in pes {
-        pe.join().unwrap();
-    }
+    pes.stop();
     drop(sender.join().unwrap());
 }
