@@ -1,16 +1,16 @@
 //! The communication thread of a node's UCX transport, and what it sleeps on.
 //!
 //! The thread progresses the worker, receives and delivers, and moves
-//! closing endpoints along. It sleeps on an epoll set of its own
-//! ([`WakeSet`]): an eventfd for the transport's own calls (stop, an
-//! endpoint to close) and the worker's event fd. In `pe` progress mode an
-//! idle PE progresses the worker itself while it spins and then sleeps on
-//! the worker's event fd ([`Transport::wait_fd`](crate::transport::Transport::wait_fd));
-//! meanwhile the worker's fd is out of the thread's set and the thread
-//! does not progress, so a message wakes the PE alone and nothing competes
-//! with it for the core. The last PE to stop spinning arms the worker and
-//! puts the fd back: while the PEs compute, the thread carries what is in
-//! flight (a rendezvous a peer waits on, an arrival) as in `thread` mode.
+//! closing endpoints along. It sleeps ([`WakeSet`]) on an eventfd for the
+//! transport's own calls (stop, an endpoint to close) and on the worker's
+//! event fd. In `pe` progress mode an idle PE progresses the worker itself
+//! while it spins and then sleeps on the worker's event fd
+//! ([`Transport::wait_fd`](crate::transport::Transport::wait_fd));
+//! meanwhile the thread neither progresses nor watches the worker, but
+//! dozes on its eventfd, so a message wakes the PE alone and nothing
+//! competes with it for the core. Once no PE spins (they compute), the
+//! thread takes the worker back within its doze and carries what arrives
+//! or is in flight (a rendezvous a peer waits on) as in `thread` mode.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
