@@ -32,6 +32,14 @@ pub type IndexKey = u128;
 /// so creation needs no coordination and ids survive renumbering.
 pub type CollId = u64;
 
+/// A map keyed by collection ids, index keys, or both: the tables every
+/// message looks up on its way (the PE's stores, its location tables).
+/// FxHash, not the standard SipHash: a lookup costs a few nanoseconds
+/// instead of tens, and these keys are the job's own ids, not input an
+/// attacker chooses (a peer that could send frames could do worse than
+/// collide hashes, and peers prove the job's secret when they connect).
+pub(crate) type IdMap<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>;
+
 /// The main chare's collection id.
 pub const MAIN_COLL: CollId = 1;
 

@@ -26,7 +26,6 @@
 //! `pe/api.rs`); the only way out of the PE is `pe/send.rs`. [`Scheduler`] adds the collection stores, dispatch, and
 //! [`Scheduler::system`], which hands each runtime message to its service.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tracing::error;
@@ -50,7 +49,7 @@ pub(crate) use queue::Inbox;
 pub(crate) use reentry::{PeCommand, Reentry};
 
 use crate::collection::Store;
-use crate::msg::{CollId, Dest, Envelope};
+use crate::msg::{CollId, Dest, Envelope, IdMap};
 use crate::node::NodeShared;
 use crate::system::{Departure, Service, SysMsg};
 use crate::topo::{Pe as PeId, Topology};
@@ -93,7 +92,7 @@ pub(crate) struct PeState {
 /// A PE: its runtime handle plus the local members of every collection.
 pub(crate) struct Scheduler {
     ctx: PeState,
-    stores: HashMap<CollId, Box<dyn Store>>,
+    stores: IdMap<CollId, Box<dyn Store>>,
 }
 
 impl Scheduler {
@@ -119,7 +118,7 @@ impl Scheduler {
         };
         Scheduler {
             ctx,
-            stores: HashMap::new(),
+            stores: IdMap::default(),
         }
     }
 

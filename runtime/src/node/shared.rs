@@ -129,8 +129,10 @@ impl NodeShared {
     }
 
     /// The transport, once there is one (a standalone node has none).
-    pub(crate) fn transport_if_any(&self) -> Option<Arc<dyn Transport>> {
-        self.transport.get().cloned()
+    /// Borrowed, not cloned: every idle PE asks, and a clone's reference
+    /// count is a cache line that all of a node's PEs would write.
+    pub(crate) fn transport_if_any(&self) -> Option<&dyn Transport> {
+        self.transport.get().map(|t| &**t)
     }
 
     pub(crate) fn transport(&self) -> Arc<dyn Transport> {

@@ -380,11 +380,11 @@ impl Scheduler {
             ));
         }
         populations.sort_unstable_by_key(|(c, _)| *c);
-        let sorted = |m: &std::collections::HashMap<CollId, u64>| {
-            let mut v: Vec<(CollId, u64)> = m.iter().map(|(c, n)| (*c, *n)).collect();
+        fn sorted<'a>(m: impl IntoIterator<Item = (&'a CollId, &'a u64)>) -> Vec<(CollId, u64)> {
+            let mut v: Vec<(CollId, u64)> = m.into_iter().map(|(c, n)| (*c, *n)).collect();
             v.sort_unstable();
             v
-        };
+        }
         let mut broadcasts = sorted(&self.ctx.loc.next_bcast);
         for (coll, store) in &self.stores {
             if let Some(b) = broadcasts.iter_mut().find(|(c, _)| c == coll) {

@@ -8,12 +8,11 @@
 //! cached PE or the home; the home forwards it and tells the sender where
 //! the element is.
 
-use std::collections::HashMap;
 
 use tracing::error;
 
 use super::{misrouted, PeState, Scheduler};
-use crate::msg::{CollId, Dest, Envelope, IndexKey, MAIN_COLL};
+use crate::msg::{CollId, Dest, Envelope, IdMap, IndexKey, MAIN_COLL};
 use crate::node::NodeShared;
 use crate::registry::LinearFn;
 use crate::system::{CreateSpec, Departure, ElemMeta, Shape, SysMsg};
@@ -28,21 +27,21 @@ pub(super) struct CollInfo {
 /// A PE's location tables.
 pub(super) struct Locations {
     /// The collections created here (or by this PE), by id.
-    pub(super) colls: HashMap<CollId, CollInfo>,
+    pub(super) colls: IdMap<CollId, CollInfo>,
     /// Messages for collections not created here yet.
-    pub(super) unknown: HashMap<CollId, Vec<Envelope>>,
+    pub(super) unknown: IdMap<CollId, Vec<Envelope>>,
     /// Where an element is (or was last sent): `(PE, its move count there)`.
     /// Entries only ever move to a higher move count, so following them
     /// always ends at the element (see [`PeState::learn`]).
-    pub(super) cache: HashMap<(CollId, IndexKey), (PeId, u64)>,
+    pub(super) cache: IdMap<(CollId, IndexKey), (PeId, u64)>,
     /// For elements whose home is this PE: where they live, by move count.
-    pub(super) homes: HashMap<(CollId, IndexKey), (PeId, u64)>,
+    pub(super) homes: IdMap<(CollId, IndexKey), (PeId, u64)>,
     /// At the home: messages for elements not inserted yet.
-    pub(super) waiting: HashMap<(CollId, IndexKey), Vec<Envelope>>,
+    pub(super) waiting: IdMap<(CollId, IndexKey), Vec<Envelope>>,
     /// Elements that left this PE in the last handler (moved or destroyed).
     pub(super) departures: Vec<Departure>,
     /// Root: broadcast sequence numbers, by collection.
-    pub(super) next_bcast: HashMap<CollId, u64>,
+    pub(super) next_bcast: IdMap<CollId, u64>,
     /// Root: every collection's creation, in order (newcomers adopt them).
     pub(super) specs: Vec<CreateSpec>,
 }
@@ -50,7 +49,7 @@ pub(super) struct Locations {
 impl Locations {
     /// Every PE knows the main chare's collection: one element, on PE 0.
     pub(super) fn new(node: &NodeShared, _pe: PeId) -> Self {
-        let mut colls = HashMap::new();
+        let mut colls = IdMap::default();
         if let Some(main) = node
             .registry
             .main_type
@@ -69,12 +68,12 @@ impl Locations {
         }
         Locations {
             colls,
-            unknown: HashMap::new(),
-            cache: HashMap::new(),
-            homes: HashMap::new(),
-            waiting: HashMap::new(),
+            unknown: IdMap::default(),
+            cache: IdMap::default(),
+            homes: IdMap::default(),
+            waiting: IdMap::default(),
             departures: Vec::new(),
-            next_bcast: HashMap::new(),
+            next_bcast: IdMap::default(),
             specs: Vec::new(),
         }
     }
