@@ -12,6 +12,7 @@
 //!
 //! `tcp` is always built; `ucx` with the cargo feature `ucx`.
 
+mod handback;
 pub mod tcp;
 #[cfg(feature = "ucx")]
 pub mod ucx;

@@ -251,6 +251,6 @@ impl Transport for TcpTransport {
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         self.rx.stop.store(true, Ordering::SeqCst);
-        let _ = self.rx.waker.wake();
+        self.rx.handback.wake();
     }
 }

@@ -9,24 +9,28 @@
 //! (`DUCTILE_TCP_PROGRESS=pe`, the default: [`RxShared::progress`]), so a
 //! frame that arrives for a waiting PE costs no thread hop and no wake-up;
 //! otherwise the receive thread, whose own epoll set holds the
-//! connections' set while no PE spins. When nothing arrives the thread
-//! blocks in epoll, after an optional bounded spin (`DUCTILE_TCP_SPIN_US`).
+//! connections' set. While PEs hold them the thread leaves them alone and
+//! dozes ([`Handback`]); it takes them back within its doze once no PE
+//! spins, so a PE that stops to run a message and spins again costs no
+//! system call. When nothing arrives the thread blocks in epoll, after an
+//! optional bounded spin (`DUCTILE_TCP_SPIN_US`).
 
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ductile_coordinator::secret::Secret;
 use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use mio::{Events, Interest, Poll, Token};
 use tracing::{debug, error, warn};
 
 use super::handshake::accept_handshake;
 use super::{io_err, KIND_BYE, MAX_FRAME};
+use crate::transport::handback::{Handback, HANDBACK_NAP};
 use crate::transport::{current_tid, Sink, Tag, TransportError};
 
 /// Who reads the connections while a PE of the node spins
@@ -65,21 +69,17 @@ pub(super) struct RxShared {
     pub(super) stop: AtomicBool,
     /// Authenticated connections the handshake threads hand over.
     pub(super) handed: Mutex<Vec<(u64, TcpStream)>>,
-    pub(super) waker: Waker,
+    /// Who holds the connections, and the receive thread's wake-ups (its
+    /// eventfd is in the thread's epoll set as [`WAKER`]).
+    pub(super) handback: Handback,
     /// The receive thread's kernel thread id, once it started (tests).
     pub(super) tid: AtomicU64,
     /// The incoming connections: whoever reads them holds this for the
     /// call, so frames of a connection are delivered in order.
     conns: Mutex<Conns>,
-    /// The connections' epoll set, in the receive thread's set while no
-    /// PE spins.
-    conns_fd: RawFd,
-    /// The same set, for a PE to sleep on ([`RxShared::wait_fd`]).
+    /// The connections' epoll set, for a PE to sleep on
+    /// ([`RxShared::wait_fd`]); it is in the receive thread's set too.
     conns_wait: OwnedFd,
-    /// The receive thread's epoll set, for moving `conns_fd` in and out.
-    thread_registry: Registry,
-    /// PEs of this node spinning now.
-    spinning: Mutex<usize>,
     progress: Progress,
     sink: Arc<dyn Sink>,
 }
@@ -126,6 +126,17 @@ fn spin_from_env() -> Duration {
 /// spin 283 µs. It pays only for the transport alone beside a busy
 /// neighbour, where nothing else of the node wants the core.
 pub const DEFAULT_SPIN_US: u64 = 0;
+
+/// The receive thread's longest doze while PEs hold the connections: a
+/// hand-back that no PE announces (it stopped while the thread dozed
+/// short) waits at most [`HANDBACK_NAP`]; this bounds one that should have
+/// been announced and was not.
+#[cfg(not(test))]
+const DOZE_MAX: Duration = Duration::from_millis(50);
+/// In the unit tests far longer than what they wait for a frame, so a
+/// hand-back that does not wake the thread fails them.
+#[cfg(test)]
+const DOZE_MAX: Duration = Duration::from_secs(30);
 
 /// What reading a connection came to.
 enum ConnState {
@@ -205,8 +216,13 @@ impl Conn {
         Ok(None)
     }
 
-    /// Reads everything the socket holds (the registration is edge-triggered).
+    /// Reads everything the socket holds (the registration is
+    /// edge-triggered). A read that comes back short of the room it was
+    /// given has emptied the socket (epoll(7), on stream sockets): what
+    /// arrives after it raises a new edge, so no read is spent to hear
+    /// `EAGAIN` (one system call per message saved).
     fn on_readable(&mut self, sink: &dyn Sink) -> Result<ConnState, String> {
+        let mut drained = false;
         loop {
             if let Some((_, frame, len)) = &mut self.big {
                 let want = (*len - frame.len()) as u64;
@@ -226,15 +242,22 @@ impl Conn {
             if let Some(state) = self.parse(sink)? {
                 return Ok(state);
             }
+            if drained {
+                return Ok(ConnState::Open);
+            }
             if self.big.is_some() {
                 continue;
             }
+            let room = STAGE - self.end;
             match (&self.stream).read(&mut self.stage[self.end..]) {
                 Ok(0) if self.end > self.start => {
                     return Err("connection ended inside a frame".into())
                 }
                 Ok(0) => return Err("connection ended: no BYE".into()),
-                Ok(n) => self.end += n,
+                Ok(n) => {
+                    self.end += n;
+                    drained = n < room;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ConnState::Open),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(format!("connection ended: {e}")),
@@ -257,7 +280,14 @@ pub(super) fn start_receiver(
         .map_err(io_err("making the listener non-blocking"))?;
     let progress = Progress::from_env()?;
     let poll = Poll::new().map_err(io_err("creating the epoll set"))?;
-    let waker = Waker::new(poll.registry(), WAKER).map_err(io_err("creating a waker"))?;
+    let handback = Handback::new().map_err(io_err("creating the receive thread's eventfd"))?;
+    poll.registry()
+        .register(
+            &mut SourceFd(&handback.own_fd().as_raw_fd()),
+            WAKER,
+            Interest::READABLE,
+        )
+        .map_err(io_err("watching the receive thread's eventfd"))?;
     poll.registry()
         .register(
             &mut SourceFd(&listener.as_raw_fd()),
@@ -276,21 +306,14 @@ pub(super) fn start_receiver(
     poll.registry()
         .register(&mut SourceFd(&conns_fd), CONNS, Interest::READABLE)
         .map_err(io_err("watching the connections' epoll set"))?;
-    let thread_registry = poll
-        .registry()
-        .try_clone()
-        .map_err(io_err("sharing the receive thread's epoll set"))?;
     let rx = Arc::new(RxShared {
         closing,
         stop: AtomicBool::new(false),
         handed: Mutex::new(Vec::new()),
-        waker,
+        handback,
         tid: AtomicU64::new(0),
         conns: Mutex::new(conns),
-        conns_fd,
         conns_wait,
-        thread_registry,
-        spinning: Mutex::new(0),
         progress,
         sink,
     });
@@ -325,36 +348,30 @@ impl RxShared {
     }
 
     /// A PE of this node starts (`true`) or stops spinning. While any
-    /// spins, the connections' set is out of the receive thread's: what
-    /// arrives is read by the spinning PE, and the receive thread is not
-    /// woken (on two cores its wake-up cost more than the frame). The last
-    /// PE to stop puts it back, before it runs anything that might block
-    /// (a send to a peer that waits for this node to read): a set with
-    /// frames waiting wakes the receive thread at once.
+    /// spins, the connections are the PEs': the receive thread neither
+    /// reads nor watches them (on two cores its wake-up cost more than the
+    /// frame), and takes them back within its doze once none spins
+    /// ([`Handback`]). An atomic count, no system call: a PE that stops to
+    /// run a message and spins again costs nothing here.
     pub(super) fn pe_spinning(&self, spinning: bool) {
-        if self.progress != Progress::Pe {
-            return;
+        if self.progress == Progress::Pe {
+            self.handback.pe_spinning(spinning);
         }
-        let mut n = self.spinning.lock().expect("spin count poisoned");
-        let mut fd = SourceFd(&self.conns_fd);
-        let moved = match (spinning, *n) {
-            (true, 0) => Some(self.thread_registry.deregister(&mut fd)),
-            (false, 1) => Some(
-                self.thread_registry
-                    .register(&mut fd, CONNS, Interest::READABLE),
-            ),
-            _ => None,
-        };
-        if let Some(Err(e)) = moved {
-            // The receive thread would not see frames while no PE spins:
-            // nothing would be received.
-            error!("cannot move the TCP connections' epoll set between the receive thread and the PEs: {e}");
+    }
+
+    /// Watches the connections the handshake threads handed over.
+    fn adopt_handed(&self) {
+        let handed = std::mem::take(&mut *self.handed.lock().expect("handover poisoned"));
+        if !handed.is_empty() {
+            let mut conns = self.conns.lock().expect("connections poisoned");
+            conns.adopt(handed, &*self.sink, &self.closing);
         }
-        *n = if spinning {
-            *n + 1
-        } else {
-            n.saturating_sub(1)
-        };
+    }
+
+    /// Reads what the connections hold now (the receive thread).
+    fn read_all(&self) {
+        let mut conns = self.conns.lock().expect("connections poisoned");
+        conns.read_ready(&*self.sink, &self.closing);
     }
 }
 
@@ -463,9 +480,29 @@ fn receive_loop(mut poll: Poll, listener: TcpListener, secret: Secret, rx: Arc<R
     let spin = spin_from_env();
     let mut events = Events::with_capacity(8);
     let mut active_at = Instant::now();
+    // While PEs hold the connections: the turns last seen, and the last doze.
+    let (mut turns, mut nap) = (u64::MAX, HANDBACK_NAP);
+    // The PEs held the connections since the thread last read them: what
+    // arrived meanwhile may be waiting with no event left to announce it
+    // (the connections' set is in this thread's set edge-triggered).
+    let mut held = false;
     loop {
         if rx.stop.load(Ordering::SeqCst) {
             return;
+        }
+        if rx.handback.pes_progress() {
+            // The PEs read; the thread only adopts and accepts peers (a
+            // newcomer's connection must not wait for the PEs to stop).
+            held = true;
+            nap = rx.handback.next_nap(&mut turns, nap, DOZE_MAX);
+            rx.handback.doze(nap, Some(listener.as_fd()));
+            rx.adopt_handed();
+            accept_all(&listener, &secret, &rx);
+            continue;
+        }
+        turns = u64::MAX;
+        if std::mem::take(&mut held) {
+            rx.read_all();
         }
         let timeout = (active_at.elapsed() < spin).then_some(Duration::ZERO);
         if let Err(e) = poll.poll(&mut events, timeout) {
@@ -483,16 +520,12 @@ fn receive_loop(mut poll: Poll, listener: TcpListener, secret: Secret, rx: Arc<R
             match ev.token() {
                 LISTENER => accept_all(&listener, &secret, &rx),
                 WAKER => {
-                    let handed = std::mem::take(&mut *rx.handed.lock().expect("handover poisoned"));
-                    if !handed.is_empty() {
-                        let mut conns = rx.conns.lock().expect("connections poisoned");
-                        conns.adopt(handed, &*rx.sink, &rx.closing);
-                    }
+                    rx.handback.drain();
+                    rx.adopt_handed();
                 }
-                CONNS => {
-                    let mut conns = rx.conns.lock().expect("connections poisoned");
-                    conns.read_ready(&*rx.sink, &rx.closing);
-                }
+                // A PE started spinning since: the frame is its to read.
+                CONNS if rx.handback.pes_progress() => held = true,
+                CONNS => rx.read_all(),
                 _ => {}
             }
         }
@@ -532,9 +565,7 @@ fn accept_all(listener: &TcpListener, secret: &Secret, rx: &Arc<RxShared>) {
                             .lock()
                             .expect("handover poisoned")
                             .push((uid, stream));
-                        if let Err(e) = rx.waker.wake() {
-                            error!("cannot wake the TCP receive thread: {e}");
-                        }
+                        rx.handback.wake();
                     }
                     Err(e) => warn!("refused a connection from {peer}: {e}"),
                 }

@@ -573,6 +573,32 @@ fn a_pe_sleeping_on_the_wait_fd_is_woken_by_a_frame_and_reads_it_itself() {
     assert_eq!((by, &f[..]), (b.receive_tid(), &b"after"[..]));
 }
 
+/// While a PE holds the connections the receive thread dozes, but still
+/// accepts and adopts: a peer that connects then (a newcomer during a
+/// rescale) completes its handshake, and its frames reach the spinning PE.
+#[test]
+fn a_peer_that_connects_while_a_pe_spins_is_adopted_and_read_by_that_pe() {
+    let s = Secret::generate();
+    let a = node(&s, 1);
+    let (tx, rx) = unbounded();
+    let b = Node {
+        t: bound(&s, 2, Arc::new(ByThread(tx))),
+        frames: unbounded().1,
+        lost: unbounded().1,
+        uid: 2,
+    };
+    let me = super::super::current_tid();
+    b.t.pe_spinning(true);
+    // Long enough for the receive thread's doze to grow past its first nap.
+    std::thread::sleep(Duration::from_millis(100));
+    let v = view(1, &[&a, &b]);
+    a.t.reconcile(&v, 0).unwrap();
+    a.t.send(1, Tag::new(0, 1, 1), &[b"hello"]).unwrap();
+    let got = poll_for(&b.t, &rx, 1);
+    assert_eq!(got, [(me, b"hello".to_vec())]);
+    b.t.pe_spinning(false);
+}
+
 #[test]
 fn frames_that_came_while_a_pe_spun_without_polling_are_read_once_it_stops() {
     let (a, b, rx) = pair_by_thread();

@@ -51,8 +51,9 @@ use std::time::{Duration, Instant};
 use ductile_coordinator::proto::{NodeId, View};
 use tracing::{debug, error};
 
+use super::handback::Handback;
 use super::{Reconciled, Sink, Tag, Transport, TransportError, KIND_BITS};
-use thread::{comm_loop, Leaving, WakeSet};
+use thread::{comm_loop, Leaving};
 
 /// Kind bit of the frame a node sends before closing an endpoint on purpose
 /// (its body: the sender's uid). Runtime kinds stay below it.
@@ -140,7 +141,7 @@ struct Shared {
     receives: AtomicU64,
     leaving: Mutex<Vec<Leaving>>,
     /// What the communication thread sleeps on.
-    set: WakeSet,
+    set: Handback,
 }
 
 /// The UCX transport of one node.
@@ -190,7 +191,7 @@ impl UcxTransport {
         progress: Progress,
     ) -> Result<Arc<Self>, TransportError> {
         let worker = ffi::Worker::new(settings, peer_errors).map_err(ucx_err("starting UCX"))?;
-        let set = WakeSet::new().map_err(|source| TransportError::Io {
+        let set = Handback::new().map_err(|source| TransportError::Io {
             context: "setting up the UCX communication thread's wake-ups".into(),
             source,
         })?;

@@ -1,7 +1,8 @@
 //! The communication thread of a node's UCX transport, and what it sleeps on.
 //!
 //! The thread progresses the worker, receives and delivers, and moves
-//! closing endpoints along. It sleeps ([`WakeSet`]) on an eventfd for the
+//! closing endpoints along. It sleeps
+//! ([`Handback`](crate::transport::handback::Handback)) on an eventfd for the
 //! transport's own calls (stop, an endpoint to close) and on the worker's
 //! event fd. In `pe` progress mode an idle PE progresses the worker itself
 //! while it spins and then sleeps on the worker's event fd
@@ -12,18 +13,12 @@
 //! thread takes the worker back within its doze and carries what arrives
 //! or is in flight (a rendezvous a peer waits on) as in `thread` mode.
 
-use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use std::os::fd::AsFd;
-
-use nix::poll::{PollFd, PollFlags, PollTimeout};
-use nix::sys::eventfd::{EfdFlags, EventFd};
-use tracing::error;
-
 use super::{ffi, Rx, Shared};
+use crate::transport::handback::HANDBACK_NAP;
 use crate::transport::Sink;
 
 /// How long the communication thread spins before sleeping on the event fd.
@@ -51,10 +46,6 @@ const BUSY_SLEEP: Duration = Duration::from_millis(1);
 /// How long a closing endpoint may take before it is abandoned.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
-/// How long the communication thread dozes at first while PEs hold the
-/// worker and come and go: the longest a hand-back may wait for it.
-const HANDBACK_NAP: Duration = Duration::from_millis(1);
-
 /// An endpoint on its way out.
 pub(super) enum Leaving {
     /// Its `BYE` is in flight; close once it left (or at the deadline).
@@ -68,102 +59,6 @@ pub(super) enum Leaving {
         close: ffi::Closing,
         deadline: Instant,
     },
-}
-
-/// How the communication thread sleeps, and what the PEs tell it.
-///
-/// The thread sleeps on its own eventfd and, when it progresses the
-/// worker, on the worker's event fd (armed). While a PE spins (`pe` mode)
-/// the PE progresses the worker and sleeps on the worker's fd itself, and
-/// the thread dozes on its eventfd alone: for [`HANDBACK_NAP`] at first,
-/// twice as long each time no PE came or went meanwhile, up to
-/// [`SLEEP`]. The last PE to stop wakes it only from such a long doze:
-/// a PE that stops to run a message and spins again microseconds later
-/// (a message exchange) costs no system call and no wake-up, and the
-/// worker is not armed on the way, so peers send to it without signalling.
-pub(super) struct WakeSet {
-    own: EventFd,
-    /// PEs of this node spinning now (`pe` progress mode only).
-    spinning: AtomicUsize,
-    /// Counts every `pe_spinning` call: whether PEs came or went.
-    turns: AtomicU64,
-    /// The thread dozes longer than [`HANDBACK_NAP`].
-    dozing: AtomicBool,
-}
-
-impl WakeSet {
-    pub(super) fn new() -> io::Result<WakeSet> {
-        Ok(WakeSet {
-            own: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
-            spinning: AtomicUsize::new(0),
-            turns: AtomicU64::new(0),
-            dozing: AtomicBool::new(false),
-        })
-    }
-
-    /// Wakes the thread whoever progresses the worker: for what only the
-    /// thread does (stopping, closing endpoints).
-    pub(super) fn wake(&self) {
-        let _ = self.own.write(1);
-    }
-
-    /// Whether any PE of the node spins, and so progresses the worker and
-    /// may sleep on its event fd.
-    pub(super) fn pes_progress(&self) -> bool {
-        self.spinning.load(Ordering::SeqCst) > 0
-    }
-
-    /// A PE of this node starts (`true`) or stops spinning.
-    pub(super) fn pe_spinning(&self, spinning: bool) {
-        let before = if spinning {
-            self.spinning.fetch_add(1, Ordering::SeqCst)
-        } else {
-            self.spinning
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                    Some(n.saturating_sub(1))
-                })
-                .expect("the update always applies")
-        };
-        self.turns.fetch_add(1, Ordering::SeqCst);
-        if !spinning && before == 1 && self.dozing.load(Ordering::SeqCst) {
-            self.wake();
-        }
-    }
-
-    /// Sleeps up to `timeout` on the thread's eventfd and, with `worker`
-    /// (armed by the caller), on the worker's event fd.
-    fn sleep(&self, worker: Option<&ffi::Worker>, timeout: Duration) {
-        let mut fds = [
-            PollFd::new(self.own.as_fd(), PollFlags::POLLIN),
-            PollFd::new(
-                worker.map_or(self.own.as_fd(), |w| w.efd()),
-                PollFlags::POLLIN,
-            ),
-        ];
-        let watched = if worker.is_some() { 2 } else { 1 };
-        let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
-        match nix::poll::poll(&mut fds[..watched], timeout) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => {
-                error!("the UCX communication thread cannot sleep (poll: {e}); it naps 1 ms");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        if fds[0].revents().is_some_and(|r| !r.is_empty()) {
-            let _ = self.own.read();
-        }
-    }
-
-    /// While PEs hold the worker: dozes `nap` on the thread's eventfd, and
-    /// returns at once if the last PE stopped meanwhile.
-    fn doze(&self, nap: Duration) {
-        let long = nap > HANDBACK_NAP;
-        self.dozing.store(long, Ordering::SeqCst);
-        if !long || self.pes_progress() {
-            self.sleep(None, nap);
-        }
-        self.dozing.store(false, Ordering::SeqCst);
-    }
 }
 
 /// Moves leaving endpoints along; returns how many are left.
@@ -215,21 +110,18 @@ pub(super) fn comm_loop(
         let stopping = shared.stop.load(Ordering::SeqCst);
         // While a PE spins it progresses the worker: the thread only
         // closes endpoints, and dozes until the PEs hand the worker back
-        // (see `WakeSet`).
+        // (see `transport::handback`).
         if shared.set.pes_progress() && !stopping {
             let leaving = move_leaving(&shared);
-            let now = shared.set.turns.load(Ordering::SeqCst);
-            nap = if now != turns {
-                HANDBACK_NAP
-            } else {
-                (nap * 2).min(SLEEP)
-            };
-            turns = now;
-            shared.set.doze(if leaving > 0 {
-                nap.min(BUSY_SLEEP)
-            } else {
-                nap
-            });
+            nap = shared.set.next_nap(&mut turns, nap, SLEEP);
+            shared.set.doze(
+                if leaving > 0 {
+                    nap.min(BUSY_SLEEP)
+                } else {
+                    nap
+                },
+                None,
+            );
             idle_since = Instant::now();
             continue;
         }
@@ -296,41 +188,7 @@ pub(super) fn comm_loop(
 fn sleep_armed(worker: &ffi::Worker, shared: &Shared, timeout: Duration) {
     shared.sleeping.store(true, Ordering::SeqCst);
     if !shared.stop.load(Ordering::SeqCst) && worker.arm() {
-        shared.set.sleep(Some(worker), timeout);
+        shared.set.sleep(Some(worker.efd()), timeout);
     }
     shared.sleeping.store(false, Ordering::SeqCst);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rung(set: &WakeSet) -> bool {
-        let mut fds = [PollFd::new(set.own.as_fd(), PollFlags::POLLIN)];
-        nix::poll::poll(&mut fds, PollTimeout::ZERO).unwrap() == 1
-    }
-
-    /// PEs that stop and spin again (a message exchange) cost the thread
-    /// no wake-up; the last PE to stop while the thread dozes long wakes
-    /// it, and one of several stopping does not.
-    #[test]
-    fn only_the_last_pe_to_stop_wakes_a_thread_in_a_long_doze() {
-        let set = WakeSet::new().unwrap();
-        set.pe_spinning(true);
-        set.pe_spinning(false);
-        assert!(!rung(&set), "woken with the thread not dozing long");
-        set.pe_spinning(true);
-        set.pe_spinning(true);
-        set.dozing.store(true, Ordering::SeqCst);
-        set.pe_spinning(false);
-        assert!(!rung(&set), "woken while a PE still spins");
-        assert!(set.pes_progress());
-        set.pe_spinning(false);
-        assert!(
-            rung(&set),
-            "the last PE to stop did not wake the dozing thread"
-        );
-        assert!(!set.pes_progress());
-        assert_eq!(set.turns.load(Ordering::SeqCst), 6);
-    }
 }
