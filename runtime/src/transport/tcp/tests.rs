@@ -593,6 +593,11 @@ fn a_peer_that_connects_while_a_pe_spins_is_adopted_and_read_by_that_pe() {
     std::thread::sleep(Duration::from_millis(100));
     let v = view(1, &[&a, &b]);
     a.t.reconcile(&v, 0).unwrap();
+    // The first frame may be read by the receive thread as it adopts the
+    // connection (what waits there then is read at once).
+    a.t.send(1, Tag::new(0, 1, 1), &[b"first"]).unwrap();
+    let got = poll_for(&b.t, &rx, 1);
+    assert_eq!(got[0].1, b"first");
     a.t.send(1, Tag::new(0, 1, 1), &[b"hello"]).unwrap();
     let got = poll_for(&b.t, &rx, 1);
     assert_eq!(got, [(me, b"hello".to_vec())]);
