@@ -50,7 +50,11 @@ impl Scheduler {
     /// Runs the scheduler loop until the job exits, the node aborts, or a
     /// rescale stops this PE (then the loop can be entered again).
     pub(crate) fn run(&mut self, inbox: &Inbox, spin: Duration) -> LoopExit {
-        let contention = Contention::default();
+        self.run_beside(inbox, spin, Contention::default())
+    }
+
+    /// [`Scheduler::run`], with what the PE knows of its core's contention.
+    fn run_beside(&mut self, inbox: &Inbox, spin: Duration, contention: Contention) -> LoopExit {
         loop {
             while let Some(env) = inbox.queue.pop() {
                 self.ctx.queue.push(env);
@@ -132,7 +136,8 @@ impl Scheduler {
         at
     }
 
-    /// Waits up to `spin` from `now` for the inbox to fill: busy for the
+    /// Waits up to `spin` from `now`, or from the transport's last
+    /// progress, for the inbox to fill: busy for the
     /// first microseconds, then yielding the core, so that a transport's
     /// thread or another node's PE that shares it is not starved; beside a
     /// busy thread, whose yields showed it, the spin ends there (the sleep
@@ -157,22 +162,25 @@ impl Scheduler {
                 at: now,
             };
         }
-        let until = now + spin;
+        let mut until = now + spin;
         let hot_until = now + HOT_SPIN;
         // When the PE starts progressing the transport.
         let from = transport.map(|t| now + t.progress_after());
         let mut progressing = false;
         let mut t = now;
         let mut looks = 0u32;
+        // The transport moved since the last reading of the clock.
+        let mut moved = false;
         loop {
             if !inbox.queue.is_empty() {
                 return Spun {
                     came: true,
                     progressing,
                     at: t,
-                };
+                    };
             }
             if progressing && transport.is_some_and(|t| t.poll()) {
+                moved = true;
                 continue;
             }
             looks += 1;
@@ -181,12 +189,18 @@ impl Scheduler {
                 continue;
             }
             t = Instant::now();
+            if std::mem::take(&mut moved) {
+                // Work in flight that moves (a large message arriving in
+                // pieces) keeps the PE polling: a sleep would cost a
+                // wake-up per piece.
+                until = t + spin;
+            }
             if t >= until {
                 return Spun {
                     came: false,
                     progressing,
                     at: t,
-                };
+                    };
             }
             if let (Some(from), Some(transport)) = (from, transport) {
                 if !progressing && t >= from {
@@ -273,6 +287,33 @@ mod tests {
         u64,
         crossbeam_channel::Receiver<(LoopExit, Scheduler)>,
     ) {
+        spawn_pe(prepare, |pe, inbox| pe.run(inbox, Duration::from_micros(100)))
+    }
+
+    /// [`start_pe`] with the PE's spin (`DUCTILE_SPIN_US`) set to `spin`,
+    /// and blind to its core's contention: it spins as on a core of its
+    /// own, whatever else the test machine runs.
+    fn start_pe_spinning(
+        spin: Duration,
+        prepare: impl FnOnce(&mut Scheduler) + Send + 'static,
+    ) -> (
+        Arc<NodeShared>,
+        u64,
+        crossbeam_channel::Receiver<(LoopExit, Scheduler)>,
+    ) {
+        spawn_pe(prepare, move |pe, inbox| {
+            pe.run_beside(inbox, spin, Contention::blind())
+        })
+    }
+
+    fn spawn_pe(
+        prepare: impl FnOnce(&mut Scheduler) + Send + 'static,
+        run: impl FnOnce(&mut Scheduler, &Inbox) -> LoopExit + Send + 'static,
+    ) -> (
+        Arc<NodeShared>,
+        u64,
+        crossbeam_channel::Receiver<(LoopExit, Scheduler)>,
+    ) {
         let node = NodeShared::for_tests(1);
         let tid = Arc::new(AtomicU64::new(0));
         let (tx, rx) = crossbeam_channel::bounded(1);
@@ -281,7 +322,7 @@ mod tests {
             t.store(current_tid(), Ordering::SeqCst);
             let mut pe = Scheduler::new(n.clone(), n.current_topology(), 0);
             prepare(&mut pe);
-            let exit = pe.run(&n.inboxes[0], Duration::from_micros(100));
+            let exit = run(&mut pe, &n.inboxes[0]);
             let _ = tx.send((exit, pe));
         });
         wait_for("the PE thread started", || tid.load(Ordering::SeqCst) != 0);
@@ -506,5 +547,103 @@ mod tests {
         assert_eq!(inbox.wakeups(), 0, "no message woke it");
         let pe = stop(&node, &rx);
         assert_eq!(pe.ctx.timers.len(), 0, "the timer ran");
+    }
+
+    /// A transport whose work in flight moves one piece per `every`, from
+    /// its first poll after `started` until `lasting` later (a large
+    /// message arriving in pieces); it delivers nothing.
+    struct Trickling {
+        /// Never rung: the PE sleeps on it for `wait_limit` at most.
+        idle: nix::sys::eventfd::EventFd,
+        started: std::sync::Mutex<Option<Instant>>,
+        last: std::sync::Mutex<Option<Instant>>,
+        pieces: AtomicU64,
+        every: Duration,
+        lasting: Duration,
+    }
+
+    impl Transport for Trickling {
+        fn address(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn send(
+            &self,
+            _: ductile_coordinator::proto::NodeId,
+            _: crate::transport::Tag,
+            _: &[&[u8]],
+        ) -> Result<(), crate::transport::TransportError> {
+            Ok(())
+        }
+        fn reconcile(
+            &self,
+            _: &crate::transport::View,
+            _: ductile_coordinator::proto::NodeId,
+        ) -> Result<crate::transport::Reconciled, crate::transport::TransportError> {
+            Ok(Default::default())
+        }
+        fn shutdown(&self) {}
+        fn poll(&self) -> bool {
+            let Some(started) = *self.started.lock().unwrap() else {
+                return false;
+            };
+            let now = Instant::now();
+            let mut last = self.last.lock().unwrap();
+            if now > started + self.lasting || last.is_some_and(|l| now - l < self.every) {
+                return false;
+            }
+            *last = Some(now);
+            self.pieces.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+        fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+            use std::os::fd::AsFd;
+            Some(self.idle.as_fd())
+        }
+        fn wait_limit(&self) -> Option<Duration> {
+            Some(Duration::from_millis(5))
+        }
+    }
+
+    /// An idle PE keeps polling while the transport's work in flight
+    /// moves, past its spin: a piece every 1 ms for 600 ms against a 20 ms
+    /// spin, and the PE does not sleep until the pieces stop (sleeping
+    /// between them would cost a wake-up per piece). Asleep, it polls
+    /// again after the transport's 5 ms wait limit: a PE whose spin ended
+    /// 20 ms after it went idle whatever moved would sleep about 12 times
+    /// in 300 ms. (Blind to contention: on a loaded machine a PE stops
+    /// spinning on purpose, `crate::contention`.)
+    #[test]
+    fn an_idle_pe_polls_on_while_the_transport_moves() {
+        use nix::sys::eventfd::{EfdFlags, EventFd};
+        let tr = Arc::new(Trickling {
+            idle: EventFd::from_flags(EfdFlags::EFD_NONBLOCK).unwrap(),
+            started: Default::default(),
+            last: Default::default(),
+            pieces: AtomicU64::new(0),
+            every: Duration::from_millis(1),
+            lasting: Duration::from_millis(600),
+        });
+        let t = tr.clone();
+        let (node, _, rx) = start_pe_spinning(Duration::from_millis(20), move |pe| {
+            pe.ctx.node.set_transport_for_tests(t);
+        });
+        let inbox = &node.inboxes[0];
+        wait_for("the PE slept", || inbox.sleeps() >= 1);
+        *tr.started.lock().unwrap() = Some(Instant::now());
+        let sleeps = inbox.sleeps();
+        std::thread::sleep(Duration::from_millis(300));
+        // One sleep may have been on its way when the pieces started.
+        let slept = inbox.sleeps() - sleeps;
+        assert!(
+            slept <= 1,
+            "the PE slept {slept} times while the transport moved ({} pieces)",
+            tr.pieces.load(Ordering::SeqCst)
+        );
+        assert!(tr.pieces.load(Ordering::SeqCst) > 30, "the PE polled through");
+        let sleeps = inbox.sleeps();
+        wait_for("the PE slept again once the pieces stopped", || {
+            inbox.sleeps() > sleeps + 5
+        });
+        stop(&node, &rx);
     }
 }

@@ -205,7 +205,8 @@ pub trait Transport: Send + Sync + 'static {
     /// Called by an idle PE while it spins: a transport progressed from the
     /// PE loop (TCP and UCX by default) moves
     /// communication along here, delivering on the calling thread. True
-    /// when something happened. Default: nothing to do.
+    /// when something happened (a frame, or a piece of one): an idle PE
+    /// polls on while it does, past its spin. Default: nothing to do.
     fn poll(&self) -> bool {
         false
     }
