@@ -378,6 +378,32 @@ mod tests {
         stop(&node, &rx);
     }
 
+    /// The `Transport` methods of a test transport that sends nothing and
+    /// connects to no one.
+    macro_rules! no_wire {
+        () => {
+            fn address(&self) -> Vec<u8> {
+                Vec::new()
+            }
+            fn send(
+                &self,
+                _: ductile_coordinator::proto::NodeId,
+                _: crate::transport::Tag,
+                _: &[&[u8]],
+            ) -> Result<(), crate::transport::TransportError> {
+                Ok(())
+            }
+            fn reconcile(
+                &self,
+                _: &crate::transport::View,
+                _: ductile_coordinator::proto::NodeId,
+            ) -> Result<crate::transport::Reconciled, crate::transport::TransportError> {
+                Ok(Default::default())
+            }
+            fn shutdown(&self) {}
+        };
+    }
+
     /// A transport with a descriptor the test rings, as TCP's connections
     /// turn readable: its `poll` then delivers one message to PE 0, noting
     /// the thread that called it. `limit` is its `wait_limit`.
@@ -403,25 +429,7 @@ mod tests {
     }
 
     impl Transport for Ringable {
-        fn address(&self) -> Vec<u8> {
-            Vec::new()
-        }
-        fn send(
-            &self,
-            _: ductile_coordinator::proto::NodeId,
-            _: crate::transport::Tag,
-            _: &[&[u8]],
-        ) -> Result<(), crate::transport::TransportError> {
-            Ok(())
-        }
-        fn reconcile(
-            &self,
-            _: &crate::transport::View,
-            _: ductile_coordinator::proto::NodeId,
-        ) -> Result<crate::transport::Reconciled, crate::transport::TransportError> {
-            Ok(Default::default())
-        }
-        fn shutdown(&self) {}
+        no_wire!();
         fn poll(&self) -> bool {
             // Non-blocking: an error when it was not rung.
             if self.bell.read().is_err() {
@@ -563,25 +571,7 @@ mod tests {
     }
 
     impl Transport for Trickling {
-        fn address(&self) -> Vec<u8> {
-            Vec::new()
-        }
-        fn send(
-            &self,
-            _: ductile_coordinator::proto::NodeId,
-            _: crate::transport::Tag,
-            _: &[&[u8]],
-        ) -> Result<(), crate::transport::TransportError> {
-            Ok(())
-        }
-        fn reconcile(
-            &self,
-            _: &crate::transport::View,
-            _: ductile_coordinator::proto::NodeId,
-        ) -> Result<crate::transport::Reconciled, crate::transport::TransportError> {
-            Ok(Default::default())
-        }
-        fn shutdown(&self) {}
+        no_wire!();
         fn poll(&self) -> bool {
             let Some(started) = *self.started.lock().unwrap() else {
                 return false;

@@ -468,18 +468,24 @@ impl Sink for ByThread {
 /// Frames as `ByThread` records them: (delivering thread, frame).
 type Delivered = Receiver<(u64, Vec<u8>)>;
 
+/// A node whose frames are recorded with the thread that delivered them.
+fn node_by_thread(secret: &Secret, uid: u64) -> (Node, Delivered) {
+    let (tx, rx) = unbounded();
+    let n = Node {
+        t: bound(secret, uid, Arc::new(ByThread(tx))),
+        frames: unbounded().1,
+        lost: unbounded().1,
+        uid,
+    };
+    (n, rx)
+}
+
 /// A sender (uid 1) and a receiver (uid 2) whose frames are recorded with
 /// the thread that delivered them.
 fn pair_by_thread() -> (Node, Arc<TcpTransport>, Delivered) {
     let s = Secret::generate();
     let a = node(&s, 1);
-    let (tx, rx) = unbounded();
-    let b = Node {
-        t: bound(&s, 2, Arc::new(ByThread(tx))),
-        frames: unbounded().1,
-        lost: unbounded().1,
-        uid: 2,
-    };
+    let (b, rx) = node_by_thread(&s, 2);
     let v = view(1, &[&a, &b]);
     a.t.reconcile(&v, 0).unwrap();
     b.t.reconcile(&v, 1).unwrap();
@@ -580,13 +586,7 @@ fn a_pe_sleeping_on_the_wait_fd_is_woken_by_a_frame_and_reads_it_itself() {
 fn a_peer_that_connects_while_a_pe_spins_is_adopted_and_read_by_that_pe() {
     let s = Secret::generate();
     let a = node(&s, 1);
-    let (tx, rx) = unbounded();
-    let b = Node {
-        t: bound(&s, 2, Arc::new(ByThread(tx))),
-        frames: unbounded().1,
-        lost: unbounded().1,
-        uid: 2,
-    };
+    let (b, rx) = node_by_thread(&s, 2);
     let me = super::super::current_tid();
     b.t.pe_spinning(true);
     // Long enough for the receive thread's doze to grow past its first nap.
