@@ -8,7 +8,6 @@
 //! cached PE or the home; the home forwards it and tells the sender where
 //! the element is.
 
-
 use tracing::error;
 
 use super::{misrouted, PeState, Scheduler};

@@ -177,7 +177,7 @@ impl Scheduler {
                     came: true,
                     progressing,
                     at: t,
-                    };
+                };
             }
             if progressing && transport.is_some_and(|t| t.poll()) {
                 moved = true;
@@ -200,7 +200,7 @@ impl Scheduler {
                     came: false,
                     progressing,
                     at: t,
-                    };
+                };
             }
             if let (Some(from), Some(transport)) = (from, transport) {
                 if !progressing && t >= from {
@@ -287,7 +287,9 @@ mod tests {
         u64,
         crossbeam_channel::Receiver<(LoopExit, Scheduler)>,
     ) {
-        spawn_pe(prepare, |pe, inbox| pe.run(inbox, Duration::from_micros(100)))
+        spawn_pe(prepare, |pe, inbox| {
+            pe.run(inbox, Duration::from_micros(100))
+        })
     }
 
     /// [`start_pe`] with the PE's spin (`DUCTILE_SPIN_US`) set to `spin`,
@@ -629,7 +631,10 @@ mod tests {
             "the PE slept {slept} times while the transport moved ({} pieces)",
             tr.pieces.load(Ordering::SeqCst)
         );
-        assert!(tr.pieces.load(Ordering::SeqCst) > 30, "the PE polled through");
+        assert!(
+            tr.pieces.load(Ordering::SeqCst) > 30,
+            "the PE polled through"
+        );
         let sleeps = inbox.sleeps();
         wait_for("the PE slept again once the pieces stopped", || {
             inbox.sleeps() > sleeps + 5

@@ -176,7 +176,10 @@ mod tests {
         assert!(!rung(&h), "woken while a PE still spins");
         assert!(h.pes_progress());
         h.pe_spinning(false);
-        assert!(rung(&h), "the last PE to stop did not wake the dozing thread");
+        assert!(
+            rung(&h),
+            "the last PE to stop did not wake the dozing thread"
+        );
         assert!(!h.pes_progress());
         assert_eq!(h.turns(), 6);
     }
