@@ -118,7 +118,13 @@ impl Handback {
         match nix::poll::poll(&mut fds[..watched], timeout) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => {
-                error!("a transport thread cannot sleep (poll: {e}); it naps 1 ms");
+                // Not expected (bad descriptors); a thread that cannot
+                // sleep must not say so a thousand times a second: once
+                // per process.
+                static SAID: AtomicBool = AtomicBool::new(false);
+                if !SAID.swap(true, Ordering::Relaxed) {
+                    error!("a transport thread cannot sleep (poll: {e}); it naps 1 ms instead");
+                }
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
