@@ -383,13 +383,17 @@ impl Driver {
                 }
                 return;
             }
-            // A peer of the view entered unreachable (the barrier's Ready
-            // to it): as if reported lost.
-            Event::SendFailed { to, .. }
-                if matches!(self.state, State::Barrier { .. })
-                    && self.entering(self.topo.as_ref().map_or(0, |t| t.epoch())) =>
-            {
-                let uid = self.topo.as_ref().map_or(0, |t| t.uid_of(*to));
+            // The node this recovery is without, unreachable by a frame
+            // sent before the recovery began (a barrier's Ready to it):
+            // nothing more is lost.
+            Event::SendFailed { to, error } if self.recovering_without(*to) => {
+                debug!(to, error, "a frame to the node lost could not be sent");
+                return;
+            }
+            // A member of the view entered unreachable (node 0's View to
+            // it, the barrier's Ready): as if reported lost.
+            Event::SendFailed { to, .. } if self.unreachable_in_view_entered(*to).is_some() => {
+                let uid = self.unreachable_in_view_entered(*to).expect("checked");
                 self.lost_after_commit(uid, now, out);
                 return;
             }
@@ -507,6 +511,24 @@ impl Driver {
         }
     }
 
+    /// With recovery on, entering a view committed by a rescale: the
+    /// member id of node `to`, to which a control frame could not be
+    /// sent, if it is a member of that view. Before the install the only
+    /// frames sent are node 0's View to the nodes kept (numbered in the
+    /// view left); from the barrier on, frames name nodes of the view
+    /// installed.
+    fn unreachable_in_view_entered(&self, to: NodeId) -> Option<u64> {
+        match &self.state {
+            State::Installing { r: Some(r), epoch } if self.entering(*epoch) => {
+                (to < r.old.num_nodes()).then(|| r.old.uid_of(to))
+            }
+            State::Barrier { topo, .. } if self.entering(topo.epoch()) => {
+                (to < topo.num_nodes()).then(|| topo.uid_of(to))
+            }
+            _ => None,
+        }
+    }
+
     /// Member `uid` of the view this node enters was lost before the node
     /// resumed in it: the commit was made before the coordinator knew.
     /// Node 0 resumes without the barrier (which cannot complete) and
@@ -609,6 +631,17 @@ impl Driver {
                 .rescale()
                 .and_then(|r| r.lost.iter().position(|&l| l))
                 .map(|n| n as NodeId),
+        }
+    }
+
+    /// Whether node `to`, numbered in the view this node is in, is the
+    /// one the recovery under way is without. Not once the recovery's
+    /// view is installed: nodes are numbered in that view then.
+    fn recovering_without(&self, to: NodeId) -> bool {
+        match &self.state {
+            State::Recovering { lost, .. } => *lost == to,
+            State::Installing { .. } | State::Barrier { .. } => false,
+            _ => self.rescale().is_some_and(|r| r.is_lost(to)),
         }
     }
 

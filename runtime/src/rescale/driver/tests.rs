@@ -124,6 +124,10 @@ struct Faults {
     /// The coordinator's view comes after the notices the coordinator
     /// sent before it (on its link), not at once.
     view_after_notices: bool,
+    /// A control frame to a node whose process ended fails at once (the
+    /// transport knows the peer is gone, as UCX does), instead of being
+    /// lost on the way.
+    sends_to_dead_fail: bool,
 }
 
 struct Sim {
@@ -333,6 +337,11 @@ impl Sim {
                         "frames are tagged with the sender's id in the epoch they name"
                     );
                     let to_uid = view.members[to as usize].uid;
+                    if self.faults.sends_to_dead_fail && !self.nodes[&to_uid].alive {
+                        let error = format!("sending to uid {to_uid}: the peer is gone");
+                        answers.push_back(Event::SendFailed { to, error });
+                        continue;
+                    }
                     if let Some((silent, what)) = self.faults.silent {
                         if silent == uid && what(&frame) {
                             continue;
@@ -1238,7 +1247,18 @@ fn a_member_lost_in_a_rescale_before_its_commit_is_recovered_from_everywhere() {
 /// newcomer the rescale admitted stays, the one still waiting joins.
 #[test]
 fn a_member_lost_after_the_commit_is_recovered_from_in_the_new_view() {
-    let points: [(&str, fn(&Action) -> bool); 2] = [
+    let points: [(&str, fn(&Action) -> bool); 3] = [
+        // Before node 0 sends the committed view to the survivors: its
+        // View to the lost node may fail before node 0 has installed it.
+        ("view", |a| {
+            matches!(
+                a,
+                Action::Send {
+                    frame: ControlFrame::View(_),
+                    ..
+                }
+            )
+        }),
         ("install", |a| matches!(a, Action::Install { .. })),
         ("barrier", |a| {
             matches!(
@@ -1253,10 +1273,14 @@ fn a_member_lost_after_the_commit_is_recovered_from_in_the_new_view() {
     let made = vec![100, 101, 102, 103, 1000];
     let members = vec![100, 101, 103, 1000, 1001];
     for (name, when) in points {
-        for drain in [DrainMode::Tree, DrainMode::AllToAll] {
-            let what = format!("lost at the {name}, {drain:?}");
+        for (drain, fail) in [DrainMode::Tree, DrainMode::AllToAll]
+            .into_iter()
+            .flat_map(|d| [(d, false), (d, true)])
+        {
+            let what = format!("lost at the {name}, {drain:?}, sends to it fail: {fail}");
             let mut sim = Sim::new(&[1, 2, 1, 2, 1], 2, drain, 21).recovering();
             sim.faults.kill = Some((102, when));
+            sim.faults.sends_to_dead_fail = fail;
             sim.rescale(vec![4], 1);
             sim.run();
             assert_eq!(sim.view.epoch, 9, "{what}");
@@ -1821,7 +1845,9 @@ proptest! {
 /// One case of the recovery property: a rescale of a job with recovery on,
 /// events interleaved at random, a member other than node 0 killed when a
 /// node first reaches a point of the rescale (before the commit, or after
-/// it: node 0's install, the first Ready of the barrier). Every node that
+/// it: node 0's View to the survivors, its install, the first Ready of the
+/// barrier), control frames to the dead node lost on the way or failing at
+/// once (`fail_sends`). Every node that
 /// stays ends the same way: in epoch 8, the rescale made (the victim was
 /// one it removes, or it lost nothing) or abandoned for a recovery
 /// without the victim, which admits every newcomer waiting; or in epoch
@@ -1837,19 +1863,30 @@ fn recovery_case(
     tree: bool,
     victim: usize,
     at: usize,
+    fail_sends: bool,
     seed: u64,
 ) -> Result<(), TestCaseError> {
     let n = pes.len();
     let (sim, remove) = case_job(&pes, &picks, newcomers, admit, tree, seed)?;
     let mut sim = sim.recovering();
+    sim.faults.sends_to_dead_fail = fail_sends;
     let before = uids(n);
     let victim = before[1 + victim % (n - 1)];
-    let whens: [fn(&Action) -> bool; 7] = [
+    let whens: [fn(&Action) -> bool; 8] = [
         |a| matches!(a, Action::Draining(true)),
         |a| matches!(a, Action::HandOver { .. }),
         |a| matches!(a, Action::TakeLate),
         |a| matches!(a, Action::QueryPending { .. }),
         |a| matches!(a, Action::Commit { .. }),
+        |a| {
+            matches!(
+                a,
+                Action::Send {
+                    frame: ControlFrame::View(_),
+                    ..
+                }
+            )
+        },
         |a| matches!(a, Action::Install { .. }),
         |a| {
             matches!(
@@ -1948,10 +1985,11 @@ proptest! {
         traffic in 0u64..4,
         tree in any::<bool>(),
         victim in 0usize..8,
-        at in 0usize..7,
+        at in 0usize..8,
+        fail_sends in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        recovery_case(pes, picks, newcomers, admit, traffic, tree, victim, at, seed)?;
+        recovery_case(pes, picks, newcomers, admit, traffic, tree, victim, at, fail_sends, seed)?;
     }
 }
 
