@@ -239,7 +239,7 @@ impl Recoveries {
             ),
             pauses: histogram(
                 "ductile_buddy_checkpoint_pause_seconds",
-                "Time the program waited at each buddy checkpoint: quiescence and every PE's copies taken (the copies then travel to the buddies while it computes).",
+                "Time the program waited at each buddy checkpoint: quiescence and every PE's copies taken (packed, and the buddy's handed to the transport).",
                 &STAGE_BUCKETS,
                 &[],
             ),

@@ -12,9 +12,10 @@
 //! restores it) and tells PE 0, which also keeps the job's own state
 //! (main, readonly values, collections, populations, counters; node 0 is
 //! never lost, so that copy stays on it). Once every PE has taken its
-//! copies ([`SysMsg::BuddyTaken`]) the step the sync point was for runs:
-//! the copies travel to the buddies while the program computes. Once every
-//! PE's copy is stored, `ckpt` is complete: PE 0 says so to every PE,
+//! copies ([`SysMsg::BuddyTaken`]) the step the sync point was for runs
+//! while the buddies store the copies (a PE has taken its copies once it
+//! handed its buddy's to the transport: over TCP, once the kernel took
+//! the whole frame). Once every PE's copy is stored, `ckpt` is complete: PE 0 says so to every PE,
 //! which drops older checkpoints. Until then the previous complete
 //! checkpoint is kept everywhere (double checkpointing): a loss during a
 //! checkpoint, or after its step resumed but before its copies arrived,
