@@ -1,7 +1,9 @@
 //! Pingpong: round-trip latency and bandwidth between two array elements on
-//! PE 0 and PE 1 (same node or not, depending on how the job is shaped).
+//! PE 0 and PE 1, or the PE `--peer-pe` names (same node or not, depending
+//! on how the job is shaped: with 2 PEs per node, `--peer-pe 2` measures
+//! across nodes while each node's other PE idles).
 //!
-//! `pingpong [--sizes 8,1024,...] [--min-iters N] [--budget-ms MS] [--gap-us US] [--hold SECS]`
+//! `pingpong [--sizes 8,1024,...] [--min-iters N] [--budget-ms MS] [--gap-us US] [--peer-pe P] [--hold SECS]`
 //! prints one `pingpong size=<bytes> iters=<n> oneway_us=<us>
 //! bandwidth_MBps=<MB/s>` line per size. With `--gap-us`, element 0 waits
 //! that long (a timer) between round trips, so the other PE has spun out
@@ -194,13 +196,22 @@ impl Chare for Main {
             min_iters,
             budget_ms,
             gap_us,
+            peer_pe,
             hold,
         } = args::parse_main("pingpong", &a);
+        if peer_pe >= ctx.num_pes() {
+            eprintln!(
+                "pingpong: --peer-pe {peer_pe} names no PE of this job ({} PEs)",
+                ctx.num_pes()
+            );
+            std::process::exit(2);
+        }
         let gap = Duration::from_secs_f64(gap_us / 1e6);
-        // Two elements over all PEs would land on PEs 0 and P/2; pin them to 0 and 1.
+        // Two elements over all PEs would land on PEs 0 and P/2; pin them
+        // to 0 and the peer.
         let players = ArrayProxy::<Player>::create_empty(ctx);
         players.insert_on(ctx, 0, 0, gap);
-        players.insert_on(ctx, 1, 1, gap);
+        players.insert_on(ctx, 1, peer_pe, gap);
         let mut m = Main {
             players,
             sizes,
@@ -236,7 +247,7 @@ impl Chare for Main {
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "pingpong",
-    about = "Round-trip latency and bandwidth between PE 0 and PE 1 (needs at least 2 PEs); one line per message size"
+    about = "Round-trip latency and bandwidth between PE 0 and PE 1, or --peer-pe (needs at least 2 PEs); one line per message size"
 )]
 struct PingpongArgs {
     /// Message sizes in bytes, comma-separated.
@@ -252,6 +263,9 @@ struct PingpongArgs {
     /// PE sleeps when each ping comes; only the round trips are timed.
     #[arg(long = "gap-us", value_name = "US", default_value_t = 0.0, value_parser = args::non_negative)]
     gap_us: f64,
+    /// The PE of the second element (PE 0 has the first); not 0.
+    #[arg(long = "peer-pe", value_name = "P", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    peer_pe: u32,
     /// After the sizes, idle this many seconds before exiting (to measure
     /// an idle job's CPU); 0: exit at once.
     #[arg(long, value_name = "SECS", default_value_t = 0.0)]
