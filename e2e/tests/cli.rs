@@ -613,6 +613,39 @@ fn nodes_of_different_pe_counts_run_one_job_with_the_one_node_result() {
     assert!(!bad.path().join("job.json").exists(), "nothing was started: {stderr}");
 }
 
+/// With a CPU per PE, `+pe-affinity=auto` (the default) pins a lone
+/// node's PEs, one per CPU, but not those of nodes that share the machine
+/// (the launcher says so): each would pin its PE `i` to the same CPU `i`,
+/// and two nodes' PE 0 would take turns on CPU 0 while the other CPUs idle.
+#[test]
+fn nodes_sharing_the_machine_are_not_pinned_to_the_same_cpus() {
+    let nproc = Command::new("nproc").output().expect("running nproc");
+    let cpus = String::from_utf8_lossy(&nproc.stdout).trim().to_owned();
+    let jacobi = bin("jacobi2d").to_string_lossy().into_owned();
+    let run = |nodes: &str| {
+        let state = tempfile::tempdir().expect("temp dir");
+        let dir = state.path().to_string_lossy().into_owned();
+        let out = Command::new(bin("ductile"))
+            .args(["run", "-n", nodes, "--pes-per-node", &cpus, "--timeout", "60", "--state-dir", &dir])
+            .args(["--", &jacobi, "--grid", "64", "--block", "32", "--iters", "4"])
+            .env("DUCTILE_LOG", "warn,ductile::affinity=debug")
+            .stdin(Stdio::null())
+            .output()
+            .expect("running ductile");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let alone = run("1");
+    let pinned = alone.matches("PE thread pinned to CPU").count();
+    assert_eq!(pinned.to_string(), cpus, "a lone node with a CPU per PE pins each PE\n{alone}");
+    let shared = run("2");
+    assert!(!shared.contains("pinned to CPU"), "nodes sharing the machine pinned their PEs\n{shared}");
+    assert!(
+        shared.contains("PE thread not pinned") && shared.contains("shared=true"),
+        "{shared}"
+    );
+}
+
 /// A relaunch from a checkpoint starts every node with `--pes-per-node`
 /// PEs: on a job of nodes of different PE counts, `ductile rescale --mode
 /// restart` is refused by the launcher before any checkpoint, exits 2, and

@@ -11,6 +11,10 @@
 //! requests, `taskset`, a container with `--cpuset-cpus`). A node that sees
 //! more CPUs than PEs shares the machine with others it cannot see, and
 //! pinning every node's PE 0 to the first CPU would pile them up there.
+//! So would nodes that each have a core per PE of the same machine (the
+//! local fleet's `ductile run --nodes 2 --pes-per-node 2` on 2 cores: the
+//! two nodes' PE 0 shared CPU 0 and the other sat idle); their launcher
+//! says so (`DUCTILE_SHARED_HOST=1`), and `auto` leaves them unpinned.
 
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
@@ -40,14 +44,21 @@ impl std::str::FromStr for Affinity {
     }
 }
 
-/// The CPU PE `rank` of `pes` is pinned to, given the CPUs the node may use.
-pub fn cpu_for(rank: usize, pes: usize, allowed: &[usize], mode: Affinity) -> Option<usize> {
+/// The CPU PE `rank` of `pes` is pinned to, given the CPUs the node may
+/// use and whether other nodes of the job share them (`shared`).
+pub fn cpu_for(
+    rank: usize,
+    pes: usize,
+    allowed: &[usize],
+    mode: Affinity,
+    shared: bool,
+) -> Option<usize> {
     if allowed.is_empty() {
         return None;
     }
     match mode {
         Affinity::Off => None,
-        Affinity::Auto if allowed.len() != pes => None,
+        Affinity::Auto if allowed.len() != pes || shared => None,
         Affinity::Auto | Affinity::On => Some(allowed[rank % allowed.len()]),
     }
 }
@@ -66,13 +77,14 @@ pub fn allowed_cpus() -> Vec<usize> {
 }
 
 /// Pins the calling PE thread as `mode` says.
-pub fn pin_this_pe(rank: usize, pes: usize, allowed: &[usize], mode: Affinity) {
-    let Some(cpu) = cpu_for(rank, pes, allowed, mode) else {
+pub fn pin_this_pe(rank: usize, pes: usize, allowed: &[usize], mode: Affinity, shared: bool) {
+    let Some(cpu) = cpu_for(rank, pes, allowed, mode, shared) else {
         debug!(
             rank,
             cpus = allowed.len(),
             pes,
             ?mode,
+            shared,
             "PE thread not pinned"
         );
         return;
@@ -93,20 +105,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_pins_only_with_a_core_per_pe() {
-        assert_eq!(cpu_for(1, 2, &[4, 5], Affinity::Auto), Some(5));
+    fn auto_pins_only_with_a_core_per_pe_of_its_own() {
+        assert_eq!(cpu_for(1, 2, &[4, 5], Affinity::Auto, false), Some(5));
         assert_eq!(
-            cpu_for(1, 2, &[0, 1, 2, 3], Affinity::Auto),
+            cpu_for(1, 2, &[0, 1, 2, 3], Affinity::Auto, false),
             None,
             "shares the machine"
         );
         assert_eq!(
-            cpu_for(3, 4, &[0, 1], Affinity::On),
+            cpu_for(1, 2, &[0, 1], Affinity::Auto, true),
+            None,
+            "other nodes of the job have the same cores"
+        );
+        assert_eq!(
+            cpu_for(3, 4, &[0, 1], Affinity::On, true),
             Some(1),
             "on: round robin"
         );
-        assert_eq!(cpu_for(0, 2, &[0, 1], Affinity::Off), None);
-        assert_eq!(cpu_for(0, 1, &[], Affinity::On), None);
+        assert_eq!(cpu_for(0, 2, &[0, 1], Affinity::Off, false), None);
+        assert_eq!(cpu_for(0, 1, &[], Affinity::On, false), None);
         assert_eq!("auto".parse::<Affinity>(), Ok(Affinity::Auto));
         assert!("sometimes".parse::<Affinity>().is_err());
     }

@@ -208,6 +208,9 @@ impl Transport for CountedTransport {
     fn pe_spinning(&self, spinning: bool) {
         self.inner.pe_spinning(spinning)
     }
+    fn pe_sleeps(&self) -> bool {
+        self.inner.pe_sleeps()
+    }
     fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.inner.wait_fd()
     }
@@ -324,6 +327,10 @@ mod tests {
             fn pe_spinning(&self, spinning: bool) {
                 self.note(&format!("pe_spinning {spinning}"));
             }
+            fn pe_sleeps(&self) -> bool {
+                self.note("pe_sleeps");
+                false
+            }
             fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
                 self.note("wait_fd");
                 None
@@ -349,6 +356,7 @@ mod tests {
         assert!(t.poll());
         assert_eq!(t.progress_after(), std::time::Duration::from_micros(3));
         t.pe_spinning(true);
+        assert!(!t.pe_sleeps());
         assert!(t.wait_fd().is_none());
         assert_eq!(t.wait_limit(), Some(std::time::Duration::from_millis(2)));
         t.pe_spinning(false);
@@ -365,6 +373,7 @@ mod tests {
                 "poll",
                 "progress_after",
                 "pe_spinning true",
+                "pe_sleeps",
                 "wait_fd",
                 "wait_limit",
                 "pe_spinning false",

@@ -696,6 +696,12 @@ fn node_command(
         .stdin(Stdio::null())
         .process_group(0);
     hand_down_lifeline(&mut cmd);
+    // Several nodes on this machine: not each pinned to the same CPUs.
+    if spec.nodes > 1 || matches!(joining, Joining::Newcomer) {
+        cmd.env(contract::ENV_SHARED_HOST, "1");
+    } else {
+        cmd.env_remove(contract::ENV_SHARED_HOST);
+    }
     match joining {
         Joining::Launch {
             index,

@@ -30,6 +30,7 @@ pub(super) fn start_pes(
     );
     let mut commands = Vec::new();
     let cpus = crate::affinity::allowed_cpus();
+    let shared = env_var(contract::ENV_SHARED_HOST).is_some_and(|v| v == "1");
     let handles = (0..topo.local_pes() as usize)
         .map(|rank| {
             let (tx, rx) = crossbeam_channel::unbounded();
@@ -41,7 +42,8 @@ pub(super) fn start_pes(
                 .spawn(move || {
                     crate::gpu::bind_pe(rank);
                     let pes = topo.local_pes() as usize;
-                    crate::affinity::pin_this_pe(rank, pes, &cpus, node.options.pe_affinity);
+                    let mode = node.options.pe_affinity;
+                    crate::affinity::pin_this_pe(rank, pes, &cpus, mode, shared);
                     let mut pe = Scheduler::new(node.clone(), topo, pe_id);
                     if pe_id == 0 && main_here {
                         match env_var(contract::ENV_RESTORE) {

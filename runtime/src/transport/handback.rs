@@ -3,8 +3,10 @@
 //! communication thread.
 //!
 //! While any PE of the node spins (`pe` progress mode), the PEs progress
-//! the transport and sleep on its descriptor themselves
-//! ([`Transport::wait_fd`](super::Transport::wait_fd)); the thread keeps
+//! the transport, and the last of them to spin out sleeps on its
+//! descriptor ([`Transport::wait_fd`](super::Transport::wait_fd)); the
+//! others let go and sleep on their inboxes ([`Handback::pe_sleeps`]), so
+//! an arrival wakes one PE, not all of them. The thread keeps
 //! out of their way: it neither reads nor watches the transport, so an
 //! arrival wakes the PE alone, and it dozes on an eventfd of its own. A
 //! PE that stops to run a message and spins again microseconds later (a
@@ -32,9 +34,11 @@ pub(crate) const HANDBACK_NAP: Duration = Duration::from_millis(1);
 /// caller's longest sleep.
 pub(crate) struct Handback {
     own: EventFd,
-    /// PEs of this node spinning now (`pe` progress mode only).
+    /// PEs of this node holding the transport now: spinning, or the one
+    /// asleep on it (`pe` progress mode only).
     spinning: AtomicUsize,
-    /// Counts every `pe_spinning` call: whether PEs came or went.
+    /// Counts every `pe_spinning` call, and every PE that let go as it
+    /// went to sleep: whether PEs came or went.
     turns: AtomicU64,
     /// The thread dozes longer than [`HANDBACK_NAP`].
     dozing: AtomicBool,
@@ -91,6 +95,22 @@ impl Handback {
         }
     }
 
+    /// A spinning PE is about to sleep: it keeps holding the transport
+    /// (true) when no other PE of the node holds it, and lets go (false,
+    /// as [`Handback::pe_spinning`]`(false)`) when one does.
+    pub(crate) fn pe_sleeps(&self) -> bool {
+        let let_go = self
+            .spinning
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n > 1).then(|| n - 1)
+            })
+            .is_ok();
+        if let_go {
+            self.turns.fetch_add(1, Ordering::SeqCst);
+        }
+        !let_go
+    }
+
     /// The thread's next doze: [`HANDBACK_NAP`] if PEs came or went since
     /// the turns it last saw (`seen`, updated), else twice `nap`, at most
     /// `longest`.
@@ -144,7 +164,8 @@ impl Handback {
         self.dozing.store(false, Ordering::SeqCst);
     }
 
-    /// Counts of `pe_spinning` calls so far (tests).
+    /// Counts of `pe_spinning` calls and of PEs letting go as they sleep
+    /// (tests).
     #[cfg(test)]
     pub(crate) fn turns(&self) -> u64 {
         self.turns.load(Ordering::SeqCst)
@@ -188,6 +209,27 @@ mod tests {
         );
         assert!(!h.pes_progress());
         assert_eq!(h.turns(), 6);
+    }
+
+    /// Of the PEs that hold the transport, one goes to sleep on it: each
+    /// that is about to sleep while another still holds it lets go, the
+    /// last keeps it (and still counts as holding it: the thread stays
+    /// out); it lets go when it wakes to run something.
+    #[test]
+    fn only_the_last_pe_holding_the_transport_sleeps_on_it() {
+        let h = Handback::new().unwrap();
+        h.pe_spinning(true);
+        h.pe_spinning(true);
+        let turns = h.turns();
+        assert!(!h.pe_sleeps(), "kept it with another PE holding it");
+        assert_eq!(h.turns(), turns + 1, "letting go is a turn");
+        assert!(h.pe_sleeps(), "the last one let go");
+        assert_eq!(h.turns(), turns + 1, "keeping it is no turn");
+        assert!(h.pes_progress(), "the sleeper holds it");
+        h.set_dozing(true);
+        h.pe_spinning(false);
+        assert!(rung(&h), "the sleeper woke to run something: the thread's turn");
+        assert!(!h.pes_progress());
     }
 
     /// The doze starts short after PEs came or went and doubles while

@@ -223,6 +223,16 @@ pub trait Transport: Send + Sync + 'static {
     /// receiving meanwhile (TCP), and must take it back before the PE runs
     /// anything. Default: nothing to do.
     fn pe_spinning(&self, _spinning: bool) {}
+    /// A PE that spun progressing the transport found nothing and is about
+    /// to sleep. True: it keeps the transport and sleeps on
+    /// [`Transport::wait_fd`] (no other PE of the node holds it). False:
+    /// another PE does, and this one has let go, as `pe_spinning(false)`
+    /// would: it sleeps on its inbox alone, and what comes for it reaches
+    /// it through that PE (or the transport's thread). One sleeper per node
+    /// on the descriptor: every arrival woke all of them. Default: true.
+    fn pe_sleeps(&self) -> bool {
+        true
+    }
     /// A descriptor that turns readable when frames wait to be read by
     /// [`Transport::poll`], for an idle PE that has spun out to sleep on
     /// together with its inbox: the frame then wakes the PE, which reads it

@@ -228,6 +228,9 @@ impl Transport for TcpTransport {
     fn pe_spinning(&self, spinning: bool) {
         self.rx.pe_spinning(spinning);
     }
+    fn pe_sleeps(&self) -> bool {
+        self.rx.pe_sleeps()
+    }
     fn wait_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.rx.wait_fd()
     }

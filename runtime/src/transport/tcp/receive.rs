@@ -359,6 +359,12 @@ impl RxShared {
         }
     }
 
+    /// A spinning PE is about to sleep: whether it keeps the connections
+    /// ([`Handback::pe_sleeps`]).
+    pub(super) fn pe_sleeps(&self) -> bool {
+        self.progress != Progress::Pe || self.handback.pe_sleeps()
+    }
+
     /// Watches the connections the handshake threads handed over.
     fn adopt_handed(&self) {
         let handed = std::mem::take(&mut *self.handed.lock().expect("handover poisoned"));

@@ -414,6 +414,10 @@ impl Transport for UcxTransport {
         }
     }
 
+    fn pe_sleeps(&self) -> bool {
+        self.progress != Progress::Pe || self.shared.set.pe_sleeps()
+    }
+
     /// The worker's event fd, armed: what arrives after this call makes it
     /// readable. An arm refused for events already pending (UCX counts a
     /// past `ucp_worker_signal` among them) progresses them and tries
