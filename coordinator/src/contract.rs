@@ -17,10 +17,12 @@ pub const ENV_ROLE: &str = "DUCTILE_ROLE";
 pub const ENV_LAUNCH_INDEX: &str = "DUCTILE_LAUNCH_INDEX";
 /// Number of PEs (scheduler threads) the node runs.
 pub const ENV_PES: &str = "DUCTILE_PES";
-/// Set to `1` by a launcher that runs several nodes of the job on one
-/// machine (the local fleet): each node then sees every CPU of it, and
-/// `+pe-affinity=auto` would pin every node's PE `i` to the same CPU.
-pub const ENV_SHARED_HOST: &str = "DUCTILE_SHARED_HOST";
+/// Set by a launcher that runs several nodes of the job on one machine
+/// (the local fleet): this node's number among them (0, 1, ...). Each node
+/// sees every CPU of the machine; `+pe-affinity` pins its PE `i` to the
+/// `(i + slot) mod n`-th, so that PE `i` of different nodes does not pile
+/// up on the same CPU.
+pub const ENV_HOST_SLOT: &str = "DUCTILE_HOST_SLOT";
 /// IP address the node's transport listens on.
 pub const ENV_BIND: &str = "DUCTILE_BIND";
 /// IP address peers should dial, when it differs from [`ENV_BIND`] (NAT, pod IPs).

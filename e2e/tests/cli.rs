@@ -613,12 +613,12 @@ fn nodes_of_different_pe_counts_run_one_job_with_the_one_node_result() {
     assert!(!bad.path().join("job.json").exists(), "nothing was started: {stderr}");
 }
 
-/// With a CPU per PE, `+pe-affinity=auto` (the default) pins a lone
-/// node's PEs, one per CPU, but not those of nodes that share the machine
-/// (the launcher says so): each would pin its PE `i` to the same CPU `i`,
-/// and two nodes' PE 0 would take turns on CPU 0 while the other CPUs idle.
+/// With a CPU per PE, `+pe-affinity=auto` (the default) pins each PE of a
+/// node to a CPU of its own, and nodes that share the machine (numbered by
+/// the launcher) each from another CPU on: two nodes' PE 0 pinned to the
+/// same CPU took turns on it while the other CPUs idled.
 #[test]
-fn nodes_sharing_the_machine_are_not_pinned_to_the_same_cpus() {
+fn nodes_sharing_the_machine_pin_their_pes_from_different_cpus() {
     let nproc = Command::new("nproc").output().expect("running nproc");
     let cpus = String::from_utf8_lossy(&nproc.stdout).trim().to_owned();
     let jacobi = bin("jacobi2d").to_string_lossy().into_owned();
@@ -635,15 +635,26 @@ fn nodes_sharing_the_machine_are_not_pinned_to_the_same_cpus() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
+    // The CPU each node's PE 0 is pinned to.
+    let first_cpus = |stderr: &str| -> Vec<String> {
+        stderr
+            .lines()
+            .filter(|l| l.contains("PE thread pinned to CPU") && l.contains("rank=0"))
+            .filter_map(|l| l.rsplit("CPU ").next().map(|c| c.trim().to_owned()))
+            .collect()
+    };
     let alone = run("1");
     let pinned = alone.matches("PE thread pinned to CPU").count();
     assert_eq!(pinned.to_string(), cpus, "a lone node with a CPU per PE pins each PE\n{alone}");
+    assert_eq!(first_cpus(&alone).len(), 1, "{alone}");
     let shared = run("2");
-    assert!(!shared.contains("pinned to CPU"), "nodes sharing the machine pinned their PEs\n{shared}");
-    assert!(
-        shared.contains("PE thread not pinned") && shared.contains("shared=true"),
-        "{shared}"
-    );
+    let pinned = shared.matches("PE thread pinned to CPU").count();
+    assert_eq!(pinned.to_string(), (2 * cpus.parse::<usize>().unwrap()).to_string(), "{shared}");
+    let firsts = first_cpus(&shared);
+    assert_eq!(firsts.len(), 2, "{shared}");
+    if cpus != "1" {
+        assert_ne!(firsts[0], firsts[1], "both nodes pinned PE 0 to one CPU\n{shared}");
+    }
 }
 
 /// A relaunch from a checkpoint starts every node with `--pes-per-node`

@@ -11,10 +11,11 @@
 //! requests, `taskset`, a container with `--cpuset-cpus`). A node that sees
 //! more CPUs than PEs shares the machine with others it cannot see, and
 //! pinning every node's PE 0 to the first CPU would pile them up there.
-//! So would nodes that each have a core per PE of the same machine (the
-//! local fleet's `ductile run --nodes 2 --pes-per-node 2` on 2 cores: the
-//! two nodes' PE 0 shared CPU 0 and the other sat idle); their launcher
-//! says so (`DUCTILE_SHARED_HOST=1`), and `auto` leaves them unpinned.
+//! Nodes of one job that share a machine (the local fleet) each see every
+//! CPU of it: their launcher numbers them (`DUCTILE_HOST_SLOT`), and node
+//! `k` pins its PE `i` to the `(i + k) mod n`-th CPU. Without it, `ductile
+//! run --nodes 2 --pes-per-node 2` on 2 cores put both nodes' PE 0 on CPU 0,
+//! and a message between them waited for the other to yield the core.
 
 use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
@@ -45,21 +46,23 @@ impl std::str::FromStr for Affinity {
 }
 
 /// The CPU PE `rank` of `pes` is pinned to, given the CPUs the node may
-/// use and whether other nodes of the job share them (`shared`).
+/// use and, when other nodes of the job share them, the node's number
+/// among them (`slot`).
 pub fn cpu_for(
     rank: usize,
     pes: usize,
     allowed: &[usize],
     mode: Affinity,
-    shared: bool,
+    slot: Option<usize>,
 ) -> Option<usize> {
     if allowed.is_empty() {
         return None;
     }
+    let at = rank.wrapping_add(slot.unwrap_or(0)) % allowed.len();
     match mode {
         Affinity::Off => None,
-        Affinity::Auto if allowed.len() != pes || shared => None,
-        Affinity::Auto | Affinity::On => Some(allowed[rank % allowed.len()]),
+        Affinity::Auto if allowed.len() != pes => None,
+        Affinity::Auto | Affinity::On => Some(allowed[at]),
     }
 }
 
@@ -77,14 +80,20 @@ pub fn allowed_cpus() -> Vec<usize> {
 }
 
 /// Pins the calling PE thread as `mode` says.
-pub fn pin_this_pe(rank: usize, pes: usize, allowed: &[usize], mode: Affinity, shared: bool) {
-    let Some(cpu) = cpu_for(rank, pes, allowed, mode, shared) else {
+pub fn pin_this_pe(
+    rank: usize,
+    pes: usize,
+    allowed: &[usize],
+    mode: Affinity,
+    slot: Option<usize>,
+) {
+    let Some(cpu) = cpu_for(rank, pes, allowed, mode, slot) else {
         debug!(
             rank,
             cpus = allowed.len(),
             pes,
             ?mode,
-            shared,
+            ?slot,
             "PE thread not pinned"
         );
         return;
@@ -97,7 +106,7 @@ pub fn pin_this_pe(rank: usize, pes: usize, allowed: &[usize], mode: Affinity, s
         warn!(rank, cpu, "cannot pin the PE thread: {e}");
         return;
     }
-    info!(rank, cpu, "PE thread pinned to CPU {cpu}");
+    info!(rank, cpu, ?slot, "PE thread pinned to CPU {cpu}");
 }
 
 #[cfg(test)]
@@ -105,25 +114,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_pins_only_with_a_core_per_pe_of_its_own() {
-        assert_eq!(cpu_for(1, 2, &[4, 5], Affinity::Auto, false), Some(5));
+    fn auto_pins_only_with_a_core_per_pe_from_the_node_s_slot_on() {
+        assert_eq!(cpu_for(1, 2, &[4, 5], Affinity::Auto, None), Some(5));
         assert_eq!(
-            cpu_for(1, 2, &[0, 1, 2, 3], Affinity::Auto, false),
+            cpu_for(1, 2, &[0, 1, 2, 3], Affinity::Auto, None),
             None,
             "shares the machine"
         );
+        // Two nodes of 2 PEs on 2 CPUs: each uses both, PE 0 of each
+        // on a CPU of its own.
+        let layout: Vec<_> = [0, 1]
+            .iter()
+            .map(|&slot| {
+                (0..2)
+                    .map(|r| cpu_for(r, 2, &[0, 1], Affinity::Auto, Some(slot)))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(layout, [[Some(0), Some(1)], [Some(1), Some(0)]]);
         assert_eq!(
-            cpu_for(1, 2, &[0, 1], Affinity::Auto, true),
-            None,
-            "other nodes of the job have the same cores"
-        );
-        assert_eq!(
-            cpu_for(3, 4, &[0, 1], Affinity::On, true),
+            cpu_for(3, 4, &[0, 1], Affinity::On, None),
             Some(1),
             "on: round robin"
         );
-        assert_eq!(cpu_for(0, 2, &[0, 1], Affinity::Off, false), None);
-        assert_eq!(cpu_for(0, 1, &[], Affinity::On, false), None);
+        assert_eq!(cpu_for(0, 4, &[0, 1], Affinity::On, Some(3)), Some(1));
+        assert_eq!(cpu_for(0, 2, &[0, 1], Affinity::Off, None), None);
+        assert_eq!(cpu_for(0, 1, &[], Affinity::On, None), None);
         assert_eq!("auto".parse::<Affinity>(), Ok(Affinity::Auto));
         assert!("sometimes".parse::<Affinity>().is_err());
     }

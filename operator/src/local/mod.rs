@@ -671,13 +671,16 @@ enum Joining {
 
 /// The command that starts one node of the job: the program and its
 /// arguments, the environment contract, standard input from /dev/null and its
-/// own process group; standard output and error inherited.
+/// own process group; standard output and error inherited. `host_slot`:
+/// the node's number among the job's nodes on this machine, when it has
+/// more than one.
 fn node_command(
     spec: &JobSpec,
     program: &Path,
     env: &NodeEnv,
     joining: &Joining,
     pes: u32,
+    host_slot: Option<u32>,
 ) -> Command {
     let mut cmd = Command::new(program);
     cmd.arg0(&spec.program)
@@ -696,12 +699,12 @@ fn node_command(
         .stdin(Stdio::null())
         .process_group(0);
     hand_down_lifeline(&mut cmd);
-    // Several nodes on this machine: not each pinned to the same CPUs.
-    if spec.nodes > 1 || matches!(joining, Joining::Newcomer) {
-        cmd.env(contract::ENV_SHARED_HOST, "1");
-    } else {
-        cmd.env_remove(contract::ENV_SHARED_HOST);
-    }
+    // Several nodes on this machine: each pins its PEs from a CPU of its
+    // own on, not every node's PE 0 to the same CPU.
+    match host_slot {
+        Some(slot) => cmd.env(contract::ENV_HOST_SLOT, slot.to_string()),
+        None => cmd.env_remove(contract::ENV_HOST_SLOT),
+    };
     match joining {
         Joining::Launch {
             index,
@@ -796,7 +799,8 @@ fn start_processes(
             metrics_file: dir.metrics_file(),
         };
         let pes = spec.launch_pes(index);
-        let child = node_command(spec, program, &env, &joining, pes)
+        let slot = (spec.nodes > 1).then_some(index);
+        let child = node_command(spec, program, &env, &joining, pes, slot)
             .spawn()
             .map_err(|source| LaunchError::NodeSpawn {
                 index,

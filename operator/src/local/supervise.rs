@@ -847,6 +847,11 @@ impl Supervisor {
         }
     }
 
+    /// The number the next newcomer spawned gets.
+    pub fn next_newcomer(&self) -> usize {
+        self.next_newcomer
+    }
+
     /// A newcomer with this pid was started at `now` (at the user's request,
     /// while the job runs); returns its number, `k` for the `k`-th from 0.
     pub fn newcomer_spawned(&mut self, pid: u32, now: Duration) -> usize {

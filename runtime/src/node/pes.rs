@@ -30,7 +30,7 @@ pub(super) fn start_pes(
     );
     let mut commands = Vec::new();
     let cpus = crate::affinity::allowed_cpus();
-    let shared = env_var(contract::ENV_SHARED_HOST).is_some_and(|v| v == "1");
+    let slot = env_var(contract::ENV_HOST_SLOT).and_then(|v| v.parse::<usize>().ok());
     let handles = (0..topo.local_pes() as usize)
         .map(|rank| {
             let (tx, rx) = crossbeam_channel::unbounded();
@@ -43,7 +43,7 @@ pub(super) fn start_pes(
                     crate::gpu::bind_pe(rank);
                     let pes = topo.local_pes() as usize;
                     let mode = node.options.pe_affinity;
-                    crate::affinity::pin_this_pe(rank, pes, &cpus, mode, shared);
+                    crate::affinity::pin_this_pe(rank, pes, &cpus, mode, slot);
                     let mut pe = Scheduler::new(node.clone(), topo, pe_id);
                     if pe_id == 0 && main_here {
                         match env_var(contract::ENV_RESTORE) {
