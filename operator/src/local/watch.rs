@@ -543,12 +543,17 @@ fn spawn_newcomers(
     let mut pids = Vec::new();
     for _ in 0..count {
         // Numbered after the launch nodes and every newcomer before it.
-        let slot = u32::try_from(sup.next_newcomer()).map_or(u32::MAX, |n| {
-            job.spec.nodes.saturating_add(n)
-        });
-        let joining = Joining::Newcomer;
-        let spawned =
-            node_command(job.spec, job.program, job.env, &joining, pes, Some(slot)).spawn();
+        let earlier = u32::try_from(sup.next_newcomer()).unwrap_or(u32::MAX);
+        let slot = Some(job.spec.nodes.saturating_add(earlier));
+        let spawned = node_command(
+            job.spec,
+            job.program,
+            job.env,
+            &Joining::Newcomer,
+            pes,
+            slot,
+        )
+        .spawn();
         let child = match spawned {
             Ok(child) => child,
             Err(err) => {
