@@ -373,12 +373,7 @@ mod tests {
         assert_eq!(inbox.sleeps(), sleeps, "nothing woke the idle PE");
         assert_eq!(inbox.wakeups(), 0);
         // For a collection this PE does not know: it holds the message.
-        inbox.push(Envelope {
-            prio: 0,
-            dest: Dest::Member { coll: 7 },
-            payload: Payload::local(1u64),
-            counted: false,
-        });
+        inbox.push(stray_envelope());
         wait_for("the message woke the PE and it slept again", || {
             inbox.sleeps() > sleeps
         });
@@ -448,6 +443,31 @@ mod tests {
         }
     }
 
+    /// A one-PE node ([`start_pe`]) whose transport is `ring`.
+    fn start_pe_on(
+        ring: &Arc<Ringable>,
+    ) -> (
+        Arc<NodeShared>,
+        u64,
+        crossbeam_channel::Receiver<(LoopExit, Scheduler)>,
+    ) {
+        let t = ring.clone();
+        start_pe(move |pe| {
+            let _ = t.node.set(Arc::downgrade(&pe.ctx.node));
+            pe.ctx.node.set_transport_for_tests(t);
+        })
+    }
+
+    /// A message for a collection the PE does not know: it holds it.
+    fn stray_envelope() -> Envelope {
+        Envelope {
+            prio: 0,
+            dest: Dest::Member { coll: 7 },
+            payload: Payload::local(1u64),
+            counted: false,
+        }
+    }
+
     impl Transport for Ringable {
         no_wire!();
         fn poll(&self) -> bool {
@@ -457,12 +477,7 @@ mod tests {
             }
             self.polled_by.lock().unwrap().push(current_tid());
             let node = self.node.get().and_then(|n| n.upgrade()).expect("the node");
-            node.inboxes[0].push(Envelope {
-                prio: 0,
-                dest: Dest::Member { coll: 7 },
-                payload: Payload::local(1u64),
-                counted: false,
-            });
+            node.inboxes[0].push(stray_envelope());
             true
         }
         fn pe_spinning(&self, spinning: bool) {
@@ -491,11 +506,7 @@ mod tests {
     #[test]
     fn a_frame_for_a_sleeping_pe_wakes_it_through_the_transport_s_descriptor() {
         let ring = Ringable::new(None);
-        let t = ring.clone();
-        let (node, tid, rx) = start_pe(move |pe| {
-            let _ = t.node.set(Arc::downgrade(&pe.ctx.node));
-            pe.ctx.node.set_transport_for_tests(t);
-        });
+        let (node, tid, rx) = start_pe_on(&ring);
         let inbox = &node.inboxes[0];
         wait_for("the PE slept", || inbox.sleeps() >= 1);
         let sleeps = inbox.sleeps();
@@ -544,26 +555,25 @@ mod tests {
     #[test]
     fn a_pe_sleeps_on_its_inbox_alone_while_another_holds_the_transport() {
         let ring = Ringable::held(None, true);
-        let t = ring.clone();
-        let (node, _, rx) = start_pe(move |pe| {
-            let _ = t.node.set(Arc::downgrade(&pe.ctx.node));
-            pe.ctx.node.set_transport_for_tests(t);
-        });
+        let (node, _, rx) = start_pe_on(&ring);
         let inbox = &node.inboxes[0];
         wait_for("the PE slept", || inbox.sleeps() >= 1);
         let sleeps = inbox.sleeps();
-        assert_eq!(ring.fds_asked.load(Ordering::SeqCst), 0, "no descriptor asked for");
-        assert_eq!(*ring.spinning.lock().unwrap(), [true, false], "let go before the sleep");
+        assert_eq!(
+            ring.fds_asked.load(Ordering::SeqCst),
+            0,
+            "no descriptor asked for"
+        );
+        assert_eq!(
+            *ring.spinning.lock().unwrap(),
+            [true, false],
+            "let go before the sleep"
+        );
         ring.bell.write(1).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(inbox.sleeps(), sleeps, "the descriptor woke the PE");
         assert!(ring.polled_by.lock().unwrap().is_empty());
-        inbox.push(Envelope {
-            prio: 0,
-            dest: Dest::Member { coll: 7 },
-            payload: Payload::local(1u64),
-            counted: false,
-        });
+        inbox.push(stray_envelope());
         wait_for("the PE ran the message and slept again", || {
             inbox.sleeps() > sleeps
         });
@@ -576,7 +586,11 @@ mod tests {
             spinning.len(),
             "every hold let go: {spinning:?}"
         );
-        assert_eq!(ring.fds_asked.load(Ordering::SeqCst), 0, "no descriptor asked for");
+        assert_eq!(
+            ring.fds_asked.load(Ordering::SeqCst),
+            0,
+            "no descriptor asked for"
+        );
     }
 
     /// Work in flight that no event announces (UCX: a send waiting for
@@ -587,11 +601,7 @@ mod tests {
     fn a_pe_sleeping_on_the_transport_wakes_after_its_wait_limit() {
         for limit in [None, Some(Duration::from_millis(10))] {
             let ring = Ringable::new(limit);
-            let t = ring.clone();
-            let (node, _, rx) = start_pe(move |pe| {
-                let _ = t.node.set(Arc::downgrade(&pe.ctx.node));
-                pe.ctx.node.set_transport_for_tests(t);
-            });
+            let (node, _, rx) = start_pe_on(&ring);
             let inbox = &node.inboxes[0];
             wait_for("the PE slept", || inbox.sleeps() >= 1);
             let sleeps = inbox.sleeps();
