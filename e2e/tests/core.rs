@@ -369,6 +369,43 @@ fn pingpong_runs_same_node_and_cross_node() {
     }
 }
 
+/// `pingpong --pairs`: both pairs of 2 nodes x 2 PEs exchange at once and
+/// report together; pairs that would share a PE are refused up front.
+#[test]
+fn pingpong_runs_pairs_at_once_and_refuses_pairs_that_share_a_pe() {
+    let args = ["--sizes", "8,65536", "--min-iters", "5", "--budget-ms", "5"];
+    let job = run(
+        2,
+        2,
+        "pingpong",
+        &[&args[..], &["--peer-pe", "2", "--pairs", "2"]].concat(),
+    );
+    job.expect_code(0, "pingpong --pairs 2");
+    let lines: Vec<&str> = job
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("pingpong size="))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", job.stdout);
+    assert!(
+        lines.iter().all(|l| l.contains(" pairs=2 ")),
+        "{}",
+        job.stdout
+    );
+    let refused = run(
+        2,
+        2,
+        "pingpong",
+        &[&args[..], &["--peer-pe", "2", "--pairs", "3"]].concat(),
+    );
+    refused.expect_code(2, "pingpong --pairs 3 on 4 PEs");
+    assert!(
+        refused.stderr.contains("each PE in one pair"),
+        "{}",
+        refused.stderr
+    );
+}
+
 /// Two different programs in one job: the second to register is refused by
 /// the coordinator because its registry fingerprint differs.
 #[test]

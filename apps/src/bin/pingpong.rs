@@ -1,11 +1,16 @@
 //! Pingpong: round-trip latency and bandwidth between two array elements on
 //! PE 0 and PE 1, or the PE `--peer-pe` names (same node or not, depending
 //! on how the job is shaped: with 2 PEs per node, `--peer-pe 2` measures
-//! across nodes while each node's other PE idles).
+//! across nodes while each node's other PE idles). With `--pairs N`, N
+//! pairs exchange at once, pair k between PE k and PE `peer-pe + k` (with
+//! 2 PEs per node, `--peer-pe 2 --pairs 2`: both PEs of each node busy,
+//! their frames through the node's one transport).
 //!
-//! `pingpong [--sizes 8,1024,...] [--min-iters N] [--budget-ms MS] [--gap-us US] [--peer-pe P] [--hold SECS]`
-//! prints one `pingpong size=<bytes> iters=<n> oneway_us=<us>
-//! bandwidth_MBps=<MB/s>` line per size. With `--gap-us`, element 0 waits
+//! `pingpong [--sizes 8,1024,...] [--min-iters N] [--budget-ms MS] [--gap-us US] [--peer-pe P] [--pairs N] [--hold SECS]`
+//! prints one `pingpong size=<bytes> iters=<n> pairs=<N> oneway_us=<us>
+//! slowest_us=<us> bandwidth_MBps=<MB/s>` line per size: `oneway_us` the
+//! pairs' mean, `slowest_us` the slowest pair's, `bandwidth_MBps` the
+//! pairs' sum. With `--gap-us`, element 0 waits
 //! that long (a timer) between round trips, so the other PE has spun out
 //! and sleeps when each ping comes: the figure is then a message to a
 //! sleeping PE, wake-up included (only the round trips are timed, not the
@@ -23,7 +28,7 @@ const DEFAULT_SIZES: &[usize] = &[8, 64, 512, 1024, 8192, 65536, 262_144, 1 << 2
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 enum PlayerMsg {
-    /// To element 0: run `iters` round trips of `size` bytes (after `warmup` untimed ones).
+    /// To a pair's first element: run `iters` round trips of `size` bytes (after `warmup` untimed ones).
     Run {
         size: usize,
         iters: u64,
@@ -31,7 +36,7 @@ enum PlayerMsg {
     },
     Ping(Bulk<u8>),
     Pong(Bulk<u8>),
-    /// To element 0: the gap is over, send the next ping.
+    /// To a pair's first element: the gap is over, send the next ping.
     Next(()),
 }
 
@@ -73,7 +78,8 @@ impl Chare for Player {
     }
 
     fn handle(&mut self, msg: PlayerMsg, ctx: &mut Ctx<'_, Self>) {
-        let other = ctx.this_array().elem(1 - ctx.index());
+        // Pair k: elements 2k (the pinger) and 2k + 1.
+        let other = ctx.this_array().elem(ctx.index() ^ 1);
         match msg {
             PlayerMsg::Run {
                 size,
@@ -139,6 +145,9 @@ enum MainMsg {
 #[derive(Serialize, Deserialize)]
 struct Main {
     players: ArrayProxy<Player>,
+    pairs: u32,
+    /// The current size's pairs that finished: their seconds.
+    done: Vec<f64>,
     sizes: Vec<usize>,
     next: usize,
     min_iters: u64,
@@ -169,14 +178,16 @@ impl Main {
         // Fewer round trips for big messages: aim for the time budget at ~1 GB/s.
         let est_us = 20.0 + size as f64 / 1e3 + self.gap.as_secs_f64() * 1e6;
         let iters = ((self.budget_ms * 1e3 / est_us) as u64).clamp(self.min_iters, 20_000);
-        self.players.elem(0).send(
-            ctx,
-            PlayerMsg::Run {
-                size,
-                iters,
-                warmup: (iters / 10).max(2),
-            },
-        );
+        for k in 0..self.pairs {
+            self.players.elem(2 * k).send(
+                ctx,
+                PlayerMsg::Run {
+                    size,
+                    iters,
+                    warmup: (iters / 10).max(2),
+                },
+            );
+        }
     }
 }
 
@@ -197,23 +208,31 @@ impl Chare for Main {
             budget_ms,
             gap_us,
             peer_pe,
+            pairs,
             hold,
         } = args::parse_main("pingpong", &a);
-        if peer_pe >= ctx.num_pes() {
+        if pairs > peer_pe || peer_pe + pairs > ctx.num_pes() {
             eprintln!(
-                "pingpong: --peer-pe {peer_pe} names no PE of this job ({} PEs)",
+                "pingpong: {pairs} pair(s) from --peer-pe {peer_pe} need PEs 0..{} and {peer_pe}..{}, \
+                 each PE in one pair; this job has {} PEs",
+                pairs - 1,
+                peer_pe + pairs - 1,
                 ctx.num_pes()
             );
             std::process::exit(2);
         }
         let gap = Duration::from_secs_f64(gap_us / 1e6);
-        // Two elements over all PEs would land on PEs 0 and P/2; pin them
-        // to 0 and the peer.
+        // Elements spread over all PEs would land elsewhere; place each
+        // pair's on its two PEs.
         let players = ArrayProxy::<Player>::create_empty(ctx);
-        players.insert_on(ctx, 0, 0, gap);
-        players.insert_on(ctx, 1, peer_pe, gap);
+        for k in 0..pairs {
+            players.insert_on(ctx, 2 * k, k, gap);
+            players.insert_on(ctx, 2 * k + 1, peer_pe + k, gap);
+        }
         let mut m = Main {
             players,
+            pairs,
+            done: Vec::new(),
             sizes,
             next: 0,
             min_iters,
@@ -230,14 +249,21 @@ impl Chare for Main {
             self.run_next(ctx);
             return;
         };
-        let oneway_us = secs * 1e6 / iters as f64 / 2.0;
-        let mbps = if oneway_us > 0.0 {
-            size as f64 / oneway_us
-        } else {
-            0.0
-        };
+        self.done.push(secs * 1e6 / iters as f64 / 2.0);
+        if self.done.len() < self.pairs as usize {
+            return;
+        }
+        let oneway: Vec<f64> = std::mem::take(&mut self.done);
+        let mean_us = oneway.iter().sum::<f64>() / oneway.len() as f64;
+        let slowest_us = oneway.iter().copied().fold(0.0, f64::max);
+        let mbps: f64 = oneway
+            .iter()
+            .filter(|&&us| us > 0.0)
+            .map(|us| size as f64 / us)
+            .sum();
         println!(
-            "pingpong size={size} iters={iters} oneway_us={oneway_us:.3} bandwidth_MBps={mbps:.1}"
+            "pingpong size={size} iters={iters} pairs={} oneway_us={mean_us:.3} slowest_us={slowest_us:.3} bandwidth_MBps={mbps:.1}",
+            self.pairs
         );
         self.run_next(ctx);
     }
@@ -247,7 +273,7 @@ impl Chare for Main {
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "pingpong",
-    about = "Round-trip latency and bandwidth between PE 0 and PE 1, or --peer-pe (needs at least 2 PEs); one line per message size"
+    about = "Round-trip latency and bandwidth between PE 0 and PE 1, or --peer-pe, or --pairs at once (needs at least 2 PEs); one line per message size"
 )]
 struct PingpongArgs {
     /// Message sizes in bytes, comma-separated.
@@ -266,6 +292,10 @@ struct PingpongArgs {
     /// The PE of the second element (PE 0 has the first); not 0.
     #[arg(long = "peer-pe", value_name = "P", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     peer_pe: u32,
+    /// Pairs exchanging at once: pair k between PE k and PE peer-pe + k
+    /// (at most peer-pe pairs, so each PE is in one).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pairs: u32,
     /// After the sizes, idle this many seconds before exiting (to measure
     /// an idle job's CPU); 0: exit at once.
     #[arg(long, value_name = "SECS", default_value_t = 0.0)]
