@@ -43,6 +43,11 @@ use serde_json::{json, Value};
 const MIB_TO_MB: f64 = 1.048_576;
 /// How long a child may take for one step before the bench gives up on it.
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Untimed round trips before each size is timed, at least: what
+/// `ucx_perftest` gets for large messages.
+const WARMUP_MIN: u64 = 20;
+/// Timed round trips of `ucx_perftest tag_lat` for messages over 64 KiB.
+const PERFTEST_LARGE_ITERS: u64 = 200;
 
 /// The command line (`bench_transport --help`).
 #[derive(clap::Parser, Debug)]
@@ -269,8 +274,17 @@ fn peer_main(role: u32, cli: &Cli) -> Result<()> {
                 for &size in &cli.sizes {
                     // Aim at the budget at ~1 GB/s and 10 µs per round trip.
                     let est_us = 10.0 + 2.0 * size as f64 / 1e3;
-                    let iters = ((cli.budget_ms * 1e3 / est_us) as u64).clamp(10, 200_000);
-                    let warmup = (iters / 10).max(2);
+                    // Large messages get at least the round trips that
+                    // `ucx_perftest tag_lat` times for them (`run_perftest`):
+                    // with fewer, the figure weighs the first ones, which
+                    // are slower even after the warm-up.
+                    let least = if size > 65536 { PERFTEST_LARGE_ITERS } else { 10 };
+                    let iters =
+                        ((cli.budget_ms * 1e3 / est_us) as u64).clamp(least, 200_000);
+                    // At least the 20 untimed round trips `ucx_perftest`
+                    // gets for large messages (`run_perftest`): with 2, a
+                    // 4 MiB figure carried the first receives' fresh buffers.
+                    let warmup = (iters / 10).max(WARMUP_MIN);
                     let run = |n: u64| -> Result<Duration> {
                         let seen = *sink.done.lock().expect("lock poisoned");
                         sink.left.store(n, Ordering::SeqCst);
@@ -487,7 +501,7 @@ fn run_perftest(exe: &Path, pin: bool, wire: &str, test: &str, size: usize) -> R
     let err: &[&str] = if err_mode(wire) == "peer" { &["-e"] } else { &[] };
     let (iters, warmup) = match (test, size) {
         ("tag_lat", s) if s <= 65536 => (100_000, 10_000),
-        ("tag_lat", _) => (200, 20),
+        ("tag_lat", _) => (PERFTEST_LARGE_ITERS, WARMUP_MIN),
         _ => (400, 40),
     };
     let mut last = String::new();
