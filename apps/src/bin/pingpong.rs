@@ -136,7 +136,7 @@ impl Chare for Player {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 enum MainMsg {
-    /// One size finished: `iters` timed round trips took `secs`.
+    /// A pair finished a size: `iters` timed round trips took `secs`.
     Done { size: usize, iters: u64, secs: f64 },
     /// The `--hold` is over.
     Held(()),
@@ -146,7 +146,7 @@ enum MainMsg {
 struct Main {
     players: ArrayProxy<Player>,
     pairs: u32,
-    /// The current size's pairs that finished: their seconds.
+    /// One-way µs of each pair that finished the current size.
     done: Vec<f64>,
     sizes: Vec<usize>,
     next: usize,
