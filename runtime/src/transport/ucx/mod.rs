@@ -64,6 +64,15 @@ const ARM_TRIES: usize = 3;
 /// Longest sleep of an idle PE on the worker's event fd while work is in
 /// flight (see [`UcxTransport::wait_limit`]).
 const IN_FLIGHT_NAP: Duration = Duration::from_millis(1);
+/// Longest sleep of an idle PE on the worker's event fd with nothing in
+/// flight. Over shared memory without peer error handling
+/// (`DUCTILE_UCX_ERR_MODE=none`), UCX 1.13 at times leaves the fd quiet
+/// for an arrival: every PE of a job then slept for good (2 of 13
+/// expansions of 3 nodes to 4, docs/ucx.md). The bound makes such a lost
+/// wake-up a delay of at most this long (the communication thread's own
+/// sleep is bounded too). Longer than that thread's 50 ms: each timeout
+/// costs a PE's spin, and an idle job paid 0.8% of a core at 50 ms.
+const IDLE_NAP: Duration = Duration::from_millis(200);
 /// How long a departed peer's `BYE` may take before its endpoint is closed anyway.
 const BYE_GRACE: Duration = Duration::from_secs(1);
 /// How long `shutdown` waits for its `BYE`s to leave.
@@ -443,10 +452,15 @@ impl Transport for UcxTransport {
     /// While a send or a receive is under way, 1 ms: UCX announces a
     /// peer's reply and an arrival, but not room freed in a peer's queue
     /// for the rest of a send (a 64 KiB message over shared memory hung
-    /// without this limit).
+    /// without this limit). Otherwise [`IDLE_NAP`], for an arrival UCX
+    /// does not announce.
     fn wait_limit(&self) -> Option<Duration> {
         let receiving = self.rx.try_lock().map_or(true, |rx| !rx.pending.is_empty());
-        (self.worker.sends_in_flight() > 0 || receiving).then_some(IN_FLIGHT_NAP)
+        Some(if self.worker.sends_in_flight() > 0 || receiving {
+            IN_FLIGHT_NAP
+        } else {
+            IDLE_NAP
+        })
     }
 }
 

@@ -521,6 +521,21 @@ fn settles(t: &UcxTransport) -> bool {
     })
 }
 
+/// A PE never sleeps on the worker's event fd for good: with nothing in
+/// flight its sleep is bounded too, so an arrival UCX does not announce
+/// (seen over shared memory without peer error handling) waits at most
+/// that long instead of hanging the job.
+#[test]
+fn an_idle_pe_sleeps_on_the_worker_for_a_bounded_time() {
+    let (_a, b, _rx) = pe_mode_pair();
+    b.pe_spinning(true);
+    assert!(settles(&b), "readable again and again with nothing sent");
+    let _fd = b.wait_fd().unwrap();
+    assert_eq!(b.worker.sends_in_flight(), 0);
+    assert_eq!(b.wait_limit(), Some(IDLE_NAP));
+    b.pe_spinning(false);
+}
+
 #[test]
 fn a_pe_sleeping_on_the_wait_fd_is_woken_by_a_frame_and_receives_it_itself() {
     let (a, b, rx) = pe_mode_pair();
