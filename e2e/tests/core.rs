@@ -340,6 +340,14 @@ fn collectives_rounds_and_migrations_complete_same_node_and_cross_node() {
     }
 }
 
+/// The per-size result lines of a pingpong run.
+fn pingpong_lines(stdout: &str) -> Vec<&str> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("pingpong size="))
+        .collect()
+}
+
 #[test]
 fn pingpong_runs_same_node_and_cross_node() {
     for (n, p) in [(1, 2), (2, 1)] {
@@ -357,11 +365,7 @@ fn pingpong_runs_same_node_and_cross_node() {
             ],
         );
         job.expect_code(0, "pingpong");
-        let lines: Vec<&str> = job
-            .stdout
-            .lines()
-            .filter(|l| l.starts_with("pingpong size="))
-            .collect();
+        let lines = pingpong_lines(&job.stdout);
         assert_eq!(lines.len(), 3, "{}", job.stdout);
         assert!(job
             .stdout
@@ -381,11 +385,7 @@ fn pingpong_runs_pairs_at_once_and_refuses_pairs_that_share_a_pe() {
         &[&args[..], &["--peer-pe", "2", "--pairs", "2"]].concat(),
     );
     job.expect_code(0, "pingpong --pairs 2");
-    let lines: Vec<&str> = job
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("pingpong size="))
-        .collect();
+    let lines = pingpong_lines(&job.stdout);
     assert_eq!(lines.len(), 2, "{}", job.stdout);
     assert!(
         lines.iter().all(|l| l.contains(" pairs=2 ")),

@@ -120,8 +120,8 @@ impl Scheduler {
                 progressing = false;
             }
             let fd = transport.filter(|_| progressing).and_then(|t| t.wait_fd());
-            // Work in flight that no event announces bounds the sleep on
-            // the transport's descriptor.
+            // The transport bounds the sleep on its descriptor where an
+            // event may not come (`Transport::wait_limit`).
             let limit = fd
                 .and(transport)
                 .and_then(|t| t.wait_limit())

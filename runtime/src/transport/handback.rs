@@ -228,7 +228,10 @@ mod tests {
         assert!(h.pes_progress(), "the sleeper holds it");
         h.set_dozing(true);
         h.pe_spinning(false);
-        assert!(rung(&h), "the sleeper woke to run something: the thread's turn");
+        assert!(
+            rung(&h),
+            "the sleeper woke to run something: the thread's turn"
+        );
         assert!(!h.pes_progress());
     }
 

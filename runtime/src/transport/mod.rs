@@ -246,7 +246,8 @@ pub trait Transport: Send + Sync + 'static {
     }
     /// The longest an idle PE may sleep on [`Transport::wait_fd`] now:
     /// work in flight whose next step no event announces (UCX: a send
-    /// waiting for room in a peer's queue) needs the PE to progress again
+    /// waiting for room in a peer's queue), or an arrival the descriptor
+    /// may miss (UCX over shared memory), needs the PE to progress again
     /// after that long. Asked right after `wait_fd`. Default: no limit.
     fn wait_limit(&self) -> Option<std::time::Duration> {
         None
