@@ -340,6 +340,29 @@ fn collectives_rounds_and_migrations_complete_same_node_and_cross_node() {
     }
 }
 
+/// A payload received from another node is kept by the element it came to
+/// (since the frame's own memory when it is the message's one large
+/// string) and survives the element's migration right after: each hop of
+/// `collectives --carry` checks byte for byte the payload it carried over
+/// and the one it just received, and fails the job otherwise.
+#[test]
+fn a_payload_received_into_chare_memory_survives_a_migration_right_after() {
+    for (n, p) in [(2, 1), (1, 2)] {
+        let job = run(
+            n,
+            p,
+            "collectives",
+            &["--rounds", "1", "--hops", "40", "--carry", "300000"],
+        );
+        job.expect_code(0, "collectives --carry");
+        assert!(
+            job.stdout.contains("collectives migration hops=40 hop_us="),
+            "{}",
+            job.stdout
+        );
+    }
+}
+
 /// The per-size result lines of a pingpong run.
 fn pingpong_lines(stdout: &str) -> Vec<&str> {
     stdout

@@ -4,9 +4,10 @@
 //! contents as one byte string (little-endian, as the machine holds it).
 //! Sent to another node, that string is written from the vector's own
 //! memory (`msg::write_frame`; no copy over TCP); received, it is copied
-//! once, straight into the new vector, or taken without a copy when the
-//! deserializer owns the buffer and `T`'s alignment is 1. Inside a node a
-//! `Bulk` is passed by value like any message.
+//! once, straight into the new vector, or taken without a copy when `T`'s
+//! alignment is 1 and the deserializer owns the buffer: a frame whose one
+//! large string it is (`msg::large`), or an owned byte buffer. Inside a
+//! node a `Bulk` is passed by value like any message.
 
 use std::ops::{Deref, DerefMut};
 
@@ -71,6 +72,12 @@ impl<'de, T: Pod> serde::de::Visitor<'de> for BulkVisitor<T> {
         f.write_str("a byte string")
     }
     fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<T>, E> {
+        if v.is_empty() {
+            // Read empty from a frame that hands its memory over instead.
+            if let Some(owned) = crate::msg::offered() {
+                return self.visit_byte_buf(owned);
+            }
+        }
         Self::check(v.len())?;
         if std::mem::size_of::<T>() == 0 {
             return Ok(Vec::new());

@@ -224,11 +224,7 @@ impl<C: Chare> ArrayStore<C> {
         if self.elems.contains_key(&key) {
             return Err(StoreError::Duplicate(format!("{index:?}"), C::NAME));
         }
-        let init: C::Init = Payload::Wire {
-            bytes: std::sync::Arc::new(init.to_vec()),
-            offset: 0,
-        }
-        .take()?;
+        let init: C::Init = Payload::encoded(init.to_vec()).take()?;
         let mut meta = ElemMeta {
             next_red: red_start,
             bcast_seen,

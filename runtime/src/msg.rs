@@ -3,11 +3,13 @@
 //!
 //! Inside a node an envelope carries the message value itself
 //! ([`Payload::Local`]); it is serialised only when it crosses to another node,
-//! into one frame: a postcard [`WireHeader`] followed by the postcard body.
+//! into one frame: the body's large byte strings, then a postcard
+//! [`WireHeader`] and the body's small fields, then a footer ([`large`]).
 //! The frame is written in pieces ([`write_frame`]): small fields gathered
 //! into one buffer, each large byte string (a [`Bulk`](crate::Bulk) body, a
 //! forwarded wire body) handed to the transport from the payload's own
-//! memory, so a transport that writes vectored (TCP) copies nothing.
+//! memory, so a transport that writes vectored (TCP) copies nothing; and a
+//! frame's one large string received becomes the `Bulk<u8>` that reads it.
 
 use std::any::Any;
 
@@ -16,6 +18,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::topo::Pe;
 use crate::transport::FrameWrite;
+
+mod large;
+
+pub(crate) use large::{offered, take_shared, Large, GATHER_MIN};
 
 /// A type that can travel as a message: serialisable for other nodes, cloneable
 /// for broadcasts, passed by value inside a node.
@@ -108,8 +114,9 @@ pub(crate) enum Dest {
 
 /// A message value that can be encoded on demand and cloned for broadcasts.
 pub(crate) trait ErasedMsg: Send {
-    /// The length of the encoding, without encoding.
-    fn encoded_len(&self) -> usize;
+    /// The length of the encoding and how many of its strings go out of
+    /// line, without encoding.
+    fn encoded_size(&self) -> large::Sizing;
     /// Writes the encoding through `g`.
     fn encode_gather(&self, g: &mut Gather<'_, '_>) -> postcard::Result<()>;
     fn clone_box(&self) -> Box<dyn ErasedMsg>;
@@ -117,8 +124,10 @@ pub(crate) trait ErasedMsg: Send {
 }
 
 impl<T: Message> ErasedMsg for T {
-    fn encoded_len(&self) -> usize {
-        postcard::experimental::serialized_size(self).expect("sizing an encoding cannot fail")
+    fn encoded_size(&self) -> large::Sizing {
+        let mut size = large::Sizing::default();
+        postcard::serialize_with_flavor(self, &mut size).expect("sizing an encoding cannot fail");
+        size
     }
     fn encode_gather(&self, g: &mut Gather<'_, '_>) -> postcard::Result<()> {
         postcard::serialize_with_flavor(self, g)
@@ -135,10 +144,14 @@ impl<T: Message> ErasedMsg for T {
 pub(crate) enum Payload {
     /// Passed by value between PEs of one node.
     Local(Box<dyn ErasedMsg>),
-    /// Received from another node: `bytes[offset..]` is the postcard body.
+    /// Received from another node, or encoded here: `bytes[offset..]` is
+    /// the postcard body's small fields, `large` its large strings out of
+    /// line (none in a body encoded here), their bytes at the start of
+    /// `bytes`.
     Wire {
         bytes: std::sync::Arc<Vec<u8>>,
         offset: usize,
+        large: Vec<Large>,
     },
 }
 
@@ -166,6 +179,16 @@ impl Payload {
         Payload::Local(Box::new(m))
     }
 
+    /// A body encoded here with plain postcard (a callback's value, a
+    /// collection's init).
+    pub(crate) fn encoded(bytes: Vec<u8>) -> Payload {
+        Payload::Wire {
+            bytes: std::sync::Arc::new(bytes),
+            offset: 0,
+            large: Vec::new(),
+        }
+    }
+
     /// Takes the typed message out.
     pub(crate) fn take<M: Message>(self) -> Result<M, DecodeError> {
         match self {
@@ -177,12 +200,16 @@ impl Payload {
                         expected: std::any::type_name::<M>(),
                     })
             }
-            Payload::Wire { bytes, offset } => {
-                postcard::from_bytes(&bytes[offset..]).map_err(|source| DecodeError::Malformed {
+            Payload::Wire {
+                bytes,
+                offset,
+                large,
+            } => large::decode_owned(bytes, offset, &large).map_err(|source| {
+                DecodeError::Malformed {
                     expected: std::any::type_name::<M>(),
                     source,
-                })
-            }
+                }
+            }),
         }
     }
 
@@ -190,9 +217,14 @@ impl Payload {
     pub(crate) fn duplicate(&self) -> Payload {
         match self {
             Payload::Local(b) => Payload::Local(b.clone_box()),
-            Payload::Wire { bytes, offset } => Payload::Wire {
+            Payload::Wire {
+                bytes,
+                offset,
+                large,
+            } => Payload::Wire {
                 bytes: bytes.clone(),
                 offset: *offset,
+                large: large.clone(),
             },
         }
     }
@@ -250,9 +282,13 @@ pub(crate) fn decode_frame(
     if tag.kind() != crate::transport::kind::ENVELOPE {
         return Err(FrameRefused::UnknownKind(tag.kind()));
     }
-    let (header, rest) =
-        postcard::take_from_bytes::<WireHeader>(&frame).map_err(FrameRefused::Malformed)?;
+    let mut frame = frame;
+    let footer = large::read_footer(&frame).map_err(FrameRefused::Malformed)?;
+    frame.truncate(footer.end);
+    let (header, rest) = postcard::take_from_bytes::<WireHeader>(&frame[footer.total..])
+        .map_err(FrameRefused::Malformed)?;
     let offset = frame.len() - rest.len();
+    let large = footer.place(offset).map_err(FrameRefused::Malformed)?;
     if header.dest_pe >= topo.num_pes() || !topo.is_local(header.dest_pe) {
         return Err(FrameRefused::NotHere(header.dest_pe));
     }
@@ -264,25 +300,27 @@ pub(crate) fn decode_frame(
         payload: Payload::Wire {
             bytes: std::sync::Arc::new(frame),
             offset,
+            large,
         },
     };
     Ok((rank, env))
 }
 
-/// A byte string at least this long is written from its own memory rather
-/// than gathered into the small-field buffer.
-pub(crate) const GATHER_MIN: usize = 4096;
-/// Small fields are written once this many have gathered.
-const GATHER_BUF: usize = 64 * 1024;
-
-/// A postcard flavor that writes a frame in pieces through a [`FrameWrite`]:
-/// small fields gathered into one buffer, each byte string of
-/// [`GATHER_MIN`] bytes or more written straight from the value's memory,
-/// together with the buffer before it (one vectored write, no copy).
+/// A postcard flavor that writes a frame in pieces through a [`FrameWrite`]
+/// (layout: [`large`]): each byte string of the body of [`GATHER_MIN`]
+/// bytes or more written at once, straight from the value's memory; the
+/// header and the small fields gathered into one buffer, written last with
+/// the footer that says where the strings belong.
 pub(crate) struct Gather<'a, 'w> {
     buf: Vec<u8>,
     write: &'a mut FrameWrite<'w>,
     error: Option<std::io::Error>,
+    /// Where the body starts in `buf` (after the header); `None` while the
+    /// header is written.
+    body: Option<usize>,
+    /// The strings written: their offsets among the body's small fields,
+    /// their lengths.
+    large: Vec<(usize, usize)>,
 }
 
 impl<'a, 'w> Gather<'a, 'w> {
@@ -291,30 +329,21 @@ impl<'a, 'w> Gather<'a, 'w> {
             buf: Vec::with_capacity(256),
             write,
             error: None,
+            body: None,
+            large: Vec::new(),
         }
     }
-    fn emit(&mut self, big: &[u8]) -> postcard::Result<()> {
-        let r = if self.buf.is_empty() {
-            (self.write)(&[big])
-        } else {
-            (self.write)(&[&self.buf, big])
-        };
-        self.buf.clear();
-        r.map_err(|e| {
-            self.error = Some(e);
-            postcard::Error::SerializeBufferFull
-        })
-    }
-    /// Writes what is still gathered; the io error that stopped the frame, if any.
+    /// Writes what is gathered and the footer; the io error that stopped
+    /// the frame, if any.
     fn finish(mut self, r: postcard::Result<()>) -> std::io::Result<()> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
         r.map_err(|e| std::io::Error::other(format!("encoding the message: {e}")))?;
-        if !self.buf.is_empty() {
-            (self.write)(&[&self.buf])?;
-        }
-        Ok(())
+        let strings: usize = self.large.iter().map(|&(_, len)| len).sum();
+        let frame_len = strings + self.buf.len() + large::footer_len(self.large.len());
+        large::write_footer(&mut self.buf, self.large.iter().copied(), frame_len);
+        (self.write)(&[&self.buf])
     }
 }
 
@@ -325,14 +354,19 @@ impl postcard::ser_flavors::Flavor for &mut Gather<'_, '_> {
         Ok(())
     }
     fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
-        if data.len() >= GATHER_MIN {
-            return self.emit(data);
+        match self.body {
+            Some(body) if data.len() >= GATHER_MIN && self.large.len() < large::MAX_LARGE => {
+                self.large.push((self.buf.len() - body, data.len()));
+                (self.write)(&[data]).map_err(|e| {
+                    self.error = Some(e);
+                    postcard::Error::SerializeBufferFull
+                })
+            }
+            _ => {
+                self.buf.extend_from_slice(data);
+                Ok(())
+            }
         }
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= GATHER_BUF {
-            return self.emit(&[]);
-        }
-        Ok(())
     }
     fn finalize(self) -> postcard::Result<()> {
         Ok(())
@@ -354,31 +388,66 @@ pub(crate) fn frame_len(dest_pe: Pe, env: &Envelope) -> usize {
     let head = postcard::experimental::serialized_size(&wire_header(dest_pe, env))
         .expect("sizing an encoding cannot fail");
     head + match &env.payload {
-        Payload::Local(b) => b.encoded_len(),
-        Payload::Wire { bytes, offset } => bytes.len() - offset,
+        Payload::Local(b) => {
+            let size = b.encoded_size();
+            size.len + large::footer_len(size.large)
+        }
+        Payload::Wire {
+            bytes,
+            offset,
+            large,
+        } => bytes.len() - offset + strings_len(large) + large::footer_len(large.len()),
     }
 }
 
+/// The bytes of a received body's large strings, all together.
+fn strings_len(large: &[Large]) -> usize {
+    large.last().map_or(0, |l| l.from + l.len)
+}
+
 /// Writes the frame of an envelope leaving for PE `dest_pe` through
-/// `write`: the header, then the body, exactly [`frame_len`] bytes. Large
-/// byte strings of the body (a [`Bulk`](crate::Bulk)'s contents, the body
-/// of a wire payload sent on) go to `write` from their own memory.
+/// `write`, exactly [`frame_len`] bytes. Large byte strings of the body (a
+/// [`Bulk`](crate::Bulk)'s contents) and the body of a wire payload sent on
+/// go to `write` from their own memory.
 pub(crate) fn write_frame(
     dest_pe: Pe,
     env: &Envelope,
     write: &mut FrameWrite<'_>,
 ) -> std::io::Result<()> {
-    let mut g = Gather::new(write);
-    let mut r = postcard::serialize_with_flavor(&wire_header(dest_pe, env), &mut g);
-    if r.is_ok() {
-        r = match &env.payload {
-            Payload::Local(b) => b.encode_gather(&mut g),
-            Payload::Wire { bytes, offset } => {
-                postcard::ser_flavors::Flavor::try_extend(&mut &mut g, &bytes[*offset..])
+    let header = wire_header(dest_pe, env);
+    match &env.payload {
+        Payload::Local(b) => {
+            let mut g = Gather::new(write);
+            let mut r = postcard::serialize_with_flavor(&header, &mut g);
+            g.body = Some(g.buf.len());
+            if r.is_ok() {
+                r = b.encode_gather(&mut g);
             }
-        };
+            g.finish(r)
+        }
+        // Sent on as it came: its strings first, then the new header and
+        // its small fields.
+        Payload::Wire {
+            bytes,
+            offset,
+            large,
+        } => {
+            let strings = strings_len(large);
+            if strings > 0 {
+                write(&[&bytes[..strings]])?;
+            }
+            let head = postcard::to_allocvec(&header).map_err(std::io::Error::other)?;
+            let mut footer = Vec::with_capacity(large::footer_len(large.len()));
+            let frame_len =
+                strings + head.len() + bytes.len() - offset + large::footer_len(large.len());
+            large::write_footer(
+                &mut footer,
+                large.iter().map(|l| (l.at - offset, l.len)),
+                frame_len,
+            );
+            write(&[&head, &bytes[*offset..], &footer])
+        }
     }
-    g.finish(r)
 }
 
 /// Encodes an envelope leaving for PE `dest_pe` as one frame in one buffer
@@ -556,19 +625,21 @@ mod tests {
             .find(|(_, p)| p.len() == 50_000 * 8)
             .expect("the body is one piece");
         assert_eq!(body.0, addr, "the piece is the Bulk's own memory");
-        // A wire body sent on (broadcast forwarding) is written from its buffer too.
+        // A wire body sent on (broadcast forwarding) is written from its
+        // buffer too: its large string, then its small fields.
         let frame = encode_frame(2, &env);
         let (_, got) = decode_frame(&topo(), Tag::new(0, 7, kind::ENVELOPE), frame).unwrap();
-        let Payload::Wire { bytes, offset } = &got.payload else {
+        let Payload::Wire { bytes, offset, .. } = &got.payload else {
             unreachable!()
         };
-        let start = bytes[*offset..].as_ptr() as usize;
         let parts = pieces(3, &got);
-        assert!(
-            parts
-                .iter()
-                .any(|(a, p)| *a == start && p.len() == bytes.len() - offset)
-        );
+        assert!(parts
+            .iter()
+            .any(|(a, p)| *a == bytes.as_ptr() as usize && p.len() == 50_000 * 8));
+        let small = bytes[*offset..].as_ptr() as usize;
+        assert!(parts
+            .iter()
+            .any(|(a, p)| *a == small && p.len() == bytes.len() - offset));
         let again: Vec<u8> = parts.into_iter().flat_map(|(_, p)| p).collect();
         let (_, env2) = decode_frame(&topo(), Tag::new(0, 7, kind::ENVELOPE), again).unwrap();
         assert_eq!(
@@ -595,6 +666,177 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    fn received(env: &Envelope) -> Payload {
+        let frame = encode_frame(3, env);
+        decode_frame(&topo(), Tag::new(0, 7, kind::ENVELOPE), frame)
+            .unwrap()
+            .1
+            .payload
+    }
+
+    /// The frame's allocation becomes the `Bulk<u8>` of a message whose one
+    /// large string it is: received into the memory the chare keeps.
+    #[test]
+    fn a_received_bulk_of_bytes_is_the_frames_own_memory() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        let env = Envelope {
+            prio: 0,
+            dest: Dest::System,
+            payload: Payload::local((5u32, crate::Bulk(data.clone()), 9u64)),
+            counted: false,
+        };
+        let payload = received(&env);
+        let Payload::Wire { bytes, large, .. } = &payload else {
+            unreachable!()
+        };
+        assert_eq!(large.len(), 1);
+        assert_eq!(large[0].from, 0, "the string leads the frame");
+        let frame = bytes.as_ptr() as usize;
+        let (a, got, b) = payload.take::<(u32, crate::Bulk<u8>, u64)>().unwrap();
+        assert_eq!((a, b), (5, 9));
+        assert_eq!(got.as_ptr() as usize, frame, "no copy after the read");
+        assert_eq!(got.0, data);
+        // The same frame shared (a broadcast's fan-out): each copy reads its own.
+        let payload = received(&env);
+        let other = payload.duplicate();
+        let got = payload.take::<(u32, crate::Bulk<u8>, u64)>().unwrap().1;
+        assert_eq!(got.0, data);
+        assert_eq!(
+            other.take::<(u32, crate::Bulk<u8>, u64)>().unwrap().1 .0,
+            data
+        );
+    }
+
+    /// A large string read by something other than a `Bulk<u8>` (a
+    /// `String`, a `Bulk<f64>`) is read whole all the same.
+    #[test]
+    fn a_large_string_not_for_a_byte_bulk_reads_whole() {
+        let text: String = (0..6000)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        let env = Envelope {
+            prio: 0,
+            dest: Dest::System,
+            payload: Payload::local((text.clone(), crate::Bulk::<u8>(Vec::new()), 1u8)),
+            counted: false,
+        };
+        let got = received(&env)
+            .take::<(String, crate::Bulk<u8>, u8)>()
+            .unwrap();
+        assert_eq!(got, (text, crate::Bulk(Vec::new()), 1));
+        let row = crate::Bulk((0..1000).map(f64::from).collect::<Vec<f64>>());
+        let env = Envelope {
+            prio: 0,
+            dest: Dest::System,
+            payload: Payload::local(row.clone()),
+            counted: false,
+        };
+        assert_eq!(received(&env).take::<crate::Bulk<f64>>().unwrap(), row);
+    }
+
+    /// Past the 255 strings a footer counts, the rest are gathered among
+    /// the small fields, and the body reads back whole.
+    #[test]
+    fn strings_past_the_footers_count_are_gathered_inline() {
+        let msg: Vec<crate::Bulk<u8>> = (0..300u32)
+            .map(|k| crate::Bulk(vec![k as u8; GATHER_MIN]))
+            .collect();
+        let env = Envelope {
+            prio: 0,
+            dest: Dest::System,
+            payload: Payload::local(msg.clone()),
+            counted: false,
+        };
+        let frame = encode_frame(3, &env);
+        assert_eq!(frame.len(), frame_len(3, &env));
+        assert_eq!(*frame.last().unwrap(), 255);
+        assert_eq!(received(&env).take::<Vec<crate::Bulk<u8>>>().unwrap(), msg);
+    }
+
+    /// A footer that does not fit its frame, or puts a string where none
+    /// can be, is refused as malformed.
+    #[test]
+    fn a_footer_that_lies_is_refused() {
+        let (env, _) = big_env(5000);
+        let good = encode_frame(3, &env);
+        let count = usize::from(*good.last().unwrap());
+        assert_eq!(count, 2, "the row and the bytes");
+        let entry = |i: usize| good.len() - 9 - (count - i) * 16;
+        let mut lies = Vec::new();
+        // More entries than the frame holds.
+        let mut f = good.clone();
+        *f.last_mut().unwrap() = 255;
+        lies.push(f);
+        // A string longer than the frame.
+        let mut f = good.clone();
+        f[entry(1) + 8..entry(1) + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+        lies.push(f);
+        // A string placed past the body's end.
+        let mut f = good.clone();
+        f[entry(1)..entry(1) + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        lies.push(f);
+        // Out of order.
+        let mut f = good.clone();
+        f[entry(0)..entry(0) + 8].copy_from_slice(&1000u64.to_le_bytes());
+        lies.push(f);
+        // Too short to have gone out of line.
+        let mut f = good.clone();
+        f[entry(0) + 8..entry(0) + 16].copy_from_slice(&10u64.to_le_bytes());
+        lies.push(f);
+        for (i, f) in lies.into_iter().enumerate() {
+            match decode_frame(&topo(), Tag::new(0, 7, kind::ENVELOPE), f) {
+                Err(FrameRefused::Malformed(_)) => {}
+                Err(e) => panic!("lie {i}: refused for another reason: {e}"),
+                Ok((_, got)) => panic!(
+                    "lie {i}: accepted, body {:?}",
+                    got.payload.take::<Big>().map(|_| ())
+                ),
+            }
+        }
+        // A string the body never reaches is an error, not a silent loss.
+        let mut f = good.clone();
+        f[entry(1)..entry(1) + 8].copy_from_slice(&0u64.to_le_bytes());
+        f[entry(0)..entry(0) + 8].copy_from_slice(&0u64.to_le_bytes());
+        if let Ok((_, got)) = decode_frame(&topo(), Tag::new(0, 7, kind::ENVELOPE), f) {
+            assert!(got.payload.take::<Big>().is_err());
+        }
+    }
+
+    proptest! {
+        /// Any mix of small and large strings round trips: written in
+        /// pieces, decoded from the frame owned or shared, and sent on.
+        #[test]
+        fn bodies_round_trip_owned_shared_and_sent_on(
+            sizes in proptest::collection::vec(
+                prop_oneof![0usize..100, GATHER_MIN - 2..GATHER_MIN + 2, 5000usize..70_000], 0..5),
+            text in 0usize..9000,
+        ) {
+            let msg: (Vec<crate::Bulk<u8>>, String) = (
+                sizes.iter().enumerate().map(|(k, &n)| {
+                    crate::Bulk((0..n).map(|i| (i * 7 + k) as u8).collect())
+                }).collect(),
+                "x".repeat(text),
+            );
+            let env = Envelope {
+                prio: 1,
+                dest: Dest::System,
+                payload: Payload::local(msg.clone()),
+                counted: true,
+            };
+            let frame: Vec<u8> = pieces(3, &env).into_iter().flat_map(|(_, p)| p).collect();
+            prop_assert_eq!(frame.len(), frame_len(3, &env));
+            let payload = received(&env);
+            let forward = Envelope { payload: payload.duplicate(), ..env };
+            let sent_on = encode_frame(2, &forward);
+            prop_assert_eq!(sent_on.len(), frame_len(2, &forward));
+            // Shared with `payload`, then `payload` alone (owned).
+            prop_assert_eq!(&forward.payload.take::<(Vec<crate::Bulk<u8>>, String)>().unwrap(), &msg);
+            prop_assert_eq!(&payload.take::<(Vec<crate::Bulk<u8>>, String)>().unwrap(), &msg);
+            let (_, again) = decode_frame(&topo(), Tag::new(0, 7, kind::ENVELOPE), sent_on).unwrap();
+            prop_assert_eq!(&again.payload.take::<(Vec<crate::Bulk<u8>>, String)>().unwrap(), &msg);
         }
     }
 

@@ -308,11 +308,13 @@ pub(crate) enum BuddyChares {
     Received(ReceivedChares),
 }
 
-/// A received copy: `bytes[offset..]` encodes a `Vec<SavedChare>`.
+/// A received copy: `bytes[offset..]` encodes a `Vec<SavedChare>`, its
+/// states out of line (`large`).
 #[derive(Clone, Debug)]
 pub(crate) struct ReceivedChares {
     bytes: Arc<Vec<u8>>,
     offset: usize,
+    large: Vec<crate::msg::Large>,
     count: u64,
     state_bytes: u64,
 }
@@ -346,8 +348,14 @@ impl BuddyChares {
                     meta: c.meta.clone(),
                 })
                 .collect()),
-            BuddyChares::Received(r) => postcard::from_bytes(&r.bytes[r.offset..]),
+            BuddyChares::Received(r) => r.read(),
         }
+    }
+}
+
+impl ReceivedChares {
+    fn read(&self) -> Result<Vec<SavedChareRef<'_>>, postcard::Error> {
+        crate::msg::take_shared(&self.bytes, self.offset, &self.large).map(|(c, _)| c)
     }
 }
 
@@ -461,27 +469,35 @@ impl SysMsg {
     /// node keeps its chares in the frame they came in ([`BuddyChares`]).
     pub(crate) fn take(payload: Payload) -> Result<SysMsg, DecodeError> {
         match payload {
-            Payload::Wire { bytes, offset } => {
+            Payload::Wire {
+                bytes,
+                offset,
+                large,
+            } => {
                 let malformed = |source| DecodeError::Malformed {
                     expected: std::any::type_name::<SysMsg>(),
                     source,
                 };
-                let body = &bytes[offset..];
-                match postcard::take_from_bytes::<u32>(body) {
-                    Ok((v, rest)) if v == buddy_copy_variant() => {
-                        let (head, rest) =
-                            postcard::take_from_bytes::<BuddyCopyHead>(rest).map_err(malformed)?;
-                        let at = bytes.len() - rest.len();
-                        let chares: Vec<SavedChareRef<'_>> =
-                            postcard::from_bytes(rest).map_err(malformed)?;
-                        let count = chares.len() as u64;
-                        let state_bytes = chares.iter().map(|c| c.state.len() as u64).sum();
-                        drop(chares);
-                        let chares = BuddyChares::Received(ReceivedChares {
+                match crate::msg::take_shared::<u32>(&bytes, offset, &large) {
+                    Ok((v, at)) if v == buddy_copy_variant() => {
+                        let (head, at) =
+                            crate::msg::take_shared::<BuddyCopyHead>(&bytes, at, &large)
+                                .map_err(malformed)?;
+                        let chares = ReceivedChares {
                             bytes,
                             offset: at,
+                            large,
+                            count: 0,
+                            state_bytes: 0,
+                        };
+                        let read: Vec<SavedChareRef<'_>> = chares.read().map_err(malformed)?;
+                        let count = read.len() as u64;
+                        let state_bytes = read.iter().map(|c| c.state.len() as u64).sum();
+                        drop(read);
+                        let chares = BuddyChares::Received(ReceivedChares {
                             count,
                             state_bytes,
+                            ..chares
                         });
                         Ok(SysMsg::BuddyCopy {
                             ckpt: head.ckpt,
@@ -490,7 +506,12 @@ impl SysMsg {
                             chares,
                         })
                     }
-                    _ => Payload::Wire { bytes, offset }.take(),
+                    _ => Payload::Wire {
+                        bytes,
+                        offset,
+                        large,
+                    }
+                    .take(),
                 }
             }
             local => local.take(),
@@ -662,6 +683,7 @@ mod tests {
         Payload::Wire {
             bytes: Arc::new(bytes),
             offset: 5,
+            large: Vec::new(),
         }
     }
 
@@ -724,10 +746,7 @@ mod tests {
         };
         let mut bytes = postcard::to_allocvec(&msg).unwrap();
         bytes.truncate(bytes.len() - 10);
-        let torn = Payload::Wire {
-            bytes: Arc::new(bytes),
-            offset: 0,
-        };
+        let torn = Payload::encoded(bytes);
         let err = SysMsg::take(torn).unwrap_err();
         assert!(err.to_string().contains("malformed"), "{err}");
     }

@@ -1,14 +1,18 @@
 //! Collectives and migration: what a broadcast + reduction round and one
 //! migration of a small element cost (issue 19's targets; docs/message-path.md).
 //!
-//! `collectives [--rounds N] [--hops N]` prints
+//! `collectives [--rounds N] [--hops N] [--carry BYTES]` prints
 //! `collectives round pes=P rounds=N round_us=X`: main broadcasts to an
 //! array of one element per PE, each contributes 1 to a sum reduction whose
 //! callback is main's, which checks the sum and starts the next round;
 //! and `collectives migration hops=N hop_us=X`: one small element moves
 //! between PE 0 and PE 1, each hop its own `migrate_me` and the message it
 //! sent itself just before, forwarded to where it went. Both after a tenth
-//! as many untimed. Timings only: the job fails only on a wrong sum.
+//! as many untimed. With `--carry`, that message brings BYTES of payload
+//! the element keeps and takes along on its next hop, right after: each
+//! arrival checks the payload it carried over and the one just received,
+//! byte for byte. Timings only: the job fails only on a wrong sum or a
+//! payload that changed.
 
 use std::time::Instant;
 
@@ -40,14 +44,24 @@ impl Chare for Member {
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 enum TravellerMsg {
-    /// Move to the other PE and hop on, `left` more times.
-    Hop(u64),
+    /// Move to the other PE and hop on, `left` more times; `payload` is
+    /// the hop's (`--carry`), to keep.
+    Hop { left: u64, payload: Bulk<u8> },
 }
 
 /// A small element that moves between PE 0 and PE 1.
 #[derive(Serialize, Deserialize)]
 struct Traveller {
     hops: u64,
+    /// The last hop's payload, carried over the migration that followed.
+    carried: Bulk<u8>,
+    /// The hop it was made for.
+    carried_from: u64,
+}
+
+/// Hop `hop`'s payload of `len` bytes: each hop's differs.
+fn payload(hop: u64, len: usize) -> Bulk<u8> {
+    Bulk((0..len as u64).map(|i| (i * 31 + hop * 7) as u8).collect())
 }
 
 impl Chare for Traveller {
@@ -57,10 +71,30 @@ impl Chare for Traveller {
     type Msg = TravellerMsg;
 
     fn new(_: (), _: &mut Ctx<'_, Self>) -> Self {
-        Traveller { hops: 0 }
+        Traveller {
+            hops: 0,
+            carried: Bulk::default(),
+            carried_from: 0,
+        }
     }
 
-    fn handle(&mut self, TravellerMsg::Hop(left): TravellerMsg, ctx: &mut Ctx<'_, Self>) {
+    fn handle(&mut self, msg: TravellerMsg, ctx: &mut Ctx<'_, Self>) {
+        let TravellerMsg::Hop { left, payload: p } = msg;
+        let len = p.len();
+        // Made for this hop, sent before the migration this element kept
+        // the last payload through.
+        if p != payload(self.hops, len)
+            || self.carried != payload(self.carried_from, self.carried.len())
+        {
+            eprintln!(
+                "collectives: a payload of {len} bytes changed on hop {}",
+                self.hops
+            );
+            ctx.exit(1);
+            return;
+        }
+        self.carried = p;
+        self.carried_from = self.hops;
         if left == 0 {
             main_chare::<Main>().send(ctx, MainMsg::Arrived(self.hops));
             return;
@@ -68,7 +102,14 @@ impl Chare for Traveller {
         self.hops += 1;
         let here = ctx.my_pe();
         ctx.migrate_me(1 - here.min(1));
-        ctx.this_element().send(ctx, TravellerMsg::Hop(left - 1));
+        let payload = payload(self.hops, len);
+        ctx.this_element().send(
+            ctx,
+            TravellerMsg::Hop {
+                left: left - 1,
+                payload,
+            },
+        );
     }
 }
 
@@ -86,6 +127,10 @@ struct Main {
     hops: u64,
     /// Rounds left, timed ones included.
     left: u64,
+    /// Bytes each hop carries.
+    carry: usize,
+    /// Hops the traveller has made.
+    travelled: u64,
     #[serde(skip)]
     t0: Option<Instant>,
 }
@@ -96,7 +141,14 @@ impl Main {
     }
 
     fn hop(&mut self, ctx: &mut PeCtx<'_>) {
-        self.traveller.elem(0).send(ctx, TravellerMsg::Hop(self.left));
+        let payload = payload(self.travelled, self.carry);
+        self.traveller.elem(0).send(
+            ctx,
+            TravellerMsg::Hop {
+                left: self.left,
+                payload,
+            },
+        );
     }
 }
 
@@ -111,7 +163,11 @@ impl Chare for Main {
             eprintln!("collectives needs at least 2 PEs");
             std::process::exit(2);
         }
-        let CollectivesArgs { rounds, hops } = args::parse_main("collectives", &a);
+        let CollectivesArgs {
+            rounds,
+            hops,
+            carry,
+        } = args::parse_main("collectives", &a);
         // Block-mapped: element i on PE i; the traveller starts on PE 0.
         let pes = ctx.num_pes();
         let members = ArrayProxy::<Member>::create(ctx, pes, ());
@@ -122,6 +178,8 @@ impl Chare for Main {
             rounds,
             hops,
             left: rounds + Self::warmup(rounds),
+            carry,
+            travelled: 0,
             t0: None,
         };
         m.members.broadcast(ctx, MemberMsg::Round);
@@ -157,6 +215,7 @@ impl Chare for Main {
                 self.hop(ctx);
             }
             MainMsg::Arrived(done) => {
+                self.travelled = done;
                 if let Some(t0) = self.t0 {
                     let us = t0.elapsed().as_secs_f64() * 1e6;
                     let hops = done - Self::warmup(self.hops);
@@ -188,6 +247,9 @@ struct CollectivesArgs {
     /// Timed migrations.
     #[arg(long, value_name = "N", default_value_t = 20_000, value_parser = args::at_least_one::<u64>)]
     hops: u64,
+    /// Bytes of payload each hop brings and the element keeps over its next migration.
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    carry: usize,
 }
 
 fn main() {

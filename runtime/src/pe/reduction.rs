@@ -9,7 +9,6 @@
 //! destructions), and delivers results in reduction order.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
 use tracing::error;
 
@@ -97,10 +96,7 @@ impl PeState {
     pub(super) fn deliver_callback(&mut self, cb: &CallbackSpec, value: &Value) {
         let mut bytes = cb.prefix.clone();
         bytes.extend(value.encode_payload());
-        let payload = Payload::Wire {
-            bytes: Arc::new(bytes),
-            offset: 0,
-        };
+        let payload = Payload::encoded(bytes);
         match cb.target {
             Target::Ignore => {}
             Target::Element { coll, key } => self.send_element(coll, key, 0, payload),
