@@ -46,22 +46,25 @@ impl Chare for Member {
 enum TravellerMsg {
     /// Move to the other PE and hop on, `left` more times; `payload` is
     /// the hop's (`--carry`), to keep.
-    Hop { left: u64, payload: Bulk<u8> },
+    Hop {
+        left: u64,
+        payload: Option<Bulk<u8>>,
+    },
 }
 
 /// A small element that moves between PE 0 and PE 1.
 #[derive(Serialize, Deserialize)]
 struct Traveller {
     hops: u64,
-    /// The last hop's payload, carried over the migration that followed.
-    carried: Bulk<u8>,
-    /// The hop it was made for.
-    carried_from: u64,
+    /// The last hop's payload (`--carry`) and the hop it was made for,
+    /// carried over the migration that followed.
+    carried: Option<(u64, Bulk<u8>)>,
 }
 
-/// Hop `hop`'s payload of `len` bytes: each hop's differs.
-fn payload(hop: u64, len: usize) -> Bulk<u8> {
-    Bulk((0..len as u64).map(|i| (i * 31 + hop * 7) as u8).collect())
+/// Hop `hop`'s payload of `len` bytes (none without `--carry`): each
+/// hop's differs.
+fn payload(hop: u64, len: usize) -> Option<Bulk<u8>> {
+    (len > 0).then(|| Bulk((0..len as u64).map(|i| (i * 31 + hop * 7) as u8).collect()))
 }
 
 impl Chare for Traveller {
@@ -73,19 +76,20 @@ impl Chare for Traveller {
     fn new(_: (), _: &mut Ctx<'_, Self>) -> Self {
         Traveller {
             hops: 0,
-            carried: Bulk::default(),
-            carried_from: 0,
+            carried: None,
         }
     }
 
     fn handle(&mut self, msg: TravellerMsg, ctx: &mut Ctx<'_, Self>) {
         let TravellerMsg::Hop { left, payload: p } = msg;
-        let len = p.len();
+        let len = p.as_ref().map_or(0, |p| p.len());
         // Made for this hop, sent before the migration this element kept
         // the last payload through.
-        if p != payload(self.hops, len)
-            || self.carried != payload(self.carried_from, self.carried.len())
-        {
+        let carried_intact = self
+            .carried
+            .as_ref()
+            .is_none_or(|(hop, c)| Some(c) == payload(*hop, len).as_ref());
+        if p != payload(self.hops, len) || !carried_intact {
             eprintln!(
                 "collectives: a payload of {len} bytes changed on hop {}",
                 self.hops
@@ -93,8 +97,7 @@ impl Chare for Traveller {
             ctx.exit(1);
             return;
         }
-        self.carried = p;
-        self.carried_from = self.hops;
+        self.carried = p.map(|p| (self.hops, p));
         if left == 0 {
             main_chare::<Main>().send(ctx, MainMsg::Arrived(self.hops));
             return;
