@@ -165,7 +165,10 @@ fn main() -> Result<()> {
     let mut out = serde_json::Map::new();
     for ((name, _), s) in kinds.iter().zip(&samples) {
         let st = stats(s);
-        println!("| {name} | {:.0} [{:.0}..{:.0}] |", st.median, st.min, st.max);
+        println!(
+            "| {name} | {:.0} [{:.0}..{:.0}] |",
+            st.median, st.min, st.max
+        );
         out.insert((*name).into(), stats_json(s));
     }
     let path = cli
