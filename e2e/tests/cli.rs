@@ -528,6 +528,8 @@ fn every_program_answers_help_and_refuses_unknown_flags_with_a_suggestion() {
         ("bench_core", Some(("--reps", "--rep"))),
         ("bench_rescale", Some(("--nodes", "--node"))),
         ("bench_lb", Some(("--reps", "--rep"))),
+        ("bench_handoff", Some(("--trips", "--trip"))),
+        ("collectives", Some(("--carry", "--cary"))),
     ];
     for (program, flag) in programs {
         let (code, stdout, stderr) = run(program, &["--help"]);
