@@ -195,6 +195,8 @@ struct Split<'de> {
     /// The first string's own allocation, to offer to a `Bulk` instead of
     /// its bytes from `strings`.
     owned: Option<Vec<u8>>,
+    /// An offer is out: the next access takes it back unless it was taken.
+    offering: bool,
     /// The allocation offered and not taken.
     unclaimed: Option<Vec<u8>>,
 }
@@ -210,9 +212,10 @@ struct Read {
 
 impl Split<'_> {
     /// An offer still open when the reader goes on was not for a `Bulk`.
+    #[inline]
     fn settle(&mut self) {
-        if let Some(v) = offered() {
-            self.unclaimed = Some(v);
+        if std::mem::take(&mut self.offering) {
+            self.unclaimed = offered();
         }
     }
 }
@@ -242,6 +245,7 @@ impl<'de> DeFlavor<'de> for Split<'de> {
                 self.next += 1;
                 if let Some(v) = self.owned.take() {
                     OFFERED.with(|o| *o.borrow_mut() = Some(v));
+                    self.offering = true;
                     return Ok(&[]);
                 }
                 return self
@@ -289,14 +293,20 @@ pub(crate) fn take_shared<'de, T: Deserialize<'de>>(
     large: &'de [Large],
 ) -> postcard::Result<(T, usize)> {
     let first = large.partition_point(|l| l.at < from);
+    let small = bytes.get(from..).ok_or(Error::DeserializeUnexpectedEnd)?;
+    if first == large.len() {
+        // All small fields: postcard's own reader.
+        return postcard::take_from_bytes(small).map(|(v, rest)| (v, bytes.len() - rest.len()));
+    }
     let split = Split {
-        small: bytes.get(from..).ok_or(Error::DeserializeUnexpectedEnd)?,
+        small,
         base: from,
         read: 0,
         large: &large[first..],
         next: 0,
         strings: bytes,
         owned: None,
+        offering: false,
         unclaimed: None,
     };
     read(split).map(|(v, r)| (v, r.at))
@@ -310,14 +320,19 @@ pub(crate) fn decode_shared<'de, T: Deserialize<'de>>(
     large: &'de [Large],
 ) -> postcard::Result<T> {
     let first = large.partition_point(|l| l.at < offset);
+    let small = bytes.get(offset..).ok_or(Error::DeserializeUnexpectedEnd)?;
+    if first == large.len() {
+        return postcard::from_bytes(small);
+    }
     let split = Split {
-        small: bytes.get(offset..).ok_or(Error::DeserializeUnexpectedEnd)?,
+        small,
         base: offset,
         read: 0,
         large: &large[first..],
         next: 0,
         strings: bytes,
         owned: None,
+        offering: false,
         unclaimed: None,
     };
     let (v, r) = read(split)?;
@@ -365,6 +380,7 @@ pub(crate) fn decode_owned<T: serde::de::DeserializeOwned>(
         next: 0,
         strings: &[],
         owned: Some(frame),
+        offering: false,
         unclaimed: None,
     };
     let (v, r) = read::<T>(split)?;
@@ -385,6 +401,7 @@ pub(crate) fn decode_owned<T: serde::de::DeserializeOwned>(
         next: 0,
         strings: &string,
         owned: None,
+        offering: false,
         unclaimed: None,
     };
     let (v, r) = read::<T>(split)?;
