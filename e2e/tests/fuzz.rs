@@ -34,6 +34,16 @@ use ductile_coordinator::proto::{
 /// PEs each). The first byte picks the tag: even, a well-formed envelope
 /// tag from the node the second byte names; odd, the next 8 bytes raw.
 fn runtime_frame(data: &[u8]) {
+    let Some((tag, frame)) = runtime_input(data) else {
+        return;
+    };
+    if let Ok(rank) = ductile::decode_frame_rank(&node_1(), tag, frame.to_vec()) {
+        assert!(rank < 2, "node 1 hosts two PEs, got local rank {rank}");
+    }
+}
+
+/// Node 1 of a 3-node view of epoch 7, two PEs each.
+fn node_1() -> Topology {
     let members = (0..3)
         .map(|i| Member {
             node: i,
@@ -44,21 +54,36 @@ fn runtime_frame(data: &[u8]) {
             pid: 0,
         })
         .collect();
-    let topo = Topology::new(&View { epoch: 7, members }, 1);
-    let (tag, frame) = match data {
+    Topology::new(&View { epoch: 7, members }, 1)
+}
+
+/// The tag and frame a `runtime_frame` input stands for.
+fn runtime_input(data: &[u8]) -> Option<(Tag, &[u8])> {
+    match data {
         [even, src, rest @ ..] if even % 2 == 0 => {
-            (Tag::new(u32::from(*src) % 3, 7, kind::ENVELOPE), rest)
+            Some((Tag::new(u32::from(*src) % 3, 7, kind::ENVELOPE), rest))
         }
         [_, rest @ ..] if rest.len() >= 8 => {
             let (raw, frame) = rest.split_at(8);
             let raw: [u8; 8] = raw.try_into().unwrap_or([0; 8]);
-            (Tag(u64::from_le_bytes(raw)), frame)
+            Some((Tag(u64::from_le_bytes(raw)), frame))
         }
-        _ => return,
-    };
-    if let Ok(rank) = ductile::decode_frame_rank(&topo, tag, frame.to_vec()) {
-        assert!(rank < 2, "node 1 hosts two PEs, got local rank {rank}");
+        _ => None,
     }
+}
+
+/// The runtime's seeds are frames it accepts (all but the one of another
+/// kind): a seed the decoder refuses would start the fuzzer far from
+/// every path past the footer and the header.
+#[test]
+fn the_runtime_frame_seeds_are_frames_the_runtime_accepts() {
+    let seeds = corpus("runtime_frame");
+    let accepted = seeds
+        .iter()
+        .filter_map(|s| runtime_input(s))
+        .filter(|(tag, frame)| ductile::decode_frame_rank(&node_1(), *tag, frame.to_vec()).is_ok())
+        .count();
+    assert_eq!(accepted, seeds.len() - 1, "of {} seeds", seeds.len());
 }
 
 type Target = (&'static str, fn(&[u8]), u64);
@@ -238,14 +263,24 @@ fn write_corpus() {
         encode(&ControlReply::Welcome),
     ];
     // Tag selector, source node, then a WireHeader (dest PE 2, priority 0,
-    // counted, Dest::Member { coll: 5 }) and a body; and a raw-tag variant.
+    // counted, Dest::Member { coll: 5 }) and a body, with the footer of a
+    // frame without large strings (its length, no entries); a raw-tag
+    // variant; and frames from the real encoder, large strings out of line.
+    let footed = |head: Vec<u8>, frame: Vec<u8>| {
+        let len = (frame.len() + 9) as u64;
+        [head, frame, len.to_le_bytes().to_vec(), vec![0]].concat()
+    };
     let runtime: Vec<Vec<u8>> = vec![
-        vec![0, 0, 2, 0, 1, 1, 5, 0xaa, 0xbb],
-        vec![0, 2, 3, 1, 0, 0, 9, 42, 4, 1, 2, 3, 4],
-        [vec![1], Tag::new(0, 7, kind::ENVELOPE).0.to_le_bytes().to_vec(), vec![2, 0, 1, 1, 5]]
-            .concat(),
+        footed(vec![0, 0], vec![2, 0, 1, 1, 5, 0xaa, 0xbb]),
+        footed(vec![0, 2], vec![3, 1, 0, 0, 9, 42, 4, 1, 2, 3, 4]),
+        footed(
+            [vec![1], Tag::new(0, 7, kind::ENVELOPE).0.to_le_bytes().to_vec()].concat(),
+            vec![2, 0, 1, 1, 5],
+        ),
         [vec![1], Tag::new(2, 6, kind::CONTROL).0.to_le_bytes().to_vec(), vec![0; 4]].concat(),
-        [vec![0, 0], ductile::buddy_copy_frame(2)].concat(),
+        [vec![0, 0], ductile::buddy_copy_frame(2, 24)].concat(),
+        [vec![0, 0], ductile::buddy_copy_frame(3, 4096)].concat(),
+        [vec![0, 1], ductile::migrate_frame(2, 5000)].concat(),
     ];
     let write = |name: &str, inputs: &[Vec<u8>]| {
         let dir = corpus_dir(name);

@@ -66,7 +66,7 @@ pub use readonly::Readonly;
 pub use reduce::{Reducer, Reducible, Value};
 pub use registry::Registry;
 #[doc(hidden)]
-pub use system::buddy_copy_frame;
+pub use system::{buddy_copy_frame, migrate_frame};
 pub use system::decode_frame_rank;
 pub use topo::{Pe, Topology};
 

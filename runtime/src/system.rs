@@ -631,15 +631,16 @@ pub fn decode_frame_rank(
     Ok(rank)
 }
 
-/// A frame for PE `dest_pe` carrying a buddy copy of two small chares, as
-/// a PE sends one: a seed for fuzz corpora.
+/// A frame for PE `dest_pe` carrying a buddy copy of two chares of
+/// `state_len` bytes each, as a PE sends one: a seed for fuzz corpora
+/// (from 4 KiB on, the states travel out of line, `msg::large`).
 #[doc(hidden)]
-pub fn buddy_copy_frame(dest_pe: Pe) -> Vec<u8> {
+pub fn buddy_copy_frame(dest_pe: Pe, state_len: usize) -> Vec<u8> {
     let chares = (0..2u8)
         .map(|k| SavedChare {
             coll: 3,
             key: IndexKey::from(k),
-            state: crate::Bulk(vec![k; 24]),
+            state: crate::Bulk(vec![k; state_len]),
             meta: ElemMeta::default(),
         })
         .collect();
@@ -654,6 +655,25 @@ pub fn buddy_copy_frame(dest_pe: Pe) -> Vec<u8> {
         dest: crate::msg::Dest::System,
         payload: Payload::local(msg),
         counted: false,
+    };
+    crate::msg::encode_frame(dest_pe, &env)
+}
+
+/// A frame for PE `dest_pe` carrying one element migrating in with
+/// `state_len` bytes of state: a seed for fuzz corpora.
+#[doc(hidden)]
+pub fn migrate_frame(dest_pe: Pe, state_len: usize) -> Vec<u8> {
+    let env = crate::msg::Envelope {
+        prio: 0,
+        dest: crate::msg::Dest::System,
+        payload: Payload::local(SysMsg::Migrate {
+            coll: 3,
+            key: 1,
+            state: crate::Bulk(vec![9; state_len]),
+            meta: ElemMeta::default(),
+            lb_step: Some(2),
+        }),
+        counted: true,
     };
     crate::msg::encode_frame(dest_pe, &env)
 }
