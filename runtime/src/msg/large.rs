@@ -210,7 +210,23 @@ struct Read {
     unclaimed: Option<Vec<u8>>,
 }
 
-impl Split<'_> {
+impl<'de> Split<'de> {
+    /// Reads `small`, which starts at frame offset `base`, and the strings
+    /// `large` from `strings`.
+    fn new(small: &'de [u8], base: usize, large: &'de [Large], strings: &'de [u8]) -> Self {
+        Split {
+            small,
+            base,
+            read: 0,
+            large,
+            next: 0,
+            strings,
+            owned: None,
+            offering: false,
+            unclaimed: None,
+        }
+    }
+
     /// An offer still open when the reader goes on was not for a `Bulk`.
     #[inline]
     fn settle(&mut self) {
@@ -276,12 +292,32 @@ impl<'de> DeFlavor<'de> for Split<'de> {
     }
 }
 
-fn read<'de, T: Deserialize<'de>>(split: Split<'de>) -> postcard::Result<(T, Read)> {
+/// Reads a `T` through `split`.
+fn run<'de, T: Deserialize<'de>>(split: Split<'de>) -> postcard::Result<(T, Read)> {
     let mut de = postcard::Deserializer::from_flavor(split);
     let v = T::deserialize(&mut de);
     // An error may leave an offer open: close it either way.
     let rest = de.finalize();
     Ok((v?, rest?))
+}
+
+/// Reads a `T` from the frame `bytes` at offset `from` on, its large
+/// strings borrowed from the frame: the value, the offset after it, and
+/// whether every string from `from` on was read.
+fn read_at<'de, T: Deserialize<'de>>(
+    bytes: &'de [u8],
+    from: usize,
+    large: &'de [Large],
+) -> postcard::Result<(T, usize, bool)> {
+    let large = &large[large.partition_point(|l| l.at < from)..];
+    let small = bytes.get(from..).ok_or(Error::DeserializeUnexpectedEnd)?;
+    if large.is_empty() {
+        // All small fields (nearly every message): postcard's own reader.
+        let (v, rest) = postcard::take_from_bytes(small)?;
+        return Ok((v, bytes.len() - rest.len(), true));
+    }
+    let (v, r) = run(Split::new(small, from, large, bytes))?;
+    Ok((v, r.at, r.next == large.len()))
 }
 
 /// Reads a `T` from the frame `bytes` at offset `from` on, among the body's
@@ -292,58 +328,19 @@ pub(crate) fn take_shared<'de, T: Deserialize<'de>>(
     from: usize,
     large: &'de [Large],
 ) -> postcard::Result<(T, usize)> {
-    let first = large.partition_point(|l| l.at < from);
-    let small = bytes.get(from..).ok_or(Error::DeserializeUnexpectedEnd)?;
-    if first == large.len() {
-        // All small fields: postcard's own reader.
-        return postcard::take_from_bytes(small).map(|(v, rest)| (v, bytes.len() - rest.len()));
-    }
-    let split = Split {
-        small,
-        base: from,
-        read: 0,
-        large: &large[first..],
-        next: 0,
-        strings: bytes,
-        owned: None,
-        offering: false,
-        unclaimed: None,
-    };
-    read(split).map(|(v, r)| (v, r.at))
+    read_at(bytes, from, large).map(|(v, at, _)| (v, at))
 }
 
 /// Reads the whole body `bytes[offset..]`: every large string must be read
 /// where the footer put it.
-pub(crate) fn decode_shared<'de, T: Deserialize<'de>>(
+fn decode_shared<'de, T: Deserialize<'de>>(
     bytes: &'de [u8],
     offset: usize,
     large: &'de [Large],
 ) -> postcard::Result<T> {
-    let first = large.partition_point(|l| l.at < offset);
-    let small = bytes.get(offset..).ok_or(Error::DeserializeUnexpectedEnd)?;
-    if first == large.len() {
-        return postcard::from_bytes(small);
-    }
-    let split = Split {
-        small,
-        base: offset,
-        read: 0,
-        large: &large[first..],
-        next: 0,
-        strings: bytes,
-        owned: None,
-        offering: false,
-        unclaimed: None,
-    };
-    let (v, r) = read(split)?;
-    whole(v, &r, large.len() - first)
-}
-
-fn whole<T>(v: T, r: &Read, count: usize) -> postcard::Result<T> {
-    if r.next == count {
-        Ok(v)
-    } else {
-        Err(Error::DeserializeBadEncoding)
+    match read_at(bytes, offset, large)? {
+        (v, _, true) => Ok(v),
+        _ => Err(Error::DeserializeBadEncoding),
     }
 }
 
@@ -373,37 +370,25 @@ pub(crate) fn decode_owned<T: serde::de::DeserializeOwned>(
         .to_vec();
     frame.truncate(large[0].len);
     let split = Split {
-        small: &small,
-        base: offset,
-        read: 0,
-        large,
-        next: 0,
-        strings: &[],
         owned: Some(frame),
-        offering: false,
-        unclaimed: None,
+        ..Split::new(&small, offset, large, &[])
     };
-    let (v, r) = read::<T>(split)?;
-    let Some(string) = r.unclaimed else {
-        return whole(v, &r, 1);
+    let (v, mut r) = run::<T>(split)?;
+    let Some(string) = r.unclaimed.take() else {
+        return all_read(v, &r, 1);
     };
     // The string went to a reader other than a `Bulk`, as an empty one:
     // read again, the string borrowed.
     drop(v);
-    let split = Split {
-        small: &small,
-        base: offset,
-        read: 0,
-        large: &[Large {
-            from: 0,
-            ..large[0]
-        }],
-        next: 0,
-        strings: &string,
-        owned: None,
-        offering: false,
-        unclaimed: None,
-    };
-    let (v, r) = read::<T>(split)?;
-    whole(v, &r, 1)
+    let (v, r) = run::<T>(Split::new(&small, offset, large, &string))?;
+    all_read(v, &r, 1)
+}
+
+/// `v`, if the reading that gave it read all `count` strings.
+fn all_read<T>(v: T, r: &Read, count: usize) -> postcard::Result<T> {
+    if r.next == count {
+        Ok(v)
+    } else {
+        Err(Error::DeserializeBadEncoding)
+    }
 }
