@@ -11,7 +11,12 @@
 //! - `queue`: crossbeam's `SegQueue` (the PE inbox's queue) of a 48-byte
 //!   value, polled by `pop` as an idle PE polls;
 //! - `queue+box`: the same with the value boxed, as an in-process message
-//!   travels (`Payload::Local`).
+//!   travels (`Payload::Local`);
+//! - `ring`: what a queue per sending thread could cost, each slot one
+//!   cache line holding the 48-byte value and its sequence number, polled
+//!   by the receiver at the slot it expects next (a single-producer ring,
+//!   without the check a full ring needs: a ping-pong has one message
+//!   out).
 //!
 //! Prints medians [min..max] of `--reps` runs and writes them as JSON to
 //! `target/bench/handoff.json` (or `--out`). Timings only.
@@ -109,6 +114,56 @@ impl Channel for Boxed {
     }
 }
 
+/// A single-producer ring of one-line slots.
+struct Ring {
+    slots: Vec<Slot>,
+    /// Sent so far (the producer's own count).
+    sent: AtomicU64,
+    /// Received so far (the consumer's own count).
+    received: AtomicU64,
+}
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Slot {
+    /// The message number this slot holds, plus one (0: empty).
+    seq: AtomicU64,
+    value: [AtomicU64; 6],
+}
+
+const RING: usize = 64;
+
+impl Default for Ring {
+    fn default() -> Self {
+        Ring {
+            slots: (0..RING).map(|_| Slot::default()).collect(),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Channel for Ring {
+    fn send(&self, token: u64) {
+        let n = self.sent.load(Ordering::Relaxed);
+        let slot = &self.slots[n as usize % RING];
+        for w in &slot.value {
+            w.store(token, Ordering::Relaxed);
+        }
+        slot.seq.store(n + 1, Ordering::Release);
+        self.sent.store(n + 1, Ordering::Relaxed);
+    }
+    fn recv(&self) -> u64 {
+        let n = self.received.load(Ordering::Relaxed);
+        let slot = &self.slots[n as usize % RING];
+        while slot.seq.load(Ordering::Acquire) != n + 1 {
+            std::hint::spin_loop();
+        }
+        self.received.store(n + 1, Ordering::Relaxed);
+        slot.value[0].load(Ordering::Relaxed)
+    }
+}
+
 /// One run: nanoseconds one way.
 fn one_way<C: Channel + Default>(trips: u64, cpus: &[usize]) -> f64 {
     let (ping, pong) = (Arc::new(C::default()), Arc::new(C::default()));
@@ -138,10 +193,11 @@ fn main() -> Result<()> {
     if cpus.len() < 2 {
         bail!("bench_handoff needs two CPUs, this process may use {cpus:?}");
     }
-    let kinds: [(&str, fn(u64, &[usize]) -> f64); 3] = [
+    let kinds: [(&str, fn(u64, &[usize]) -> f64); 4] = [
         ("line", one_way::<Line>),
         ("queue", one_way::<Queue>),
         ("queue+box", one_way::<Boxed>),
+        ("ring", one_way::<Ring>),
     ];
     let load = loadavg();
     let mut samples = vec![Vec::new(); kinds.len()];
