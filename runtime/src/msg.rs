@@ -21,7 +21,7 @@ use crate::transport::FrameWrite;
 
 mod large;
 
-pub(crate) use large::{offered, take_shared, Large, GATHER_MIN};
+pub(crate) use large::{offered, take_shared, Large};
 
 /// A type that can travel as a message: serialisable for other nodes, cloneable
 /// for broadcasts, passed by value inside a node.
@@ -271,7 +271,7 @@ pub(crate) enum FrameRefused {
 pub(crate) fn decode_frame(
     topo: &crate::topo::Topology,
     tag: crate::transport::Tag,
-    frame: Vec<u8>,
+    mut frame: Vec<u8>,
 ) -> Result<(usize, Envelope), FrameRefused> {
     if tag.epoch_bits() != topo.epoch() & 0xffff {
         return Err(FrameRefused::StaleEpoch {
@@ -282,7 +282,6 @@ pub(crate) fn decode_frame(
     if tag.kind() != crate::transport::kind::ENVELOPE {
         return Err(FrameRefused::UnknownKind(tag.kind()));
     }
-    let mut frame = frame;
     let footer = large::read_footer(&frame).map_err(FrameRefused::Malformed)?;
     frame.truncate(footer.end);
     let (header, rest) = postcard::take_from_bytes::<WireHeader>(&frame[footer.total..])
@@ -307,7 +306,7 @@ pub(crate) fn decode_frame(
 }
 
 /// A postcard flavor that writes a frame in pieces through a [`FrameWrite`]
-/// (layout: [`large`]): each byte string of the body of [`GATHER_MIN`]
+/// (layout: [`large`]): each byte string of the body of [`large::GATHER_MIN`]
 /// bytes or more written at once, straight from the value's memory; the
 /// header and the small fields gathered into one buffer, written last with
 /// the footer that says where the strings belong.
@@ -355,7 +354,7 @@ impl postcard::ser_flavors::Flavor for &mut Gather<'_, '_> {
     }
     fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
         match self.body {
-            Some(body) if data.len() >= GATHER_MIN && self.large.len() < large::MAX_LARGE => {
+            Some(body) if large::out_of_line(data.len(), self.large.len()) => {
                 self.large.push((self.buf.len() - body, data.len()));
                 (self.write)(&[data]).map_err(|e| {
                     self.error = Some(e);
@@ -464,6 +463,7 @@ pub(crate) fn encode_frame(dest_pe: Pe, env: &Envelope) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use super::large::GATHER_MIN;
     use super::*;
     use crate::system::SysMsg;
     use crate::topo::Topology;

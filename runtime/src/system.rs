@@ -348,14 +348,10 @@ impl BuddyChares {
                     meta: c.meta.clone(),
                 })
                 .collect()),
-            BuddyChares::Received(r) => r.read(),
+            BuddyChares::Received(r) => {
+                crate::msg::take_shared(&r.bytes, r.offset, &r.large).map(|(c, _)| c)
+            }
         }
-    }
-}
-
-impl ReceivedChares {
-    fn read(&self) -> Result<Vec<SavedChareRef<'_>>, postcard::Error> {
-        crate::msg::take_shared(&self.bytes, self.offset, &self.large).map(|(c, _)| c)
     }
 }
 
@@ -483,21 +479,18 @@ impl SysMsg {
                         let (head, at) =
                             crate::msg::take_shared::<BuddyCopyHead>(&bytes, at, &large)
                                 .map_err(malformed)?;
-                        let chares = ReceivedChares {
-                            bytes,
-                            offset: at,
-                            large,
-                            count: 0,
-                            state_bytes: 0,
-                        };
-                        let read: Vec<SavedChareRef<'_>> = chares.read().map_err(malformed)?;
+                        let (read, _) =
+                            crate::msg::take_shared::<Vec<SavedChareRef<'_>>>(&bytes, at, &large)
+                                .map_err(malformed)?;
                         let count = read.len() as u64;
                         let state_bytes = read.iter().map(|c| c.state.len() as u64).sum();
                         drop(read);
                         let chares = BuddyChares::Received(ReceivedChares {
+                            bytes,
+                            offset: at,
+                            large,
                             count,
                             state_bytes,
-                            ..chares
                         });
                         Ok(SysMsg::BuddyCopy {
                             ckpt: head.ckpt,

@@ -80,6 +80,16 @@ impl Channel for Line {
     }
 }
 
+/// Pops `q`'s next value, polling as an idle PE polls its inbox.
+fn spin_pop<T>(q: &SegQueue<T>) -> T {
+    loop {
+        if let Some(v) = q.pop() {
+            return v;
+        }
+        std::hint::spin_loop();
+    }
+}
+
 #[derive(Default)]
 struct Queue(SegQueue<Msg>);
 
@@ -88,12 +98,7 @@ impl Channel for Queue {
         self.0.push(Msg([token; 6]));
     }
     fn recv(&self) -> u64 {
-        loop {
-            if let Some(m) = self.0.pop() {
-                return m.0[0];
-            }
-            std::hint::spin_loop();
-        }
+        spin_pop(&self.0).0[0]
     }
 }
 
@@ -105,12 +110,7 @@ impl Channel for Boxed {
         self.0.push(Box::new(Msg([token; 6])));
     }
     fn recv(&self) -> u64 {
-        loop {
-            if let Some(m) = self.0.pop() {
-                return m.0[0];
-            }
-            std::hint::spin_loop();
-        }
+        spin_pop(&self.0).0[0]
     }
 }
 

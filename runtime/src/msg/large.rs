@@ -38,6 +38,12 @@ pub(crate) const MAX_LARGE: usize = 255;
 
 const ENTRY: usize = 16;
 
+/// Whether a byte string of `len` bytes goes out of line, `count` having
+/// gone before it: the one rule the writer and the sizing both follow.
+pub(crate) fn out_of_line(len: usize, count: usize) -> bool {
+    len >= GATHER_MIN && count < MAX_LARGE
+}
+
 /// One large string of a received body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Large {
@@ -156,7 +162,7 @@ impl SerFlavor for &mut Sizing {
     }
     fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
         self.len += data.len();
-        if data.len() >= GATHER_MIN && self.large < MAX_LARGE {
+        if out_of_line(data.len(), self.large) {
             self.large += 1;
         }
         Ok(())
